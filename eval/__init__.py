@@ -1,0 +1,1 @@
+"""Evaluation: clip sources, conditioning, metrics, the batch runner, reports and listening pages."""
