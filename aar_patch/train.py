@@ -1,0 +1,405 @@
+"""The `train` command: a small AAR-architecture model (tokenizer, then transformer) on a folder of audio.
+
+Data: folders of audio (`--data`) and/or the CC0 files of Debian's sonic-pi-samples (`--sonic-pi`), minus the
+held-out list of `train_data.HELD_OUT`, packed with their condition embeddings into `--packed` (needs soundfile
+and the eval conditioner); a machine without audio libraries trains from an existing `--packed` folder.
+Training state (weights, optimizer, step) is checkpointed under `--out` every `--ckpt-every` steps and at the
+end; a rerun with the same `--out` resumes. Every step draws its randomness from a generator seeded with
+(seed, stage, step), so a resumed run equals an uninterrupted one. The release-format fp16 weights (`sat.pth`,
+`aar.pth`) are exported to `--out` after each stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from octopus_audio.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+STAGES = ("sat", "aar", "all")
+SIZES = ("default", "tiny")
+CONDITIONER = "spectral"
+
+
+# --- sizes ----------------------------------------------------------------------------------------------------
+
+def model_configs(size: str):
+    """`(SATConfig, AARConfig, SATLossConfig)` of a named size: `default` is the shipped model (the release's
+    16 scales and 24 kHz, 1 s windows; head dim 64), `tiny` a 64-sample, 4-scale model for tests."""
+    from octopus_audio.aar_patch.aar import AARConfig
+    from octopus_audio.aar_patch.sat import SATConfig
+    from octopus_audio.aar_patch.train_sat import SATLossConfig
+
+    if size == "default":
+        return (SATConfig(n_filters=16, lstm_layers=1, dimension=64, latent_dim=64, codebook_size=512),
+                AARConfig(depth=4, embed_dim=256, num_heads=4, vocab_size=512, latent_dim=64),
+                SATLossConfig())
+    if size == "tiny":
+        patch_nums = (1, 2, 4, 8)
+        return (SATConfig(n_filters=4, ratios=(2, 2, 2), lstm_layers=1, dimension=8, latent_dim=8,
+                          codebook_size=16, patch_nums=patch_nums, num_phi=2, phi_kernel=3),
+                AARConfig(depth=1, embed_dim=64, num_heads=1, vocab_size=16, latent_dim=8, patch_nums=patch_nums),
+                SATLossConfig(stft_sizes=(16, 32, 64)))
+    raise UsageError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
+
+
+# --- one training stage ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Optimisation settings of one stage. `max_seconds` stops the stage early (checkpointed, resumable);
+    with `fit_steps`, a fresh stage shortens `steps` after `probe_steps` timed steps so that it ends in time."""
+
+    steps: int
+    batch: int
+    lr: float
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    ckpt_every: int = 500
+    log_every: int = 50
+    max_seconds: float | None = None
+    fit_steps: bool = False
+    probe_steps: int = 40
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        if self.steps < 1 or self.batch < 1 or self.ckpt_every < 1 or self.log_every < 1:
+            raise UsageError(f"steps, batch, ckpt-every and log-every must be >= 1 (got {self.steps}, "
+                             f"{self.batch}, {self.ckpt_every}, {self.log_every})")
+        if not self.lr > 0:
+            raise UsageError(f"the learning rate must be > 0, got {self.lr}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise UsageError(f"a stage's time budget must be > 0 minutes, got {self.max_seconds / 60:g}")
+
+    def lr_at(self, step: int, total: int) -> float:
+        """Linear warmup, then cosine decay to `min_lr_ratio * lr` at `total` steps."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        frac = min(1.0, (step - self.warmup) / max(1, total - self.warmup))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def step_generator(seed: int, stage: str, step: int) -> torch.Generator:
+    """The CPU generator of one step: seeded with (seed, stage, step) only, so resuming needs no RNG state."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + STAGES.index(stage) * 7_919 + step) % (2**63))
+
+
+def _atomic_save(obj: object, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.Generator], tuple],
+              cfg: StageConfig, out_dir: Path, seed: int, meta: dict, progress: bool = True) -> dict:
+    """Train `model` with AdamW on `loss_fn(step, generator) -> (loss, parts)`; resume from and checkpoint to
+    `out_dir/<name>_state.pt`. Returns the state's summary (`step`, `total_steps`, `history`)."""
+    from tqdm import tqdm
+
+    state_path = out_dir / f"{name}_state.pt"
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_" not in n and p.requires_grad]
+    no_decay = [p for n, p in model.named_parameters() if (p.ndim < 2 or "pos_" in n) and p.requires_grad]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+    step, total, history = 0, cfg.steps, []
+    if state_path.is_file():
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"], strict=True)
+        opt.load_state_dict(state["optim"])
+        step, total, history = state["step"], state["total_steps"], state["history"]
+        log.info("%s: resumed at step %d of %d from %s", name, step, total, state_path)
+
+    def save() -> None:
+        _atomic_save({"step": step, "total_steps": total, "history": history, "meta": meta,
+                      "model": model.state_dict(), "optim": opt.state_dict()}, state_path)
+
+    device = next(model.parameters()).device
+    t0 = time.monotonic()
+    sums: dict[str, torch.Tensor] = {}
+    count, probe_t0, fresh = 0, None, step == 0
+    bar = tqdm(total=total, initial=step, desc=name, disable=not progress, dynamic_ncols=True)
+    model.train()
+    while step < total:
+        if cfg.max_seconds is not None and time.monotonic() - t0 > cfg.max_seconds:
+            log.warning("%s: time budget reached at step %d of %d; checkpointed, rerun to resume",
+                        name, step, total)
+            break
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(step, total)
+        loss, parts = loss_fn(step, step_generator(seed, name if name in STAGES else "all", step))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        for k, v in {**parts, "grad_norm": grad_norm}.items():
+            sums[k] = sums.get(k, 0) + v.detach().float()
+        count += 1
+        bar.update(1)
+        if fresh and cfg.fit_steps and cfg.max_seconds is not None:
+            if step == 5:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                probe_t0 = time.monotonic()
+            elif step == 5 + cfg.probe_steps and probe_t0 is not None:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                per_step = (time.monotonic() - probe_t0) / cfg.probe_steps
+                left = cfg.max_seconds - (time.monotonic() - t0)
+                fitted = step + max(0, int(0.93 * left / per_step))
+                if fitted < total:
+                    log.warning("%s: %.1f ms per step; %d steps fit the time budget (asked %d)",
+                                name, per_step * 1e3, fitted, total)
+                    total = fitted
+                    bar.total = total
+        if step % cfg.log_every == 0 or step == total:
+            row = {"step": step, "lr": cfg.lr_at(step - 1, total), "seconds": round(time.monotonic() - t0, 1),
+                   **{k: round(float(v) / count, 5) for k, v in sums.items()}}
+            if not all(math.isfinite(v) for v in row.values()):
+                save()
+                raise FloatingPointError(f"{name}: a loss is not finite at step {step}: {row}")
+            history.append(row)
+            bar.set_postfix({k: row[k] for k in row if k not in ("step", "seconds", "lr")})
+            sums, count = {}, 0
+        if step % cfg.ckpt_every == 0:
+            save()
+    bar.close()
+    save()
+    return {"step": step, "total_steps": total, "history": history}
+
+
+# --- export ---------------------------------------------------------------------------------------------------
+
+def export_release(model: torch.nn.Module, path: Path, wrapper_key: str) -> int:
+    """Write `{wrapper_key: state dict}` with floating tensors in fp16 (the released checkpoint format); bytes."""
+    sd = {k: (v.detach().to("cpu", torch.float16) if v.is_floating_point() else v.detach().cpu())
+          for k, v in model.state_dict().items()}
+    _atomic_save({wrapper_key: sd}, path)
+    return path.stat().st_size
+
+
+# --- data -----------------------------------------------------------------------------------------------------
+
+def _gather_sources(args: argparse.Namespace, scratch: Path) -> list[Path]:
+    from octopus_audio.aar_patch import train_data
+
+    files: list[Path] = []
+    if args.sonic_pi:
+        samples, copyright_path = train_data.install_sonic_pi(scratch)
+        files += train_data.sonic_pi_cc0_files(samples, copyright_path)
+    for folder in args.data or []:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise UsageError(f"--data {folder} is not a folder; give folders of audio files")
+        found = train_data.list_audio(folder)
+        if not found:
+            raise UsageError(f"--data {folder} holds no audio files ({', '.join(train_data.AUDIO_SUFFIXES)})")
+        files += found
+    seen: dict[str, Path] = {}
+    held = [p.name for p in files if p.stem in train_data.HELD_OUT]
+    if held:
+        log.warning("not training on %d held-out file(s): %s", len(held), ", ".join(sorted(set(held))))
+    for p in files:  # one entry per stem: a shipped clip cut from a sonic-pi sample is that sample's audio
+        if p.stem not in train_data.HELD_OUT and p.stem not in seen:
+            seen[p.stem] = p
+    return list(seen.values())
+
+
+def prepare(args: argparse.Namespace, packed: Path) -> None:
+    """Read, resample and embed the training files, and pack them under `packed`."""
+    import numpy as np
+    from octopus_audio.aar_patch import train_data
+    from octopus_audio.eval import conditioning
+
+    files = _gather_sources(args, packed / "_downloads")
+    if not files:
+        raise UsageError("no training audio: give --data FOLDER and/or --sonic-pi")
+    clips = [train_data.read_mono_24k(p) for p in files]
+    cond = np.stack([conditioning.embed_offline(c, train_data.SAMPLE_RATE, args.conditioner) for c in clips])
+    train_data.pack([p.name for p in files], clips, cond, packed)
+    seconds = sum(len(c) for c in clips) / train_data.SAMPLE_RATE
+    log.warning("packed %d files (%.1f s of audio) with %s embeddings into %s", len(files), seconds,
+                args.conditioner, packed)
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", action="append", metavar="DIR",
+                      help="a folder of audio files to train on (repeatable), e.g. clips/")
+    data.add_argument("--sonic-pi", action="store_true",
+                      help="add the CC0 files of Debian's sonic-pi-samples (fetched with apt-get download when "
+                           "not installed), selected by the package's copyright file")
+    data.add_argument("--packed", metavar="DIR", required=True,
+                      help="packed training arrays (.npy): written here from --data/--sonic-pi, else read from here")
+    data.add_argument("--prepare-only", action="store_true", help="pack the data and stop")
+    data.add_argument("--conditioner", default=CONDITIONER,
+                      help=f"condition embedding of each file (default {CONDITIONER}, the offline stand-in)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--out", metavar="DIR", help="checkpoints, logs and exported sat.pth / aar.pth")
+    train.add_argument("--stage", choices=STAGES, default="all", help="which model to train (default all)")
+    train.add_argument("--size", choices=SIZES, default="default", help="model sizes (default: the shipped one)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
+    train.add_argument("--sat-steps", type=int, default=20000)
+    train.add_argument("--aar-steps", type=int, default=20000)
+    train.add_argument("--sat-batch", type=int, default=32)
+    train.add_argument("--aar-batch", type=int, default=64)
+    train.add_argument("--sat-lr", type=float, default=5e-4)
+    train.add_argument("--aar-lr", type=float, default=6e-4)
+    train.add_argument("--sat-minutes", type=float, help="time budget of the tokenizer stage (fits its steps)")
+    train.add_argument("--aar-minutes", type=float, help="time budget of the transformer stage (fits its steps)")
+    train.add_argument("--ckpt-every", type=int, default=500)
+    train.add_argument("--log-every", type=int, default=50)
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec not in ("cpu", "cuda") or (spec == "cuda" and not torch.cuda.is_available()):
+        raise UsageError(f"--device {spec} is not available here; use auto, cpu or cuda (when a GPU is present)")
+    return torch.device(spec)
+
+
+def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: Path):
+    """Stage 1: the tokenizer. Returns the trained SAT (also exported to out/sat.pth)."""
+    from octopus_audio.aar_patch.sat import SAT
+    from octopus_audio.aar_patch.train_data import sample_crops
+    from octopus_audio.aar_patch.train_sat import codebooks_inited, sat_losses
+
+    sat_cfg, _, loss_cfg = model_configs(args.size)
+    torch.manual_seed(args.seed)
+    sat = SAT(sat_cfg).to(device)
+    cfg = StageConfig(steps=args.sat_steps, batch=args.sat_batch, lr=args.sat_lr, ckpt_every=args.ckpt_every,
+                      log_every=args.log_every, betas=(0.8, 0.99),
+                      max_seconds=None if args.sat_minutes is None else args.sat_minutes * 60,
+                      fit_steps=args.sat_minutes is not None)
+    state = {"init": not (out / "sat_state.pt").is_file()}
+
+    def loss_fn(step: int, gen: torch.Generator):
+        audio_B1N, _ = sample_crops(data, cfg.batch, gen, sat_cfg.audio_length)
+        init = state["init"] and step == 0
+        loss, parts = sat_losses(sat, audio_B1N.to(device), loss_cfg, gen, update=True, init=init)
+        return loss, parts
+
+    meta = {"sat_config": dataclasses.asdict(sat_cfg), "loss": dataclasses.asdict(loss_cfg),
+            "stage": dataclasses.asdict(cfg), "seed": args.seed, "files": list(data.names)}
+    summary = run_stage("sat", sat, loss_fn, cfg, out, args.seed, meta, progress=not args.no_progress)
+    if not codebooks_inited(sat):
+        raise RuntimeError("the tokenizer's codebooks were never initialised (no training step ran)")
+    size = export_release(sat, out / "sat.pth", "generator_state_dict")
+    log.warning("sat: step %d/%d, exported %s (%.2f MB)", summary["step"], summary["total_steps"],
+                out / "sat.pth", size / 1e6)
+    return sat.eval()
+
+
+def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
+    """The tokenizer of an earlier stage-1 run in `out` (its training state, fp32)."""
+    from octopus_audio.aar_patch.sat import SAT
+
+    path = out / "sat_state.pt"
+    if not path.is_file():
+        raise UsageError(f"--stage aar needs a trained tokenizer: {path} is missing (run --stage sat first)")
+    sat = SAT(model_configs(args.size)[0])
+    sat.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["model"], strict=True)
+    return sat.to(device).eval()
+
+
+def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, out: Path):
+    """Stage 2: the transformer on the frozen tokenizer's tokens. Returns the AAR (exported to out/aar.pth)."""
+    from octopus_audio.aar_patch.aar import AAR
+    from octopus_audio.aar_patch.train_aar import AARLossConfig, aar_losses
+    from octopus_audio.aar_patch.train_data import sample_crops
+
+    aar_cfg = model_configs(args.size)[1]
+    if data.cond.shape[1] != aar_cfg.cond_dim:
+        raise UsageError(f"the packed condition vectors have {data.cond.shape[1]} dims but the transformer takes "
+                         f"{aar_cfg.cond_dim}; repack with a {aar_cfg.cond_dim}-d conditioner")
+    aar = AAR(aar_cfg)
+    aar.init_weights(seed=args.seed)
+    aar.to(device)
+    for p in sat.parameters():
+        p.requires_grad_(False)
+    cond_NE = torch.from_numpy(data.cond).float().to(device)
+    loss_cfg = AARLossConfig()
+    cfg = StageConfig(steps=args.aar_steps, batch=args.aar_batch, lr=args.aar_lr, weight_decay=0.05,
+                      ckpt_every=args.ckpt_every, log_every=args.log_every, grad_clip=2.0,
+                      max_seconds=None if args.aar_minutes is None else args.aar_minutes * 60,
+                      fit_steps=args.aar_minutes is not None)
+    amp = device.type == "cuda"
+
+    def loss_fn(step: int, gen: torch.Generator):
+        audio_B1N, file_B = sample_crops(data, cfg.batch, gen, sat.config.audio_length)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            return aar_losses(aar, sat, audio_B1N.to(device), cond_NE[file_B.to(device)], loss_cfg, gen)
+
+    meta = {"aar_config": dataclasses.asdict(aar_cfg), "loss": dataclasses.asdict(loss_cfg),
+            "stage": dataclasses.asdict(cfg), "seed": args.seed, "files": list(data.names)}
+    summary = run_stage("aar", aar, loss_fn, cfg, out, args.seed, meta, progress=not args.no_progress)
+    size = export_release(aar, out / "aar.pth", "model_state_dict")
+    log.warning("aar: step %d/%d, exported %s (%.2f MB)", summary["step"], summary["total_steps"],
+                out / "aar.pth", size / 1e6)
+    return aar.eval()
+
+
+def run(args: argparse.Namespace) -> int:
+    from octopus_audio.aar_patch.train_data import load_packed
+
+    packed = Path(args.packed)
+    if args.data or args.sonic_pi:
+        prepare(args, packed)
+    elif args.prepare_only:
+        raise UsageError("--prepare-only needs data to pack: give --data FOLDER and/or --sonic-pi")
+    if args.prepare_only:
+        return 0
+    if not args.out:
+        raise UsageError("--out DIR is required to train (checkpoints and exported weights go there)")
+    try:
+        data = load_packed(packed)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+    device = _device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    sat = train_sat_stage(args, data, device, out) if args.stage in ("sat", "all") else None
+    if args.stage in ("aar", "all"):
+        train_aar_stage(args, data, sat if sat is not None else load_trained_sat(args, device, out), device, out)
+    (out / "train_args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
+                                                     if not k.startswith("_")}, indent=1, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m octopus_audio.aar_patch.train ...`: the same as `octopus-audio train ...`."""
+    parser = argparse.ArgumentParser(prog="octopus-audio train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"octopus-audio train: error: {e}", flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
