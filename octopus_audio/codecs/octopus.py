@@ -1,0 +1,105 @@
+"""OCTOPUS codec: rotated unit key split into triplets, each an octahedral direction and a Lloyd-Max norm."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from octopus_audio.codecs.base import RotationCodec, check_bits
+from octopus_audio.packing import num_words, pack, unpack
+
+OCTOPUS_BITS = tuple(range(1, 9))
+DIR_BITS = tuple(range(1, 9))
+RHO_BITS = tuple(range(0, 9))
+ROUNDING_MODES = ("scalar", "local3x3", "full")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Octopus(RotationCodec):
+    """gamma + per triplet one code ((i_xi << dir_bits) | i_eta) << rho_bits | i_rho.
+
+    A code has 2 dir_bits + rho_bits bits.
+
+    bits: nominal b (1..8); dir_bits defaults to b+1 (1..8), rho_bits to b-1 (0..8); rounding is the joint
+    rounding of DESIGN section 2 ("scalar", "local3x3" (default) or "full").
+    """
+
+    bits: int
+    head_dim: int
+    seed: int = 0
+    dir_bits: int | None = None
+    rho_bits: int | None = None
+    rounding: str = "local3x3"
+    name = "octopus"
+
+    def _validate(self) -> None:
+        check_bits(self.name, self.bits, OCTOPUS_BITS)
+        if self.dir_bits is None:
+            object.__setattr__(self, "dir_bits", self.bits + 1)
+        if self.rho_bits is None:
+            object.__setattr__(self, "rho_bits", self.bits - 1)
+        if self.dir_bits not in DIR_BITS:
+            raise ValueError(
+                f"codec {self.name!r}: dir_bits={self.dir_bits} not supported: "
+                f"allowed {DIR_BITS[0]}..{DIR_BITS[-1]} "
+                f"(the default b+1 needs bits <= {DIR_BITS[-1] - 1})"
+            )
+        if self.rho_bits not in RHO_BITS:
+            raise ValueError(
+                f"codec {self.name!r}: rho_bits={self.rho_bits} not supported: "
+                f"allowed {RHO_BITS[0]}..{RHO_BITS[-1]}"
+            )
+        if self.rounding not in ROUNDING_MODES:
+            raise ValueError(
+                f"codec {self.name!r}: rounding {self.rounding!r} unknown; "
+                f"allowed: {', '.join(ROUNDING_MODES)}"
+            )
+
+    @property
+    def num_triplets(self) -> int:
+        """L = ceil(d / 3) triplets per key (u zero-padded to 3L)."""
+        return -(-self.head_dim // 3)
+
+    @property
+    def code_bits(self) -> int:
+        """Bits n of one triplet code."""
+        return 2 * self.dir_bits + self.rho_bits
+
+    @property
+    def code_words(self) -> int:
+        return num_words(self.num_triplets, self.code_bits)
+
+    def tables(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(direction table fp32 [4^dir_bits, 3], rho centroids fp32 [2^rho_bits]) on `device`."""
+        def make():
+            from octopus_audio.codebooks import get_codebook
+            from octopus_audio.octahedral import direction_table
+
+            rho_c = get_codebook("rho", self.head_dim, self.rho_bits).centroids
+            return direction_table(self.dir_bits).to(device), rho_c.to(device, torch.float32)
+
+        return self._cached(("octopus", str(device)), make)
+
+    def _quantize(self, u: torch.Tensor) -> torch.Tensor:
+        from octopus_audio.octahedral import round_triplets
+
+        L = self.num_triplets
+        t = torch.nn.functional.pad(u, (0, 3 * L - self.head_dim)).reshape(*u.shape[:-1], L, 3)
+        i_xi, i_eta, i_rho = round_triplets(t, self.dir_bits, self.rho_bits, self.rounding, d=self.head_dim)
+        codes = (((i_xi << self.dir_bits) | i_eta) << self.rho_bits) | i_rho
+        return pack(codes, self.code_bits)
+
+    def _dequantize(self, codes: torch.Tensor) -> torch.Tensor:
+        table, rho_c = self.tables(codes.device)
+        c = unpack(codes, self.code_bits, self.num_triplets)
+        t_hat = rho_c[c & ((1 << self.rho_bits) - 1)][..., None] * table[c >> self.rho_bits]
+        return t_hat.flatten(-2)[..., : self.head_dim]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class OctopusQJL(Octopus):
+    """octopus(b) plus the QJL side-car (signs of R' r and the residual norm)."""
+
+    name = "octopus-qjl"
+    qjl = True

@@ -1,0 +1,71 @@
+"""PolarQuant codec: recursive polar angles of the rotated unit key, b bits each, Lloyd-Max per level."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from octopus_audio.codecs.base import RotationCodec, check_bits
+from octopus_audio.codecs.turboquant import quantize_scalar
+from octopus_audio.packing import num_words, pack, unpack
+
+POLARQUANT_BITS = tuple(range(1, 9))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class PolarQuant(RotationCodec):
+    """gamma + d-1 angles: level 1 (d/2 angles in [0, 2 pi), uniform codebook), levels 2..log2(d) (Lloyd-Max).
+
+    Codes are ordered level 1 (pair j = coords 2j, 2j+1), level 2, ..., the top level (one angle);
+    the top radius is 1 and is not stored. b = 1..8.
+    """
+
+    bits: int
+    head_dim: int
+    seed: int = 0
+    name = "polarquant"
+
+    def _validate(self) -> None:
+        check_bits(self.name, self.bits, POLARQUANT_BITS)
+
+    @property
+    def levels(self) -> int:
+        return int(math.log2(self.head_dim))
+
+    @property
+    def code_words(self) -> int:
+        return num_words(self.head_dim - 1, self.bits)
+
+    def level_codebook(self, level: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(centroids, boundaries) of level `level` (1-based) as float32 on `device`."""
+        def make():
+            from octopus_audio.codebooks import get_codebook
+
+            cb = get_codebook(f"polar{level}", self.head_dim, self.bits)
+            return cb.centroids.to(device, torch.float32), cb.boundaries.to(device, torch.float32)
+
+        return self._cached((f"polar{level}", str(device)), make)
+
+    def _quantize(self, u: torch.Tensor) -> torch.Tensor:
+        x = u
+        idx = []
+        for level in range(1, self.levels + 1):
+            even, odd = x[..., 0::2], x[..., 1::2]
+            psi = torch.atan2(odd, even)
+            if level == 1:
+                psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
+            idx.append(quantize_scalar(psi, self.level_codebook(level, u.device)[1]))
+            x = torch.sqrt(even * even + odd * odd)
+        return pack(torch.cat(idx, dim=-1), self.bits)
+
+    def _dequantize(self, codes: torch.Tensor) -> torch.Tensor:
+        idx = unpack(codes, self.bits, self.head_dim - 1)
+        r = torch.ones(*codes.shape[:-1], 1, dtype=torch.float32, device=codes.device)
+        for level in range(self.levels, 0, -1):
+            n_angles = self.head_dim >> level
+            start = self.head_dim - (self.head_dim >> (level - 1))  # angles of levels < `level` come first
+            psi = self.level_codebook(level, codes.device)[0][idx[..., start:start + n_angles]]
+            r = torch.stack([r * torch.cos(psi), r * torch.sin(psi)], dim=-1).flatten(-2)
+        return r
