@@ -192,26 +192,30 @@ class SAT(nn.Module):
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, torch.Tensor],
                         patch_nums: tuple[int, ...] | None = None) -> SAT:
-        """Build the tokenizer a plain state dict describes and load it strictly (floats cast to float32).
+        """Build the tokenizer a plain state dict describes and load it strictly (float32 copies, on the state
+        dict's device).
 
         Raises UsageError naming the offending keys when keys are missing or unexpected or shapes differ.
         """
         if not isinstance(state_dict, Mapping):
             raise UsageError(f"a tokenizer state dict must be a mapping of names to tensors, got "
                              f"{type(state_dict).__name__}")
-        model = cls(cls.config_from_state_dict(state_dict, patch_nums))
+        with torch.device("meta"):  # shapes only: the weights come from the state dict (no init cost)
+            model = cls(cls.config_from_state_dict(state_dict, patch_nums))
         expected = model.state_dict()
         missing = [k for k in expected if k not in state_dict]
         unexpected = [k for k in state_dict if k not in expected]
         wrong = [f"{k} {_shape(state_dict[k])} instead of {tuple(v.shape)}" for k, v in expected.items()
                  if k in state_dict and _shape(state_dict[k]) != tuple(v.shape)]
-        found = (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", wrong))
-        problems = [f"{len(items)} {what} ({_first(items)})" for what, items in found if items]
+        found = (("missing key", missing), ("unexpected key", unexpected), ("wrong shape", wrong))
+        problems = [f"{len(items)} {what}{'s' * (len(items) != 1)} ({_first(items)})" for what, items in found
+                    if items]
         if problems:
             raise UsageError("the tokenizer state dict does not match the SAT architecture it implies "
                              f"(n_filters={model.config.n_filters}, dimension={model.config.dimension}, "
                              f"latent_dim={model.config.latent_dim}): " + "; ".join(problems))
-        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state_dict.items()}, strict=True)
+        model.load_state_dict({k: v.to(expected[k].dtype, copy=True) for k, v in state_dict.items()},
+                              strict=True, assign=True)
         return model
 
 

@@ -122,8 +122,7 @@ class SConv1d(nn.Module):
 
 
 class SConvTranspose1d(nn.Module):
-    """Non-causal transposed conv trimming kernel-stride samples: total//2 on the right, the rest on the left.
-    """
+    """Non-causal transposed conv trimming k - stride samples: total//2 on the right, the rest on the left."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         super().__init__()
@@ -154,14 +153,15 @@ class ResidualBlock(nn.Module):
 
 
 class SLSTM(nn.Module):
-    """Multi-layer LSTM over time with a skip connection; always runs in fp32 (autocast switched off)."""
+    """Multi-layer LSTM over time with a skip connection; runs in its weights' dtype with autocast off (so in
+    fp32 inside a bf16/fp16 autocast region, where cuDNN's LSTM would otherwise see mixed dtypes)."""
 
     def __init__(self, dim: int, num_layers: int) -> None:
         super().__init__()
         self.lstm = nn.LSTM(dim, dim, num_layers)
 
     def forward(self, x_BCT: torch.Tensor) -> torch.Tensor:
-        x_TBC = x_BCT.permute(2, 0, 1).float()
+        x_TBC = x_BCT.permute(2, 0, 1).to(self.lstm.weight_ih_l0.dtype)
         with torch.autocast(x_BCT.device.type, enabled=False):
             y_TBC, _ = self.lstm(x_TBC)
         return (y_TBC + x_TBC).permute(1, 2, 0)
