@@ -1,0 +1,168 @@
+"""`octopus-audio generate`: one second of audio per condition row, written as 24 kHz 16-bit WAV files."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from octopus_audio.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--codec", default="none", help="KV-cache codec (default: none, uncompressed)")
+    parser.add_argument("--bits", type=int, default=None, help="bits per key coordinate (compressed codecs)")
+    parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
+    parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--clip", type=Path, default=None, help="audio clip to condition on (through CLAP)")
+    source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
+    parser.add_argument("--clap", default=None, help="CLAP backend for --clip (local dir, hub id or file)")
+    parser.add_argument("--seed", type=int, default=42, help="sampling seed (default: 42)")
+    parser.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default: 4)")
+    parser.add_argument("--top-k", type=int, default=200, help="keep the k likeliest ids; 1 is greedy (200)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus mass kept, 0 turns it off (0.95)")
+    parser.add_argument("--batch", type=int, default=None, help="repeat a single condition N times")
+    parser.add_argument("--compare", action="store_true",
+                        help="also generate the uncompressed reference and print one metrics line")
+    parser.add_argument("--save-latents", type=Path, default=None, metavar="FILE.pt",
+                        help='write {"tokens": [16 tensors], "fhat": tensor, "audio": tensor}')
+    parser.add_argument("--out", type=Path, required=True, help="output folder for the WAV files")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: cuda when available, else cpu")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="auto: bf16 autocast on cuda, fp32 (the released numerics) on cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .generation import generate
+    from .loading import load_aar
+
+    _check_args(args)
+    device = _device(args.device)
+    cond_BE = _load_condition(args)
+    tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
+    stem = (args.cond or args.clip).stem
+    wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
+    _refuse_existing(wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
+
+    pipe = load_aar(args.aar, args.sat, device=device)
+    _apply_codec(pipe, args)
+    fast = {"auto": None, "fp32": False, "bf16": True}[args.precision]
+    result = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                      fast=fast)
+    if args.compare:
+        _compare(pipe, cond_BE, result, args)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    sample_rate = pipe.sat.config.sample_rate
+    audio_BN = result.audio[:, 0].float().cpu().numpy()
+    for path, audio_N in zip(wavs, audio_BN, strict=True):
+        write_wav(path, audio_N, sample_rate)
+    if args.save_latents:
+        args.save_latents.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"tokens": [t.cpu() for t in result.tokens], "fhat": result.fhat.cpu(),
+                    "audio": result.audio.cpu()}, args.save_latents)
+    print(f"wrote {len(wavs)} file(s) to {args.out}" + (f" and latents to {args.save_latents}"
+                                                        if args.save_latents else ""))
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.cond is None and args.clip is None:
+        raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
+    if args.batch is not None and args.batch < 1:
+        raise UsageError(f"--batch must be at least 1, got {args.batch}")
+    if args.codec != "none" and args.bits is None:
+        raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def _load_condition(args: argparse.Namespace) -> np.ndarray:
+    """The (B, 512) condition from --cond (or --clip), repeated to --batch rows when it has one row."""
+    if args.clip is not None:
+        # hook for the evaluation conditioner (CLAP or its offline stand-in), which another issue delivers
+        raise UsageError("--clip needs the CLAP conditioner, which is not available yet; pass "
+                         "--cond FILE.npy with a (B, 512) array instead")
+    path = args.cond
+    if not path.is_file():
+        raise UsageError(f"the condition file {path} does not exist")
+    try:
+        cond = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UsageError(f"could not read {path} as a .npy array ({e}); pass a (B, 512) float array "
+                         f"saved with numpy.save") from e
+    if cond.ndim != 2 or cond.shape[0] < 1:  # the width is checked against the model by `generate`
+        raise UsageError(f"the condition in {path} must have shape (B, 512), one CLAP embedding per row; "
+                         f"got shape {cond.shape}")
+    if not np.issubdtype(cond.dtype, np.floating):
+        raise UsageError(f"the condition in {path} must be a float array of shape (B, 512); "
+                         f"got dtype {cond.dtype}")
+    if args.batch is not None:
+        if cond.shape[0] == 1:
+            cond = np.repeat(cond, args.batch, axis=0)
+        elif cond.shape[0] != args.batch:
+            raise UsageError(f"--batch {args.batch} repeats a single condition, but {path} has "
+                             f"{cond.shape[0]} rows; drop --batch or pass a (1, 512) array")
+    return cond.astype(np.float32)
+
+
+def _apply_codec(pipe, args: argparse.Namespace) -> None:
+    """Hook for the KV-cache patch: put the compressed cache of `--codec/--bits` under the model."""
+    if args.codec != "none":
+        raise UsageError(f"--codec {args.codec} needs the compressed KV-cache patch, which is not available "
+                         f"yet; use --codec none")
+
+
+def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace) -> None:
+    """Hook for --compare: the uncompressed reference of the same inputs and one metrics line."""
+    raise UsageError("--compare needs the compressed KV-cache patch and the metrics, which are not available "
+                     "yet; run without --compare")
+
+
+def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
+    existing = [p for p in paths if p.exists()]
+    if existing and not overwrite:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise UsageError(f"{existing[0]} already exists{more}; pass --overwrite to replace it or choose "
+                         f"another --out")
+
+
+def write_wav(path: Path, audio_N: np.ndarray, sample_rate: int) -> None:
+    """Mono 16-bit PCM WAV; samples outside [-1, 1] are clipped (and the count is logged)."""
+    clipped = int(np.count_nonzero(np.abs(audio_N) > 1.0))
+    if clipped:
+        log.warning("%s: %d of %d samples outside [-1, 1] were clipped", path, clipped, audio_N.size)
+    audio_N = np.clip(audio_N, -1.0, 1.0)
+    try:
+        import soundfile
+    except ModuleNotFoundError:  # the core install has no audio packages; the stdlib writes PCM16 as well
+        log.info("soundfile is not installed; writing %s with the standard-library wave module", path)
+        soundfile = None
+    if soundfile is not None:
+        soundfile.write(str(path), audio_N, sample_rate, subtype="PCM_16")
+        return
+    import wave
+
+    pcm = np.round(audio_N * 32767.0).astype("<i2")
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.tobytes())

@@ -1,0 +1,256 @@
+"""Next-scale generation with the KV cache: classifier-free guidance, top-k/top-p sampling, tokens -> audio.
+
+Semantics are the released ones: the batch is doubled (rows [:B] conditioned, rows [B:] unconditional), scale
+`si` mixes logits as `(1+t) cond - t uncond` with `t = cfg * (si / (S-1))`, keeps logits >= the k-th largest,
+then drops the ascending-sorted prefix whose cumulative softmax mass is <= 1 - top_p (never the largest), and
+draws one token per position with one `torch.multinomial` call per scale from a generator seeded once.
+
+Two paths share that loop:
+- reference (default on CPU): fp32 everywhere, `torch.multinomial`; this is what parity is judged on.
+- fast (default on CUDA): blocks under bf16 autocast (SDPA/flash), embeddings, head and sampling in fp32, and
+  the multinomial draw replaced by the identical exponential-race formula it is computed with
+  (`argmax(p / q)`, `q ~ Exp(1)` from the same generator), so no host sync happens inside the loop.
+`GraphedGenerator` additionally captures the fast loop in one CUDA graph for a fixed batch size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from octopus_audio.errors import UsageError
+
+from .aar import AAR
+
+# (probs [N, V] fp32, scale index) -> token ids [N]
+Draw = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation: per-scale tokens [(B, pn)] (int64), latent fhat (B, Cv, T), audio (B, 1, n)."""
+
+    tokens: list[torch.Tensor]
+    fhat: torch.Tensor
+    audio: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Guidance and sampling settings; the defaults are the released inference defaults."""
+
+    cfg: float = 4.0
+    top_k: int = 200
+    top_p: float = 0.95
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise UsageError(f"top_k must be an int >= 0 (0 keeps every token, 1 is greedy), "
+                             f"got {self.top_k!r}")
+        if not 0.0 <= float(self.top_p) <= 1.0:
+            raise UsageError(f"top_p must be in [0, 1] (0 turns nucleus filtering off), got {self.top_p!r}")
+        if not math.isfinite(float(self.cfg)):
+            raise UsageError(f"cfg must be a finite number (the release uses 4), got {self.cfg!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise UsageError(f"seed must be an int >= 0, got {self.seed!r}")
+
+
+class AARPipeline(nn.Module):
+    """The transformer (`.aar`) and the tokenizer (`.sat`) that generation needs together."""
+
+    def __init__(self, aar: AAR, sat: nn.Module) -> None:
+        super().__init__()
+        if tuple(sat.patch_nums) != tuple(aar.config.patch_nums):
+            raise UsageError(f"the tokenizer's scales {tuple(sat.patch_nums)} differ from the transformer's "
+                             f"{tuple(aar.config.patch_nums)}; pass a matching pair of checkpoints")
+        self.aar = aar
+        self.sat = sat
+
+    @property
+    def device(self) -> torch.device:
+        return self.aar.pos_1LC.device
+
+    def generate(self, cond_BE: torch.Tensor | np.ndarray, **kwargs) -> Generation:
+        """Shorthand for `generate(self, cond_BE, **kwargs)`."""
+        return generate(self, cond_BE, **kwargs)
+
+
+# sampling -------------------------------------------------------------------------------------------------
+def multinomial_draw(generator: torch.Generator) -> Draw:
+    """The released draw: one `torch.multinomial` call per scale (one sample per row)."""
+    return lambda probs_NV, si: torch.multinomial(probs_NV, num_samples=1, replacement=True,
+                                                  generator=generator)[:, 0]
+
+
+def exponential_draw(generator: torch.Generator) -> Draw:
+    """The same draw without host syncs: multinomial with one sample is `argmax(p / q)`, `q ~ Exp(1)`."""
+    return lambda probs_NV, si: (probs_NV / torch.empty_like(probs_NV).exponential_(1, generator=generator)
+                                 ).argmax(dim=-1)
+
+
+def sample_top_k_top_p(logits_BlV: torch.Tensor, top_k: int, top_p: float, draw: Draw,
+                       si: int = 0) -> torch.Tensor:
+    """Filter logits by top-k then top-p (the release's rules), draw one id per position: [B,l,V] -> [B,l]."""
+    B, l, V = logits_BlV.shape
+    if top_k > 0:
+        kth_Bl1 = logits_BlV.topk(min(top_k, V), dim=-1, sorted=False).values.amin(-1, keepdim=True)
+        logits_BlV = logits_BlV.masked_fill(logits_BlV < kth_Bl1, -math.inf)
+    if top_p > 0:
+        sorted_BlV, order_BlV = logits_BlV.sort(dim=-1, descending=False)
+        drop_sorted_BlV = sorted_BlV.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        drop_sorted_BlV[..., -1:] = False
+        drop_BlV = drop_sorted_BlV.scatter(-1, order_BlV, drop_sorted_BlV)
+        logits_BlV = logits_BlV.masked_fill(drop_BlV, -math.inf)
+    return draw(logits_BlV.softmax(dim=-1).view(B * l, V), si).view(B, l)
+
+
+# the scale loop -------------------------------------------------------------------------------------------
+def run_scales(pipe: AARPipeline, cond_BE: torch.Tensor, sampling: SamplingConfig, draw: Draw,
+               autocast_dtype: torch.dtype | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """All scales with the KV cache on: returns the per-scale tokens [(B, pn)] and the latent fhat (B, Cv, T).
+
+    Only the blocks run under `autocast_dtype` (None: the model's own dtype); embeddings, head, guidance,
+    sampling and the tokenizer's next-scale step stay in fp32. Shapes are static, nothing reads tensor values
+    on the host, so the loop can be captured in a CUDA graph.
+    """
+    aar, quantizer = pipe.aar, pipe.sat.quantizer
+    cfg = aar.config
+    B, S = cond_BE.shape[0], cfg.num_scales
+    autocast = (torch.autocast(cond_BE.device.type, dtype=autocast_dtype) if autocast_dtype is not None
+                else contextlib.nullcontext())
+    cond_2BD = aar.class_emb(torch.cat((cond_BE, aar.uncond_embedding.expand(B, -1)), dim=0))
+    lvl_pos_1LC = aar.lvl_embed(aar.lvl_1L) + aar.pos_1LC
+    first_l = cfg.patch_nums[0]
+    x_2BlC = (cond_2BD.unsqueeze(1).expand(2 * B, first_l, -1) + aar.pos_start.expand(2 * B, first_l, -1)
+              + lvl_pos_1LC[:, :first_l])
+    f_hat_BCT = cond_BE.new_zeros(B, cfg.latent_dim, cfg.patch_nums[-1])
+    tokens: list[torch.Tensor] = []
+    begin = 0
+    for block in aar.blocks:
+        block.attn.kv_caching(True)
+    try:
+        for si, pn in enumerate(cfg.patch_nums):
+            begin += pn
+            with autocast:
+                for block in aar.blocks:
+                    x_2BlC = block(x_2BlC, cond_2BD, None)
+            logits_2BlV = aar.get_logits(x_2BlC, cond_2BD)
+            t = sampling.cfg * (si / (S - 1))
+            logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+            idx_Bl = sample_top_k_top_p(logits_BlV, sampling.top_k, sampling.top_p, draw, si)
+            tokens.append(idx_Bl)
+            f_hat_BCT, next_BlCv = quantizer.next_scale_step(si, f_hat_BCT, idx_Bl)
+            if next_BlCv is not None:
+                pn_next = cfg.patch_nums[si + 1]
+                x_BlC = aar.word_embed(next_BlCv.float()) + lvl_pos_1LC[:, begin:begin + pn_next]
+                x_2BlC = x_BlC.repeat(2, 1, 1)
+    finally:
+        for block in aar.blocks:
+            block.attn.kv_caching(False)
+    return tokens, f_hat_BCT
+
+
+def check_condition(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A (B, E) float condition on the model's device, or a UsageError naming the expected shape."""
+    E = pipe.aar.config.cond_dim
+    shape = tuple(cond_BE.shape)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] != E:
+        raise UsageError(f"the condition must have shape (B, {E}), one {E}-d CLAP embedding per row; "
+                         f"got shape {shape}")
+    cond_BE = torch.as_tensor(np.asarray(cond_BE) if isinstance(cond_BE, np.ndarray) else cond_BE)
+    if not cond_BE.is_floating_point():
+        raise UsageError(f"the condition must be a float array of shape (B, {E}); got dtype {cond_BE.dtype}")
+    cond_BE = cond_BE.to(pipe.device, torch.float32)
+    if not torch.isfinite(cond_BE).all():
+        raise UsageError("the condition contains NaN or infinite values; pass finite CLAP embeddings")
+    return cond_BE
+
+
+def resolve_fast(fast: bool | None, device: torch.device) -> bool:
+    """`fast=None` means the fast path on CUDA and the fp32 reference path elsewhere."""
+    return device.type == "cuda" if fast is None else bool(fast)
+
+
+@torch.inference_mode()
+def generate(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray, cfg: float = 4.0, top_k: int = 200,
+             top_p: float = 0.95, seed: int = 42, *, fast: bool | None = None) -> Generation:
+    """Generate one second of audio per condition row.
+
+    cond_BE: (B, 512) CLAP embeddings. fast: None picks bf16 autocast on CUDA and fp32 elsewhere (see module
+    docstring); False forces the fp32 reference path that reproduces the released code.
+    Returns tokens [(B, pn)] per scale, fhat (B, Cv, T) and audio (B, 1, samples).
+    """
+    sampling = SamplingConfig(cfg=cfg, top_k=top_k, top_p=top_p, seed=seed)
+    _check_top_k(pipe, sampling)
+    cond_BE = check_condition(pipe, cond_BE)
+    generator = torch.Generator(device=pipe.device)
+    generator.manual_seed(sampling.seed)
+    if resolve_fast(fast, pipe.device):
+        tokens, f_hat = run_scales(pipe, cond_BE, sampling, exponential_draw(generator), torch.bfloat16)
+    else:
+        tokens, f_hat = run_scales(pipe, cond_BE, sampling, multinomial_draw(generator))
+    return Generation(tokens=tokens, fhat=f_hat, audio=pipe.sat.decode(f_hat))
+
+
+def _check_top_k(pipe: AARPipeline, sampling: SamplingConfig) -> None:
+    V = pipe.aar.config.vocab_size
+    if sampling.top_k > V:
+        raise UsageError(f"top_k must be at most the vocabulary size {V} (0 keeps every token), "
+                         f"got {sampling.top_k}")
+
+
+class GraphedGenerator:
+    """The fast path for one batch size and sampling setting, captured once as a CUDA graph and replayed.
+
+    `GraphedGenerator(pipe, batch, cfg, top_k, top_p)(cond_BE, seed) -> Generation` gives the tokens of
+    `generate(..., fast=True)` for the same inputs: the exponential noise of every scale is drawn before the
+    replay from a generator seeded with `seed`, in the order the eager loop draws it. Capture the graph after
+    any patching of the model: a graph replays the kernels it saw at capture time.
+    """
+
+    def __init__(self, pipe: AARPipeline, batch: int, cfg: float = 4.0, top_k: int = 200,
+                 top_p: float = 0.95) -> None:
+        if pipe.device.type != "cuda":
+            raise UsageError(f"CUDA graphs need the model on a CUDA device; it is on {pipe.device}")
+        self.pipe = pipe
+        self.sampling = SamplingConfig(cfg=cfg, top_k=top_k, top_p=top_p)
+        _check_top_k(pipe, self.sampling)
+        c = pipe.aar.config
+        with torch.inference_mode():
+            self.cond_BE = torch.zeros(batch, c.cond_dim, device=pipe.device)
+            self.noise = [torch.ones(batch * pn, c.vocab_size, device=pipe.device) for pn in c.patch_nums]
+            side = torch.cuda.Stream(pipe.device)
+            side.wait_stream(torch.cuda.current_stream(pipe.device))
+            with torch.cuda.stream(side):
+                self._run()  # warm-up outside the capture: library handles, workspaces, autotuning
+            torch.cuda.current_stream(pipe.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.tokens, self.f_hat = self._run()
+
+    def _run(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        draw: Draw = lambda probs_NV, si: (probs_NV / self.noise[si]).argmax(dim=-1)
+        return run_scales(self.pipe, self.cond_BE, self.sampling, draw, torch.bfloat16)
+
+    @torch.inference_mode()
+    def __call__(self, cond_BE: torch.Tensor | np.ndarray, seed: int = 42) -> Generation:
+        cond_BE = check_condition(self.pipe, cond_BE)
+        if cond_BE.shape != self.cond_BE.shape:
+            raise UsageError(f"this graph was captured for a condition of shape {tuple(self.cond_BE.shape)}; "
+                             f"got {tuple(cond_BE.shape)}")
+        generator = torch.Generator(device=self.pipe.device)
+        generator.manual_seed(SamplingConfig(seed=seed).seed)  # the config validates the seed
+        self.cond_BE.copy_(cond_BE)
+        for noise_NV in self.noise:
+            noise_NV.exponential_(1, generator=generator)
+        self.graph.replay()
+        f_hat = self.f_hat.clone()
+        tokens = [t.clone() for t in self.tokens]
+        return Generation(tokens=tokens, fhat=f_hat, audio=self.pipe.sat.decode(f_hat))
