@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,8 +115,10 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
     state_path = out_dir / f"{name}_state.pt"
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_" not in n and p.requires_grad]
     no_decay = [p for n, p in model.named_parameters() if (p.ndim < 2 or "pos_" in n) and p.requires_grad]
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas,
+                            fused=device.type == "cuda")
     step, total, history = 0, cfg.steps, []
     if state_path.is_file():
         state = torch.load(state_path, map_location="cpu", weights_only=True)
@@ -128,7 +131,6 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
         _atomic_save({"step": step, "total_steps": total, "history": history, "meta": meta,
                       "model": model.state_dict(), "optim": opt.state_dict()}, state_path)
 
-    device = next(model.parameters()).device
     t0 = time.monotonic()
     sums: dict[str, torch.Tensor] = {}
     count, probe_t0, fresh = 0, None, step == 0
@@ -174,12 +176,14 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
                 save()
                 raise FloatingPointError(f"{name}: a loss is not finite at step {step}: {row}")
             history.append(row)
+            log.info("%s %s", name, json.dumps(row))
             bar.set_postfix({k: row[k] for k in row if k not in ("step", "seconds", "lr")})
             sums, count = {}, 0
         if step % cfg.ckpt_every == 0:
             save()
     bar.close()
     save()
+    (out_dir / f"{name}_history.json").write_text(json.dumps(history, indent=0))
     return {"step": step, "total_steps": total, "history": history}
 
 
@@ -211,9 +215,9 @@ def _gather_sources(args: argparse.Namespace, scratch: Path) -> list[Path]:
             raise UsageError(f"--data {folder} holds no audio files ({', '.join(train_data.AUDIO_SUFFIXES)})")
         files += found
     seen: dict[str, Path] = {}
-    held = [p.name for p in files if p.stem in train_data.HELD_OUT]
+    held = sorted({p.name for p in files if p.stem in train_data.HELD_OUT})
     if held:
-        log.warning("not training on %d held-out file(s): %s", len(held), ", ".join(sorted(set(held))))
+        log.warning("not training on %d held-out file name(s): %s", len(held), ", ".join(held))
     for p in files:  # one entry per stem: a shipped clip cut from a sonic-pi sample is that sample's audio
         if p.stem not in train_data.HELD_OUT and p.stem not in seen:
             seen[p.stem] = p
@@ -226,11 +230,12 @@ def prepare(args: argparse.Namespace, packed: Path) -> None:
     from octopus_audio.aar_patch import train_data
     from octopus_audio.eval import conditioning
 
-    files = _gather_sources(args, packed / "_downloads")
+    files = _gather_sources(args, Path(tempfile.gettempdir()) / "octopus-audio-train")
     if not files:
         raise UsageError("no training audio: give --data FOLDER and/or --sonic-pi")
+    conditioner = conditioning.make_conditioner(args.conditioner)
     clips = [train_data.read_mono_24k(p) for p in files]
-    cond = np.stack([conditioning.embed_offline(c, train_data.SAMPLE_RATE, args.conditioner) for c in clips])
+    cond = np.stack([train_data.condition_vector(c, conditioner) for c in clips])
     train_data.pack([p.name for p in files], clips, cond, packed)
     seconds = sum(len(c) for c in clips) / train_data.SAMPLE_RATE
     log.warning("packed %d files (%.1f s of audio) with %s embeddings into %s", len(files), seconds,
@@ -255,6 +260,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--out", metavar="DIR", help="checkpoints, logs and exported sat.pth / aar.pth")
     train.add_argument("--stage", choices=STAGES, default="all", help="which model to train (default all)")
     train.add_argument("--size", choices=SIZES, default="default", help="model sizes (default: the shipped one)")
+    train.add_argument("--sat", metavar="PATH",
+                       help="with --stage aar: the tokenizer checkpoint (default: the sat stage's state in --out)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
     train.add_argument("--sat-steps", type=int, default=20000)
@@ -311,9 +318,13 @@ def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: P
 
 
 def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
-    """The tokenizer of an earlier stage-1 run in `out` (its training state, fp32)."""
+    """The tokenizer for `--stage aar`: the `--sat` checkpoint when given, else the training state of an
+    earlier `--stage sat` run in `out` (fp32)."""
+    from octopus_audio.aar_patch.loading import load_sat
     from octopus_audio.aar_patch.sat import SAT
 
+    if args.sat:
+        return load_sat(args.sat).to(device).eval()
     path = out / "sat_state.pt"
     if not path.is_file():
         raise UsageError(f"--stage aar needs a trained tokenizer: {path} is missing (run --stage sat first)")
@@ -344,6 +355,7 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
                       max_seconds=None if args.aar_minutes is None else args.aar_minutes * 60,
                       fit_steps=args.aar_minutes is not None)
     amp = device.type == "cuda"
+    torch.backends.cudnn.allow_tf32 = False  # the tokenizer's ids as its fp32 inference gives them
 
     def loss_fn(step: int, gen: torch.Generator):
         audio_B1N, file_B = sample_crops(data, cfg.batch, gen, sat.config.audio_length)

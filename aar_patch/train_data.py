@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from math import gcd
 from pathlib import Path
 
 import numpy as np
@@ -119,16 +118,23 @@ def list_audio(folder: Path) -> list[Path]:
 
 
 def read_mono_24k(path: Path) -> np.ndarray:
-    """A file as float32 mono at 24 kHz (channel mean, polyphase resampling), clipped to [-1, 1]."""
-    import soundfile as sf
-    from scipy.signal import resample_poly
+    """A file as the model hears it: float32 mono at 24 kHz (channel mean, polyphase resampling, as the eval
+    sources do), scaled down only where the peak exceeds 0.999 (as the shipped clips were)."""
+    from octopus_audio.eval import sources
 
-    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    mono = data.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        g = gcd(rate, SAMPLE_RATE)
-        mono = resample_poly(mono, SAMPLE_RATE // g, rate // g).astype(np.float32)
-    return np.clip(mono, -1.0, 1.0)
+    clip = sources.decode(sources.ClipRef(clip_id=path.stem, origin=str(path), path=str(path)))
+    x_T = sources.resample(clip.audio_T, clip.sample_rate, SAMPLE_RATE)
+    peak = float(np.abs(x_T).max(initial=0.0))
+    return (x_T * (0.999 / peak) if peak > 0.999 else x_T).astype(np.float32)
+
+
+def condition_vector(audio_24k: np.ndarray, conditioner) -> np.ndarray:
+    """The condition of a whole file as the eval pipeline computes it for a clip: the 24 kHz audio resampled
+    to 48 kHz, padded or cropped to 10 s, embedded by `conditioner` (e.g. `make_conditioner("spectral")`)."""
+    from octopus_audio.eval import sources
+
+    clip = sources.Clip(clip_id="train", origin="train", audio_T=audio_24k, sample_rate=SAMPLE_RATE)
+    return np.asarray(conditioner.embed(sources.prepare(clip, sources.CLAP_RATE)), dtype=np.float32)
 
 
 # --- packed arrays ----------------------------------------------------------------------------------------

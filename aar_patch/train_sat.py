@@ -43,7 +43,7 @@ def multires_stft_loss(x_hat_BN: torch.Tensor, x_BN: torch.Tensor, sizes: tuple[
 
         def mag(x: torch.Tensor) -> torch.Tensor:
             spec = torch.stft(x.float(), n, hop_length=n // 4, window=window, return_complex=True)
-            return spec.abs().clamp_min(1e-7)
+            return spec.abs().clamp_min(1e-5)
 
         m_hat, m = mag(x_hat_BN), mag(x_BN)
         convergence = torch.linalg.norm(m - m_hat) / torch.linalg.norm(m).clamp_min(1e-7)
@@ -63,13 +63,13 @@ def _init_codebook_(codebook: Codebook, target_NC: torch.Tensor, generator: torc
 
 @torch.no_grad()
 def ema_update_(codebook: Codebook, target_NC: torch.Tensor, idx_N: torch.Tensor, decay: float,
-                dead_fraction: float, generator: torch.Generator) -> torch.Tensor:
+                dead_fraction: float, picks_K: torch.Tensor) -> torch.Tensor:
     """EMA update of one codebook from its assigned targets; restart dead codes from random targets of the batch.
 
     cluster_size <- decay * cluster_size + (1-decay) * counts; embed_avg likewise with the sums of the targets;
     embed = embed_avg / Laplace-smoothed cluster_size. A code whose cluster_size falls below `dead_fraction` times
-    the mean usage per step (N/K) gets a random target, with the mean usage as its count. No host sync (the
-    random picks come from the CPU `generator`); returns the number of restarts as a 0-d tensor.
+    the mean usage per step (N/K) gets the target `picks_K[code] % N` (random non-negative ints drawn by the
+    caller), with the mean usage as its count. No host sync; returns the number of restarts as a 0-d tensor.
     """
     K = codebook.embed.shape[0]
     target_NC = target_NC.float()
@@ -82,8 +82,7 @@ def ema_update_(codebook: Codebook, target_NC: torch.Tensor, idx_N: torch.Tensor
     codebook.embed.copy_(codebook.embed_avg / smoothed_K.unsqueeze(1))
     mean_usage = target_NC.shape[0] / K
     dead_K1 = (codebook.cluster_size < dead_fraction * mean_usage).unsqueeze(1)
-    pick_K = torch.randint(target_NC.shape[0], (K,), generator=generator).to(target_NC.device)
-    fresh_KC = target_NC[pick_K]
+    fresh_KC = target_NC[picks_K % target_NC.shape[0]]
     codebook.embed.copy_(torch.where(dead_K1, fresh_KC, codebook.embed))
     codebook.embed_avg.copy_(torch.where(dead_K1, fresh_KC * mean_usage, codebook.embed_avg))
     codebook.cluster_size.copy_(torch.where(dead_K1.squeeze(1), mean_usage, codebook.cluster_size))
@@ -118,6 +117,10 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
     f_hat_BCT = torch.zeros_like(z_ng_BCT)
     vq_loss = z_BCT.new_zeros(())
     tokens, restarts = [], z_BCT.new_zeros((), dtype=torch.long)
+    if update:  # one draw (and one host-to-device copy) for the dead-code restarts of every scale
+        K = quantizer.vq.layers[0]._codebook.embed.shape[0]
+        picks_SK = torch.randint(2**31 - 1, (len(quantizer.patch_nums), K), generator=generator)
+        picks_SK = picks_SK.to(z_BCT.device, non_blocking=True)
     last = len(quantizer.patch_nums) - 1
     for si, pn in enumerate(quantizer.patch_nums):
         target_BCl = rest_BCT if si == last else F.interpolate(rest_BCT, size=pn, mode="area")
@@ -129,7 +132,7 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
         idx_Bl = idx_N.view(batch, pn)
         if update:
             restarts += ema_update_(codebook, target_NC, idx_N, loss_cfg.ema_decay, loss_cfg.dead_fraction,
-                                    generator)
+                                    picks_SK[si])
         h_BCT = _contribution(quantizer, si, idx_Bl)
         f_hat_BCT = f_hat_BCT + h_BCT
         rest_BCT = rest_BCT - h_BCT.detach()
