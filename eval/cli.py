@@ -1,0 +1,119 @@
+"""`octopus-audio eval`: batch-evaluate codecs against the uncompressed output and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from octopus_audio.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def default_clips_dir() -> Path:
+    """The shipped `clips/` folder beside the package folders (a source checkout or an editable install)."""
+    return Path(__file__).resolve().parent.parent / "clips"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clips", default=None,
+                   help="a folder of audio files (wav, flac, ogg, mp3 where libsndfile reads it) or "
+                        "`audioset-20k` (default: the shipped clips/ folder)")
+    p.add_argument("--n", type=int, default=100,
+                   help="clips to draw (seeded by --seed; all if fewer; default 100)")
+    p.add_argument("--codecs", default="all",
+                   help="`all` (every codec but none) or a comma list; `none` checks the patched model "
+                        "against the reference (default all)")
+    p.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
+    p.add_argument("--clap", default="auto",
+                   help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
+                        "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
+                        "else spectral)")
+    p.add_argument("--aar", default=None, help="AAR transformer checkpoint (default: the embedded model)")
+    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with --aar)")
+    p.add_argument("--seed", type=int, default=42, help="sampling seed and clip-choice seed (default 42)")
+    p.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default 4)")
+    p.add_argument("--top-k", type=int, default=200, help="top-k sampling (default 200)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
+    p.add_argument("--window", type=int, default=1, help="native residual window in scales (default 1)")
+    p.add_argument("--v-group", type=int, default=16, help="value quantization group size (default 16)")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda or cuda:N (under torchrun: the local rank's GPU)")
+    p.add_argument("--out", required=True, help="output folder; rerunning into it resumes")
+    p.add_argument("--cache-dir", default=None,
+                   help="embedding cache (default: ~/.cache/octopus-audio/conditioning)")
+    p.add_argument("--dataset", default="agkphysics/AudioSet",
+                   help="hub id or local folder that audioset-20k streams from (default agkphysics/AudioSet)")
+    p.add_argument("--dataset-config", default="balanced", help="its config (default balanced; '' for none)")
+    p.add_argument("--dataset-split", default="train", help="its split (default train)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_codecs(text: str) -> tuple[str, ...]:
+    from octopus_audio.eval.runner import codec_names
+
+    if text.strip() == "all":
+        return tuple(c for c in codec_names() if c != "none")
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def parse_bits(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError as e:
+        raise UsageError(f"--bits must be a comma list of integers such as 2,3,4, got {text!r}") from e
+
+
+def model_name(aar: str | None, sat: str | None) -> str:
+    return "default" if aar is None else f"{Path(aar).name}+{Path(sat).name}"
+
+
+def load_model(aar: str | None, sat: str | None, device: str):
+    """`octopus_audio.aar_patch.load_aar` on the device, in eval mode."""
+    if (aar is None) != (sat is None):
+        raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), or neither "
+                         "for the embedded default model")
+    for flag, path in (("--aar", aar), ("--sat", sat)):
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"{flag} {path!r} does not exist")
+    try:
+        from octopus_audio.aar_patch import load_aar
+    except ImportError as e:
+        raise RuntimeError("the AAR model (octopus_audio.aar_patch.load_aar) is not in this build") from e
+    return load_aar(aar, sat).to(device).eval()
+
+
+def run(args: argparse.Namespace) -> int:
+    from octopus_audio.eval.conditioning import CachedConditioner, make_conditioner
+    from octopus_audio.eval.runner import AARBackend, DistInfo, EvalConfig, evaluate, resolve_device
+    from octopus_audio.eval.sources import DatasetSpec, list_clips
+
+    config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
+                        cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
+                        v_group=args.v_group)
+    info = DistInfo.from_env()
+    device = resolve_device(args.device, info.local_rank)
+    clips = args.clips or str(default_clips_dir())
+    if args.clips is None and not default_clips_dir().is_dir():
+        raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")
+    dataset = DatasetSpec(path=args.dataset, name=args.dataset_config or None, split=args.dataset_split)
+    refs = list_clips(clips, args.n, args.seed, dataset)
+    cache_dir = Path(args.cache_dir or Path.home() / ".cache" / "octopus-audio" / "conditioning")
+    conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
+    name = model_name(args.aar, args.sat)
+
+    def make_backend(dev: str) -> AARBackend:
+        return AARBackend(load_model(args.aar, args.sat, dev), config, name, dev)
+
+    meta = {"clips": args.clips or "clips/ (shipped)", "n_requested": args.n}
+    results = evaluate(refs, args.out, config, make_backend, conditioner, meta=meta, device=device,
+                       progress=not args.no_progress)
+    if results is None:
+        return 0
+    out = Path(args.out)
+    print((out / "table.md").read_text(), end="")
+    failed = len(results["failures"])
+    total = sum(g["clips_ok"] + g["clips_failed"] for g in results["groups"])
+    print(f"report: {out / 'index.html'} ({total - failed} rows ok, {failed} failed; see results.json)")
+    return 1 if total and failed == total else 0

@@ -1,0 +1,480 @@
+"""The batch runner: per clip, the uncompressed reference and every (codec, bits), one condition and seed.
+
+Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as they finish; a rerun
+skips rows already done (`status: ok`) and retries failed ones; a clip that fails to load, condition or
+generate is recorded with its error and the run goes on. Under `torchrun` the clips are sharded over the
+processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
+writes the report.
+
+The model sits behind a small backend interface (`generate(cond, seed)`, `compressed(codec, bits)`) so tests
+can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate` / `compressed_kv` to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from octopus_audio.errors import UsageError
+from octopus_audio.eval.metrics import compute_metrics
+from octopus_audio.eval.sources import CLAP_RATE, MODEL_RATE, ClipRef, decode, prepare
+
+log = logging.getLogger(__name__)
+
+# The codec names of DESIGN section 2, used only while octopus_audio.CODECS is not importable.
+DESIGN_CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+ROWS_DIR = "rows"
+MERGED_ROWS = "rows.jsonl"
+SETTINGS_FILE = "settings.json"
+
+
+def codec_names() -> tuple[str, ...]:
+    try:
+        from octopus_audio import CODECS
+    except ImportError:
+        return DESIGN_CODECS
+    return tuple(CODECS)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch)."""
+
+    codecs: tuple[str, ...]
+    bits: tuple[int, ...] = (2, 3, 4)
+    seed: int = 42
+    cfg: float = 4.0
+    top_k: int = 200
+    top_p: float = 0.95
+    window: int = 1
+    v_group: int = 16
+    patch_seed: int = 0
+
+    def __post_init__(self) -> None:
+        known = codec_names()
+        if not self.codecs:
+            raise UsageError(f"no codecs to evaluate; accepted: all or a comma list of {', '.join(known)}")
+        for c in self.codecs:
+            if c not in known:
+                raise UsageError(f"unknown codec {c!r}; accepted: all or a comma list of {', '.join(known)}")
+        if len(set(self.codecs)) != len(self.codecs):
+            raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
+        if any(c != "none" for c in self.codecs):
+            if not self.bits or any(not isinstance(b, int) or not 1 <= b <= 8 for b in self.bits):
+                raise UsageError(f"--bits must be a comma list of integers from 1 to 8, got {self.bits!r}")
+            if len(set(self.bits)) != len(self.bits):
+                raise UsageError(f"--bits {self.bits!r} names a width twice")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        if not math.isfinite(self.cfg):
+            raise UsageError(f"--cfg must be a finite number, got {self.cfg!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise UsageError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
+
+    def jobs(self) -> list[tuple[str, int | None]]:
+        """(codec, bits) pairs in report order; `none` gets bits None."""
+        out: list[tuple[str, int | None]] = []
+        for c in self.codecs:
+            out.extend([(c, None)] if c == "none" else [(c, b) for b in self.bits])
+        return out
+
+    def identity(self) -> dict:
+        """The settings that must match for a rerun to reuse earlier rows (codecs and bits may change)."""
+        d = asdict(self)
+        del d["codecs"], d["bits"]
+        return d
+
+
+class Backend(Protocol):
+    """What the runner needs from a model; `name` identifies it in reports."""
+
+    name: str
+    sample_rate: int
+
+    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """One generation for a (512,) condition: (audio (T,) float32, latent fhat float32 of any shape)."""
+
+    def compressed(self, codec: str, bits: int | None) -> contextlib.AbstractContextManager:
+        """A context inside which `generate` runs under the codec; its value has `stats()`."""
+
+
+class _Unpatched:
+    """The handle for codec `none` while the patch does not exist: the plain model, no cache accounting."""
+
+    def stats(self) -> dict:
+        return {}
+
+
+class AARBackend:
+    """`octopus_audio.aar_patch` behind the runner's interface.
+
+    B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn` /
+    `compressed_kv_fn` default to the package's `generate` / `compressed_kv` (tests inject fakes).
+    """
+
+    def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
+                 generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None) -> None:
+        import octopus_audio.aar_patch as aar_patch
+
+        self.pipe = pipe
+        self.config = config
+        self.name = name
+        self.device = device
+        self.sample_rate = MODEL_RATE
+        self._generate = generate_fn or aar_patch.generate
+        self._compressed_kv = compressed_kv_fn or getattr(aar_patch, "compressed_kv", None)
+        needs_patch = [c for c in config.codecs if c != "none"]
+        if needs_patch and self._compressed_kv is None:
+            raise RuntimeError(f"codec {needs_patch[0]} needs octopus_audio.aar_patch.compressed_kv, which "
+                               f"this build does not have yet; only --codecs none can run")
+
+    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        cond_BD = torch.from_numpy(np.asarray(cond_D, dtype=np.float32)[None, :]).to(self.device)
+        c = self.config
+        with torch.inference_mode():
+            g = self._generate(self.pipe, cond_BD, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p, seed=seed)
+        return g.audio[0].reshape(-1).float().cpu().numpy(), g.fhat[0].float().cpu().numpy()
+
+    def compressed(self, codec: str, bits: int | None):
+        c = self.config
+        if self._compressed_kv is None and codec == "none":
+            return contextlib.nullcontext(_Unpatched())
+        return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
+                                   v_group=c.v_group, seed=c.patch_seed)
+
+
+# keys that the patch's stats may use for the three numbers the report prints
+_KV_KEYS = {"ratio": ("kv_ratio", "ratio", "compression_ratio"),
+            "k_bits": ("eff_bits_k", "k_bits", "effective_bits_k", "bits_per_coord_k"),
+            "v_bits": ("eff_bits_v", "v_bits", "effective_bits_v", "bits_per_coord_v")}
+
+
+def kv_summary(stats: Any) -> dict[str, float | None]:
+    """KV compression ratio and effective bits per K / V coordinate from a patch handle's `stats()`.
+
+    Accepts a flat dict, a dict with a `total` entry, or an object with `as_dict()`; a number that is missing
+    or NaN becomes None (shown as '-' in reports), never 0.
+    """
+    d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+    if isinstance(d.get("total"), dict):
+        d = {**d, **d["total"]}
+    out: dict[str, float | None] = {}
+    for name, keys in _KV_KEYS.items():
+        value = next((d[k] for k in keys if k in d), None)
+        value = float(value) if value is not None else None
+        out[name] = value if value is not None and math.isfinite(value) else None
+    return out
+
+
+# rows ------------------------------------------------------------------------------------------------------
+
+def row_key(row: dict) -> tuple[str, str, int | None]:
+    return row["clip"], row["codec"], row["bits"]
+
+
+def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
+    """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__<codec>_b<bits>.wav`: sorting together."""
+    if codec in ("input", "reference"):
+        return f"{clip_id}__00_{codec}.wav"
+    return f"{clip_id}__{codec}.wav" if bits is None else f"{clip_id}__{codec}_b{bits}.wav"
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of one JSONL file; a torn last line (a killed writer) or any unparseable line is skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s line %d is not a complete JSON row (an interrupted write); ignoring it",
+                            path, n)
+    return rows
+
+
+def all_rows(out_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted((out_dir / ROWS_DIR).glob("*.jsonl")):
+        rows.extend(read_rows(path))
+    return rows
+
+
+def merge_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
+    """One row per key: an `ok` row wins over an error; otherwise the later row wins."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = row_key(row)
+        old = merged.get(key)
+        if old is None or row["status"] == "ok" or old["status"] != "ok":
+            merged[key] = row
+    return merged
+
+
+class RowWriter:
+    """Appends rows to this rank's JSONL file, one write + flush + fsync per row; repairs a torn last line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                log.warning("%s ends in a torn row (an interrupted write); dropping its last %d bytes",
+                            path, len(data) - keep)
+                with open(path, "r+b") as f:
+                    f.truncate(keep)
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self._f.write(json.dumps(row, sort_keys=True) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# per clip ------------------------------------------------------------------------------------------------
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def write_wav(path: Path, audio_T: np.ndarray, sample_rate: int) -> None:
+    """16-bit PCM WAV (what every browser plays), samples clipped to [-1, 1], written atomically."""
+    import soundfile
+
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.wav")
+    soundfile.write(str(tmp), np.clip(np.asarray(audio_T, dtype=np.float32), -1.0, 1.0), sample_rate,
+                    subtype="PCM_16", format="WAV")
+    os.replace(tmp, path)
+
+
+def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int):
+    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it."""
+    path = out_dir / "refs" / f"{ref.clip_id}.npz"
+    if path.is_file():
+        with np.load(path) as saved:
+            if saved["cond"].shape == cond_D.shape and np.array_equal(saved["cond"], cond_D):
+                return saved["audio"], saved["fhat"]
+        log.warning("%s was made with another condition; generating the reference again", path)
+    audio, fhat = backend.generate(cond_D, seed)
+    audio, fhat = np.asarray(audio, dtype=np.float32), np.asarray(fhat, dtype=np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, audio=audio, fhat=fhat, cond=cond_D)
+    os.replace(tmp, path)
+    write_wav(out_dir / "wav" / wav_name(ref.clip_id, "reference", None), audio, backend.sample_rate)
+    return audio, fhat
+
+
+def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path, config: EvalConfig,
+             backend: Backend, conditioner, emit: Callable[[dict], None]) -> None:
+    """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row."""
+    base = {"clip": ref.clip_id, "origin": ref.origin}
+
+    def fail(jobs, stage: str, e: BaseException) -> None:
+        log.warning("clip %s: %s failed: %s", ref.clip_id, stage, _error_text(e))
+        for codec, bits in jobs:
+            emit({**base, "codec": codec, "bits": bits, "status": "error", "stage": stage,
+                  "error": _error_text(e), "metrics": None, "kv": None, "seconds": None})
+
+    try:
+        clip = decode(ref)
+        cond_audio = prepare(clip, CLAP_RATE)
+        input_audio = prepare(clip, backend.sample_rate)
+    except Exception as e:
+        return fail(todo, "load", e)
+    (out_dir / "wav").mkdir(parents=True, exist_ok=True)
+    write_wav(out_dir / "wav" / wav_name(ref.clip_id, "input", None), input_audio, backend.sample_rate)
+    try:
+        cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
+    except Exception as e:
+        return fail(todo, "condition", e)
+    try:
+        ref_audio, ref_fhat = _reference(out_dir, ref, cond_D, backend, config.seed)
+    except Exception as e:
+        return fail(todo, "reference", e)
+    for codec, bits in todo:
+        start = time.perf_counter()
+        try:
+            with backend.compressed(codec, bits) as handle:
+                audio, fhat = backend.generate(cond_D, config.seed)
+                kv = kv_summary(handle.stats())
+        except Exception as e:
+            fail([(codec, bits)], "generate", e)
+            continue
+        audio, fhat = np.asarray(audio, dtype=np.float32), np.asarray(fhat, dtype=np.float32)
+        try:
+            metrics = compute_metrics(ref_audio, audio, ref_fhat, fhat, backend.sample_rate)
+        except Exception as e:
+            fail([(codec, bits)], "metrics", e)
+            continue
+        write_wav(out_dir / "wav" / wav_name(ref.clip_id, codec, bits), audio, backend.sample_rate)
+        emit({**base, "codec": codec, "bits": bits, "status": "ok", "stage": None, "error": None,
+              "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3)})
+
+
+# distributed ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls) -> DistInfo:
+        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(spec: str, local_rank: int) -> str:
+    """`auto` is cuda:<local rank> when a GPU is visible, else cpu; `cuda` gets the local rank's index."""
+    import torch
+
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda":
+        return f"cuda:{local_rank}"
+    if spec != "cpu" and not spec.startswith("cuda:"):
+        raise UsageError(f"unknown --device {spec!r}; accepted: auto, cpu, cuda, cuda:N")
+    return spec
+
+
+class _Group:
+    """The process group when WORLD_SIZE > 1 (gloo on CPU, nccl on GPUs); a no-op otherwise."""
+
+    def __init__(self, info: DistInfo, device: str) -> None:
+        self.info = info
+        self.device = device
+        if info.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            use_nccl = device.startswith("cuda")
+            if use_nccl:
+                torch.cuda.set_device(torch.device(device))
+            # long shards: a rank may wait at the barrier for hours while another finishes its clips
+            dist.init_process_group("nccl" if use_nccl else "gloo", timeout=timedelta(days=2))
+
+    def barrier(self) -> None:
+        if self.info.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            if self.device.startswith("cuda"):
+                dist.barrier(device_ids=[torch.device(self.device).index])
+            else:
+                dist.barrier()
+
+    def close(self) -> None:
+        if self.info.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _check_settings(out_dir: Path, settings: dict) -> None:
+    path = out_dir / SETTINGS_FILE
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != settings:
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            raise UsageError(f"{out_dir} holds a run made with other settings ({', '.join(diff)} differ); "
+                             f"use a new --out, or the same settings to resume it")
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
+
+
+def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
+             make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
+             device: str = "cpu", progress: bool = True) -> dict | None:
+    """Run this process's shard of `refs`, then (rank 0) merge all rows and write the report.
+
+    make_backend(device) builds the model backend once the device is known; `conditioner` has `name` and
+    `embed(audio_48k_T)`. `meta` is added to the report (clip source, requested n, ...). Returns the report's
+    results on rank 0 and None on the other ranks.
+    """
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    info = DistInfo.from_env()
+    group = _Group(info, device)
+    try:
+        backend = make_backend(device)
+        settings = {**config.identity(), "model": backend.name, "conditioner": conditioner.name,
+                    "sample_rate": backend.sample_rate}
+        if info.rank == 0:
+            _check_settings(out_dir, settings)
+        group.barrier()
+        if info.rank != 0:
+            _check_settings(out_dir, settings)
+        jobs = config.jobs()
+        done = {k for k, r in merge_rows(all_rows(out_dir)).items() if r["status"] == "ok"}
+        mine = list(refs)[info.rank::info.world]
+        total = len(mine) * len(jobs)
+        finished = sum((r.clip_id, c, b) in done for r in mine for c, b in jobs)
+        writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
+        bar = tqdm(total=total, initial=finished, desc=f"eval rank {info.rank}/{info.world}", unit="row",
+                   position=info.rank, disable=not progress, dynamic_ncols=True)
+
+        def emit(row: dict) -> None:
+            writer.write(row)
+            bar.update(1)
+
+        start = time.perf_counter()
+        try:
+            for ref in mine:
+                todo = [(c, b) for c, b in jobs if (ref.clip_id, c, b) not in done]
+                if todo:
+                    run_clip(ref, todo, out_dir, config, backend, conditioner, emit)
+        finally:
+            bar.close()
+            writer.close()
+        log.info("rank %d: %d clips, %d rows run, %.1f s", info.rank, len(mine), total - finished,
+                 time.perf_counter() - start)
+        group.barrier()
+        results = _finish(out_dir, refs, jobs, settings, meta or {}) if info.rank == 0 else None
+        group.barrier()
+        return results
+    finally:
+        group.close()
+
+
+def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: dict) -> dict:
+    """Rank 0: merge every rank's rows (only this run's clips and jobs), write rows.jsonl and the report."""
+    from octopus_audio.eval import report
+
+    merged = merge_rows(all_rows(out_dir))
+    wanted = [(r.clip_id, c, b) for r in refs for c, b in jobs]
+    missing = [k for k in wanted if k not in merged]
+    if missing:
+        raise RuntimeError(f"{len(missing)} rows are missing after every rank finished (first: {missing[0]})")
+    rows = [merged[k] for k in wanted]
+    tmp = out_dir / f".{MERGED_ROWS}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    os.replace(tmp, out_dir / MERGED_ROWS)
+    clips = [{"clip": r.clip_id, "origin": r.origin} for r in refs]
+    return report.write_report(out_dir, rows, clips, jobs, {**settings, **meta})

@@ -1,0 +1,221 @@
+"""Clip sources: the shipped clips/ folder, any folder of audio files, AudioSet-20k streamed by `datasets`.
+
+A source lists `ClipRef`s (cheap: a path or the undecoded bytes); `decode` turns one into a mono `Clip`, and
+`prepare` resamples and pads or crops it for a consumer (48 kHz for CLAP, 24 kHz for the model). Decoding is
+left to the runner so that one unreadable clip becomes a recorded error instead of stopping the run.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import re
+from dataclasses import dataclass, field
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+
+from octopus_audio.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+CLIP_SECONDS = 10.0
+CLAP_RATE = 48000
+MODEL_RATE = 24000
+AUDIOSET_NAME = "audioset-20k"
+
+
+@dataclass(frozen=True)
+class ClipRef:
+    """One clip before decoding: a file path or encoded bytes (exactly one), an id and where it came from."""
+
+    clip_id: str
+    origin: str
+    path: str | None = None
+    data: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.data is None):
+            raise ValueError(f"clip {self.clip_id!r}: give exactly one of path and data")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A decoded clip: mono float32 samples at the file's own rate."""
+
+    clip_id: str
+    origin: str
+    audio_T: np.ndarray
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where `audioset-20k` streams from; the defaults are the hub's AudioSet, balanced config, train split.
+
+    `path` is what `datasets.load_dataset` takes first: a hub id or a local folder laid out like one (data
+    files plus a README whose `configs:` name `name`). `shuffle_buffer` rows are read ahead for the seeded
+    shuffle.
+    """
+
+    path: str = "agkphysics/AudioSet"
+    name: str | None = "balanced"
+    split: str = "train"
+    audio_column: str = "audio"
+    id_column: str = "video_id"
+    shuffle_buffer: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
+
+
+def audio_extensions() -> frozenset[str]:
+    """File suffixes (lowercase, with the dot) of the formats the installed libsndfile reads."""
+    import soundfile
+
+    formats = {k.lower() for k in soundfile.available_formats()}
+    exts = {f".{k}" for k in formats}
+    if "aiff" in formats:
+        exts.add(".aif")
+    if "ogg" in formats:
+        exts.update({".oga", ".opus"})
+    return frozenset(exts)
+
+
+def safe_id(name: str) -> str:
+    """A file-name-safe clip id: path separators become '-', anything but [A-Za-z0-9._-] becomes '_'."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name.replace("/", "-").replace("\\", "-")).strip("._")
+    return cleaned or "clip"
+
+
+def _unique_ids(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        base = safe_id(name)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        out.append(base if count == 0 else f"{base}-{count + 1}")
+    return out
+
+
+def seeded_choice(count: int, n: int, seed: int) -> list[int]:
+    """Indices of n items out of count chosen with `random.Random(seed)`, increasing (all if n >= count)."""
+    if n <= 0:
+        raise UsageError(f"--n must be a positive number of clips, got {n}")
+    if n >= count:
+        return list(range(count))
+    return sorted(random.Random(seed).sample(range(count), n))
+
+
+def list_folder(folder: str | Path, n: int, seed: int) -> list[ClipRef]:
+    """Audio files under `folder` (recursive, sorted by relative path), a seeded choice of n of them."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise UsageError(f"clips folder {str(root)!r} does not exist; pass a folder of audio files or "
+                         f"{AUDIOSET_NAME!r}")
+    exts = audio_extensions()
+    files = sorted((p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts),
+                   key=lambda p: p.relative_to(root).as_posix())
+    if not files:
+        raise UsageError(f"no audio files in {str(root)!r}; readable suffixes here: "
+                         f"{', '.join(sorted(exts))}")
+    chosen = [files[i] for i in seeded_choice(len(files), n, seed)]
+    if len(chosen) < n:
+        log.info("%s holds %d audio files, fewer than --n %d: using all of them", root, len(chosen), n)
+    ids = _unique_ids([p.relative_to(root).with_suffix("").as_posix() for p in chosen])
+    return [ClipRef(clip_id=i, origin=str(p), path=str(p)) for i, p in zip(ids, chosen, strict=True)]
+
+
+def load_stream(spec: DatasetSpec):
+    """The streaming split, exactly as for the hub: `load_dataset(path, name, split=..., streaming=True)`."""
+    try:
+        import datasets
+    except ModuleNotFoundError as e:
+        raise UsageError("the audioset-20k source needs the `datasets` package: "
+                         "pip install 'octopus-audio[eval]'") from e
+    try:
+        return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
+    except Exception as e:  # no network, unknown config, ...: one sentence for the user
+        raise UsageError(f"could not open dataset {spec.path!r} (config {spec.name!r}, split "
+                         f"{spec.split!r}): {type(e).__name__}: {e}; it needs the hub or a local copy in "
+                         f"the hub layout (pass its folder with --dataset)") from e
+
+
+def choose_rows(stream, spec: DatasetSpec, n: int, seed: int) -> list[ClipRef]:
+    """n rows of an opened stream: seeded shuffle (shard order and a `shuffle_buffer`-row buffer), first n.
+
+    The audio column is cast to `Audio(decode=False)`, so rows carry the encoded bytes and soundfile decodes
+    them later; no audio backend of `datasets` is involved. The choice is reproducible for a given seed and
+    dataset revision; it is a uniform draw over the split only when the buffer is at least the split size.
+    """
+    from datasets import Audio
+
+    if n <= 0:
+        raise UsageError(f"--n must be a positive number of clips, got {n}")
+    stream = stream.cast_column(spec.audio_column, Audio(decode=False))
+    stream = stream.shuffle(seed=seed, buffer_size=spec.shuffle_buffer)
+    names, refs = [], []
+    for i, row in enumerate(stream.take(n)):
+        audio = row[spec.audio_column]
+        name = str(row.get(spec.id_column) or Path(audio.get("path") or f"row{i:05d}").stem)
+        origin = f"{spec.path}:{spec.name}:{spec.split}:{name}"
+        names.append(name)
+        if audio.get("bytes") is not None:
+            refs.append((origin, None, audio["bytes"]))
+        elif audio.get("path"):
+            refs.append((origin, audio["path"], None))
+        else:
+            raise UsageError(f"dataset row {name!r} has neither audio bytes nor a path in column "
+                             f"{spec.audio_column!r}")
+    if not refs:
+        raise UsageError(f"dataset {spec.path!r} split {spec.split!r} yielded no rows")
+    ids = _unique_ids(names)
+    return [ClipRef(clip_id=i, origin=o, path=p, data=d) for i, (o, p, d) in zip(ids, refs, strict=True)]
+
+
+def list_clips(source: str, n: int, seed: int, dataset: DatasetSpec | None = None) -> list[ClipRef]:
+    """`audioset-20k` (streamed per `dataset`) or a folder of audio files; a seeded choice of n clips."""
+    if source == AUDIOSET_NAME:
+        spec = dataset or DatasetSpec()
+        return choose_rows(load_stream(spec), spec, n, seed)
+    return list_folder(source, n, seed)
+
+
+def decode(ref: ClipRef) -> Clip:
+    """Decode with soundfile, average the channels to mono. Raises on unreadable or empty audio."""
+    import soundfile
+
+    source = ref.path if ref.path is not None else io.BytesIO(ref.data)
+    audio, rate = soundfile.read(source, dtype="float32", always_2d=True)
+    if audio.shape[0] == 0:
+        raise ValueError(f"clip {ref.clip_id!r} has no samples")
+    mono = audio.mean(axis=1, dtype=np.float64).astype(np.float32)
+    if not np.all(np.isfinite(mono)):
+        raise ValueError(f"clip {ref.clip_id!r} has non-finite samples")
+    return Clip(clip_id=ref.clip_id, origin=ref.origin, audio_T=mono, sample_rate=int(rate))
+
+
+def resample(x_T: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """Polyphase resampling (`scipy.signal.resample_poly`, Kaiser window) by the ratio rate_out/rate_in."""
+    if rate_in == rate_out:
+        return np.asarray(x_T, dtype=np.float32)
+    from scipy.signal import resample_poly
+
+    g = gcd(rate_in, rate_out)
+    return resample_poly(np.asarray(x_T, dtype=np.float64), rate_out // g, rate_in // g).astype(np.float32)
+
+
+def fit_length(x_T: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` samples, zero-padded at the end when the signal is shorter."""
+    if x_T.shape[0] >= length:
+        return x_T[:length].copy()
+    return np.pad(x_T, (0, length - x_T.shape[0]))
+
+
+def prepare(clip: Clip, rate: int, seconds: float = CLIP_SECONDS) -> np.ndarray:
+    """The clip at `rate`, padded or cropped to `seconds` (float32, shape (round(rate*seconds),))."""
+    return fit_length(resample(clip.audio_T, clip.sample_rate, rate), int(round(rate * seconds)))
