@@ -69,9 +69,13 @@ class ValueQuantizer:
             raise ValueError(
                 f"values have last dim {v.shape[-1]}, the quantizer was built for {self.head_dim}"
             )
-        v32 = v.to(torch.float32)
-        if v32.numel() and not bool((v32.abs().amax() <= FP16_MAX).item()):
+        if v.numel() and not bool((v.abs().amax().float() <= FP16_MAX).item()):
             raise ValueError("values must be finite and within the fp16 range (|v| <= 65504) to be quantized")
+        return self.encode_unchecked(v)
+
+    def encode_unchecked(self, v: torch.Tensor) -> ValueState:
+        """encode without the data-dependent range check (the cache checks each unit once)."""
+        v32 = v.to(torch.float32)
         levels = 2**self.bits - 1
         v_G = v32.reshape(*v32.shape[:-1], self.head_dim // self.group, self.group)
         mn = v_G.amin(-1)

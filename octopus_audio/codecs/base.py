@@ -75,7 +75,7 @@ class KeyCodec(abc.ABC):
     def encode(self, k: torch.Tensor) -> KeyState: ...
 
     @abc.abstractmethod
-    def decode(self, state: KeyState) -> torch.Tensor: ...
+    def decode(self, state: KeyState, dtype: torch.dtype | None = None) -> torch.Tensor: ...
 
     @abc.abstractmethod
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor: ...
@@ -180,11 +180,14 @@ class RotationCodec(KeyCodec):
             u_hat = u_hat + qjl.vector(state.signs, state.gamma_r, self._qjl_signs(u_hat))
         return u_hat
 
-    def decode(self, state: KeyState) -> torch.Tensor:
-        """KeyState -> k_hat = gamma R^T u_est in the encoded dtype ([..., H, T, d])."""
+    def decode(self, state: KeyState, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """KeyState -> k_hat = gamma R^T u_est [..., H, T, d] in `dtype` (default: the encoded keys' dtype).
+
+        Computed in fp32; for the QJL codecs this is the score estimator as a vector, so q.decode == scores.
+        """
         u_est = self.rotated_estimate(state)
         k_hat = rotation.unrotate(u_est, self.signs(rotation.num_heads_of(u_est), u_est.device))
-        return to_dtype(k_hat * state.gamma.float()[..., None], state.dtype)
+        return to_dtype(k_hat * state.gamma.float()[..., None], dtype or state.dtype)
 
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor:
         """The codec's score estimator q.k_hat: q [..., H, Tq, d] -> fp32 [..., H, Tq, T] (rotated frame)."""

@@ -34,8 +34,8 @@ class NoneCodec(KeyCodec):
     def encode_unchecked(self, k: torch.Tensor) -> KeyState:
         return KeyState(dtype=k.dtype, native=k.contiguous().clone())
 
-    def decode(self, state: KeyState) -> torch.Tensor:
-        return state.native
+    def decode(self, state: KeyState, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return state.native if dtype is None else state.native.to(dtype)
 
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor:
         self.check_keys(q, "queries")

@@ -1,0 +1,148 @@
+"""Tests for CompressedKVCache: reference attention vs SDPA over decoded K/V, windows, accounting, backend."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from octopus_audio import CODECS, CompressedKVCache, attention_backend, get_codec
+from octopus_audio import backend as backend_mod
+from octopus_audio.values import ValueQuantizer
+
+UNIT_TOKENS = (1, 3, 5, 2)  # four units of uneven size (scales)
+B, H, D = 2, 2, 64
+
+
+def _units(seed=0, dtype=torch.float32, sizes=UNIT_TOKENS):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(B, H, t, D, generator=g).to(dtype), torch.randn(B, H, t, D, generator=g).to(dtype))
+            for t in sizes]
+
+
+def _fill(cache, units):
+    for k, v in units:
+        cache.append(k, v)
+    return cache
+
+
+@pytest.mark.parametrize("window", [0, 1, 2], ids=lambda w: f"W{w}")
+@pytest.mark.parametrize("name", [c for c in CODECS if c != "none"])
+def test_reference_attention_equals_sdpa_over_decoded(name, window):
+    units = _units(seed=window)
+    cache = _fill(CompressedKVCache(name, 2, D, window=window, seed=9), units)
+    # independent expectation: each unit leaving the window is encoded on its own, then decoded
+    codec, vq = get_codec(name, 2, D, seed=9), ValueQuantizer(2, D)
+    n_comp = max(0, len(units) - window)
+    ks = [codec.decode(codec.encode(k)) for k, _ in units[:n_comp]] + [k for k, _ in units[n_comp:]]
+    vs = [vq.decode(vq.encode(v)) for _, v in units[:n_comp]] + [v for _, v in units[n_comp:]]
+    k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
+    q = torch.randn(B, 2 * H, 4, D, generator=torch.Generator().manual_seed(1))  # grouped queries, G = 2
+    out = cache.attend(q, 0.125)
+    expect = F.scaled_dot_product_attention(q, k_all.repeat_interleave(2, 1), v_all.repeat_interleave(2, 1),
+                                            scale=0.125)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+    assert cache.length == sum(UNIT_TOKENS[:n_comp]) and cache.num_tokens == sum(UNIT_TOKENS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("window", [0, 1, 2], ids=lambda w: f"W{w}")
+def test_codec_none_equals_plain_sdpa_exactly(window, dtype):
+    units = _units(seed=3, dtype=dtype)
+    cache = _fill(CompressedKVCache("none", 2, D, window=window), units)
+    q = torch.randn(B, H, 3, D, generator=torch.Generator().manual_seed(2)).to(dtype)
+    k_all = torch.cat([k for k, _ in units], 2)
+    v_all = torch.cat([v for _, v in units], 2)
+    assert torch.equal(cache.attend(q, 0.2), F.scaled_dot_product_attention(q, k_all, v_all, scale=0.2))
+    qg = torch.randn(B, 3 * H, 1, D, generator=torch.Generator().manual_seed(4)).to(dtype)
+    expect = F.scaled_dot_product_attention(qg, k_all.repeat_interleave(3, 1), v_all.repeat_interleave(3, 1),
+                                            scale=0.2)
+    assert torch.equal(cache.attend(qg, 0.2), expect)
+
+
+@pytest.mark.parametrize("name", ["octopus-qjl", "polarquant"])
+def test_step_by_step_equals_encoding_all_at_once(name):
+    units = _units(seed=5, sizes=(1, 2, 4, 6, 9, 12))
+    cache = _fill(CompressedKVCache(name, 3, D, window=1, seed=2), units)
+    codec, vq = get_codec(name, 3, D, seed=2), ValueQuantizer(3, D)
+    k_old = torch.cat([k for k, _ in units[:-1]], 2)
+    v_old = torch.cat([v for _, v in units[:-1]], 2)
+    k_state, v_state = cache.store.valid()
+    for field, t in codec.encode(k_old).tensors().items():
+        assert torch.equal(getattr(k_state, field), t), field
+    for field, t in vq.encode(v_old).tensors().items():
+        assert torch.equal(getattr(v_state, field), t), field
+    assert cache.store.capacity >= cache.length == 22 and cache.store.capacity <= 2 * 22  # grown by doubling
+
+
+def test_accounting_and_reset():
+    units = _units(seed=6, dtype=torch.float16)
+    cache = _fill(CompressedKVCache("octopus", 2, D, window=1), units)
+    codec, vq = get_codec("octopus", 2, D), ValueQuantizer(2, D)
+    n_store = sum(UNIT_TOKENS[:-1])
+    b = cache.bytes_breakdown()
+    assert b["k_bytes"] * 8 == B * H * n_store * codec.bits_per_key
+    assert b["v_bytes"] * 8 == B * H * n_store * vq.bits_per_token
+    assert b["window_bytes"] == 2 * B * H * UNIT_TOKENS[-1] * D * 2
+    assert cache.nbytes == b["k_bytes"] + b["v_bytes"] + b["window_bytes"]
+    assert cache.native_nbytes == 2 * B * H * sum(UNIT_TOKENS) * D * 2
+    assert cache.nbytes < cache.native_nbytes / 2
+    assert len(cache) == sum(UNIT_TOKENS) and cache.num_units == 4
+    cache.reset()
+    assert cache.num_tokens == 0 and cache.nbytes == 0 and cache.store is None
+    cache.append(*_units(seed=7, sizes=(3,))[0])  # a new layout is accepted after reset
+    assert cache.num_tokens == 3
+
+
+@pytest.mark.parametrize("name", ["none", "turboquant-mse"])
+@pytest.mark.parametrize("bad", ["nan_k", "inf_v", "big_v"])
+def test_bad_units_raise_and_leave_cache_unchanged(name, bad):
+    cache = _fill(CompressedKVCache(name, 2, D, window=0), _units(seed=8, sizes=(2,)))
+    k, v = _units(seed=9, sizes=(3,))[0]
+    if bad == "nan_k":
+        k[1, 0, 2, 5] = float("nan")
+    elif bad == "inf_v":
+        v[0, 1, 0, 0] = float("inf")
+    else:
+        v[0, 0, 1, 1] = 1e6
+    if name == "none" and bad == "big_v":
+        cache.append(k, v)  # native values need only be finite
+        return
+    with pytest.raises(ValueError, match="finite"):
+        cache.append(k, v)
+    assert cache.num_tokens == 2
+
+
+def test_bad_shapes_and_arguments():
+    cache = CompressedKVCache("octopus", 2, D)
+    with pytest.raises(ValueError, match="empty cache"):
+        cache.attend(torch.zeros(B, H, 1, D), 1.0)
+    cache.append(torch.zeros(B, H, 1, D), torch.zeros(B, H, 1, D))
+    with pytest.raises(ValueError, match="multiple of H=2"):
+        cache.attend(torch.zeros(B, 3, 1, D), 1.0)
+    with pytest.raises(ValueError, match="reset"):
+        cache.append(torch.zeros(B, 4, 1, D), torch.zeros(B, 4, 1, D))
+    with pytest.raises(ValueError, match="one shape"):
+        cache.append(torch.zeros(B, H, 1, D), torch.zeros(B, H, 2, D))
+    with pytest.raises(ValueError, match="window must be an integer >= 0"):
+        CompressedKVCache("octopus", 2, D, window=-1)
+    with pytest.raises(ValueError, match="power of two"):
+        CompressedKVCache("octopus", 2, 48)
+
+
+def test_backend_selection(monkeypatch):
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    assert attention_backend("cpu") == "reference"
+    cache = CompressedKVCache("turboquant-mse", 2, D)
+    assert "backend='reference'" in repr(cache)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "fastest")
+    with pytest.raises(ValueError, match="auto, reference, triton"):
+        attention_backend("cpu")
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "auto")
+    assert attention_backend("cpu") == "reference"  # auto never picks triton for CPU tensors
+    assert attention_backend("cpu", "none") == "reference"
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="OCTOPUS_AUDIO_BACKEND=triton"):
+        attention_backend("cpu")
+    monkeypatch.setattr(backend_mod, "_kernel_ops", lambda: (None, "kernels not built"))
+    with pytest.raises(RuntimeError, match="kernels not built"):
+        attention_backend("cuda")
