@@ -1,0 +1,435 @@
+"""`patch_aar`: a compressed KV cache (one per attention layer) under AAR's attention; `unpatch` undoes it.
+
+The patch finds attention modules by duck typing (the released code's attribute names, see
+`ATTENTION_ATTRIBUTES`), so it works on our `AARPipeline`, a bare transformer, or the released model objects.
+Per patched module it replaces two instance attributes and nothing else:
+
+- `kv_caching(enable)`: calls the original (which sets `caching` and clears `cached_k/v`), then empties this
+  layer's compressed cache. Turning caching on while the cache still holds part of a generation is a
+  RuntimeError (never a silent mix). Turning it off first snapshots the layer's byte accounting, so
+  `handle.stats()` describes the generation that just ended.
+- `forward(x, attn_bias)`: outside caching mode (training / teacher forcing) it is the original forward.
+  In caching mode one call is one unit (one scale): q, k, v are computed as the original does, k and v
+  ([B, H, L, d], k unit-norm under cosine attention) are appended to the cache, and q attends over the
+  compressed scales and the native window in one softmax with the module's softmax scale; then `proj`
+  (and `proj_drop` when the module has one).
+
+Numerics: a module that exposes `_qkv(x) -> (q, k, v)` and `_project(o)` (our `SelfAttention`) is used through
+those, so its own dtype handling is kept; otherwise the released math is applied (fused linear with bias
+`cat(q_bias, zero_k_bias, v_bias)`, cosine attention when `attn_l2_norm` is true or absent with a
+`scale_mul_1H11` present). With codec `none` the cache concatenates native K/V and calls the same SDPA as the
+original, so the output is bit-identical to the unpatched model.
+
+Choices where the design is silent: patching a patched model is a RuntimeError; `unpatch(model)` on a model
+without a patch is a RuntimeError; `handle.unpatch()` a second time is a no-op; unpatching while a
+generation holds a cache is a RuntimeError (leaving `with compressed_kv(...)` through an exception abandons
+the generation and unpatches anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import octopus_audio
+from octopus_audio.rotation import layer_seed
+
+log = logging.getLogger(__name__)
+
+# attributes an attention module must have to be patched (the released code's names)
+ATTENTION_ATTRIBUTES = ("mat_qkv", "q_bias", "v_bias", "zero_k_bias", "proj", "num_heads", "head_dim",
+                        "caching", "cached_k", "cached_v", "kv_caching")
+_MARK = "_octopus_kv_patch"  # instance attribute on a patched attention module -> its _LayerPatch
+_FP16_BYTES = 2
+_LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_mul (a float32 ln 100)
+
+
+# 1. configuration and accounting ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PatchConfig:
+    """What `patch_aar` installs: codec name, nominal bits, native window (units), value group, base seed."""
+
+    codec: str = "octopus"
+    bits: int = 2
+    window: int = 1
+    v_group: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.codec not in octopus_audio.CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}; allowed: {', '.join(octopus_audio.CODECS)}")
+        for name, low in (("bits", 1), ("window", 0), ("v_group", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStats:
+    """Bytes held by one layer's cache (all rows of the batch, all heads).
+
+    tokens: units' tokens in the cache; window_tokens of them native. k_bytes / v_bytes: the compressed store
+    (packed codes and side fields) of the tokens held; native_bytes: the native window (K and V, in the
+    model's dtype); fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
+    compressed tokens (per K or V); allocated_bytes: what the buffers occupy, including the spare capacity of
+    the store (it grows by doubling).
+    """
+
+    layer: int
+    tokens: int
+    window_tokens: int
+    k_bytes: int
+    v_bytes: int
+    native_bytes: int
+    fp16_bytes: int
+    compressed_coords: int
+    allocated_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.k_bytes + self.v_bytes + self.native_bytes
+
+    @property
+    def ratio(self) -> float:
+        """fp16 bytes / cache bytes, the native window included."""
+        return self.fp16_bytes / self.nbytes if self.nbytes else float("nan")
+
+    @property
+    def store_ratio(self) -> float:
+        """fp16 bytes / bytes of the compressed store alone (the window left out)."""
+        fp16_store = 2 * _FP16_BYTES * self.compressed_coords
+        return fp16_store / (self.k_bytes + self.v_bytes) if self.compressed_coords else float("nan")
+
+    @property
+    def k_bits(self) -> float:
+        """Effective stored bits per key coordinate in the compressed store (side fields included)."""
+        return 8 * self.k_bytes / self.compressed_coords if self.compressed_coords else float("nan")
+
+    @property
+    def v_bits(self) -> float:
+        """Effective stored bits per value coordinate in the compressed store (scales/minima included)."""
+        return 8 * self.v_bytes / self.compressed_coords if self.compressed_coords else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """The accounting of one generation (or of the cache as it is now): per layer and in total."""
+
+    config: PatchConfig
+    layers: tuple[LayerStats, ...]
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(s, name) for s in self.layers)
+
+    @property
+    def total(self) -> LayerStats:
+        return LayerStats(layer=-1, tokens=self.layers[0].tokens if self.layers else 0,
+                          window_tokens=self.layers[0].window_tokens if self.layers else 0,
+                          k_bytes=self._sum("k_bytes"), v_bytes=self._sum("v_bytes"),
+                          native_bytes=self._sum("native_bytes"), fp16_bytes=self._sum("fp16_bytes"),
+                          compressed_coords=self._sum("compressed_coords"),
+                          allocated_bytes=self._sum("allocated_bytes"))
+
+    def line(self) -> str:
+        """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
+        t, c = self.total, self.config
+        mib = 2.0**20
+        return (f"kv cache [{c.codec} b={c.bits} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
+                f"({t.window_tokens} native)]: {t.nbytes / mib:.2f} MiB (compressed "
+                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native window {t.native_bytes / mib:.2f}) vs fp16 "
+                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store); "
+                f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
+                f"{t.allocated_bytes / mib:.2f} MiB")
+
+    def as_dict(self) -> dict:
+        def row(s: LayerStats) -> dict:
+            return {**dataclasses.asdict(s), "nbytes": s.nbytes, "ratio": s.ratio,
+                    "store_ratio": s.store_ratio, "k_bits": s.k_bits, "v_bits": s.v_bits}
+        return {"config": dataclasses.asdict(self.config), "total": row(self.total),
+                "layers": [row(s) for s in self.layers]}
+
+
+# 2. finding attention modules -----------------------------------------------------------------------------
+def _is_attention(m: object) -> bool:
+    return (isinstance(m, nn.Module) and all(hasattr(m, a) for a in ATTENTION_ATTRIBUTES)
+            and callable(m.kv_caching))
+
+
+def find_attention(model: object) -> list[nn.Module]:
+    """The attention modules of `model` (an nn.Module, or an object holding nn.Modules), in module order."""
+    if isinstance(model, nn.Module):
+        roots = [model]
+    else:
+        attrs = vars(model).values() if hasattr(model, "__dict__") else ()
+        roots = [v for v in attrs if isinstance(v, nn.Module)]
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+    for root in roots:
+        for m in root.modules():
+            if id(m) not in seen and _is_attention(m):
+                seen.add(id(m))
+                found.append(m)
+    return found
+
+
+def _softmax_scale(m: nn.Module) -> float:
+    if hasattr(m, "scale"):
+        return float(m.scale)
+    if hasattr(m, "scale_mul_1H11"):
+        return 1.0  # cosine attention: q already carries its learned scale
+    raise TypeError(f"{type(m).__name__} has neither `scale` nor `scale_mul_1H11`; the patch cannot tell its "
+                    f"softmax scale")
+
+
+def _is_cosine(m: nn.Module) -> bool:
+    return bool(getattr(m, "attn_l2_norm", hasattr(m, "scale_mul_1H11")))
+
+
+# 3. the per-layer patch -----------------------------------------------------------------------------------
+class _LayerPatch:
+    """One patched attention module: its compressed cache, its original methods, its last accounting."""
+
+    def __init__(self, module: nn.Module, index: int, config: PatchConfig) -> None:
+        self.module = module
+        self.index = index
+        self.head_dim = int(module.head_dim)
+        self.num_heads = int(module.num_heads)
+        self.scale = _softmax_scale(module)
+        self.cosine = _is_cosine(module)
+        self.own_qkv = callable(getattr(module, "_qkv", None)) and callable(getattr(module, "_project", None))
+        self.cache = octopus_audio.CompressedKVCache(config.codec, config.bits, self.head_dim,
+                                                     window=config.window, v_group=config.v_group,
+                                                     seed=layer_seed(config.seed, index))
+        self.config = config
+        self.units = 0
+        self.last: LayerStats | None = None
+        self.saved: dict[str, object] = {}
+
+    # install / remove
+    def install(self) -> None:
+        m = self.module
+        for name in ("forward", "kv_caching"):
+            self.saved[name] = m.__dict__.get(name, _ABSENT)
+        self.orig_forward = m.forward
+        self.orig_kv_caching = m.kv_caching
+        m.forward = self.forward
+        m.kv_caching = self.kv_caching
+        setattr(m, _MARK, self)
+
+    def remove(self) -> None:
+        m = self.module
+        for name, value in self.saved.items():
+            if value is _ABSENT:
+                m.__dict__.pop(name, None)
+            else:
+                m.__dict__[name] = value
+        m.__dict__.pop(_MARK, None)
+        self.cache.reset()
+        self.units = 0
+
+    # the replaced methods
+    def kv_caching(self, enable: bool) -> None:
+        if enable and self.units:
+            raise RuntimeError(
+                f"attention layer {self.index} already holds {self.units} scale(s) of a generation in its "
+                f"compressed KV cache; a second generation cannot start until the first ends "
+                f"(kv_caching(False)); generations on one patched model must run one at a time")
+        if not enable and self.units:
+            self.last = self.layer_stats()
+        self.orig_kv_caching(enable)
+        self.cache.reset()
+        self.units = 0
+
+    def forward(self, x_BLC: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        m = self.module
+        if not m.caching:
+            return self.orig_forward(x_BLC, attn_bias)
+        if attn_bias is not None:
+            raise ValueError(f"attention layer {self.index} was called in caching mode with an attention "
+                             f"mask; the compressed cache attends over whole scales and takes attn_bias=None")
+        q_BHLD, k_BHLD, v_BHLD = self._qkv(x_BLC)
+        self.cache.append(k_BHLD, v_BHLD)
+        self.units += 1
+        o_BHLD = self.cache.attend(q_BHLD, self.scale)
+        return self._project(o_BHLD)
+
+    # the released math, for modules without their own _qkv / _project
+    def _qkv(self, x_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.module
+        if self.own_qkv:
+            return m._qkv(x_BLC)
+        B, L, _ = x_BLC.shape
+        bias = torch.cat((m.q_bias, m.zero_k_bias, m.v_bias))
+        qkv_BL3HD = F.linear(x_BLC, m.mat_qkv.weight, bias=bias).view(B, L, 3, self.num_heads, self.head_dim)
+        q_BHLD, k_BHLD, v_BHLD = qkv_BL3HD.permute(2, 0, 3, 1, 4).unbind(0)
+        if self.cosine:
+            scale_mul_1H11 = m.scale_mul_1H11.clamp_max(getattr(m, "max_scale_mul", _LN_100_F32)).exp()
+            q_BHLD = F.normalize(q_BHLD, dim=-1).mul(scale_mul_1H11)
+            k_BHLD = F.normalize(k_BHLD, dim=-1)
+        return q_BHLD, k_BHLD, v_BHLD
+
+    def _project(self, o_BHLD: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if self.own_qkv:
+            return m._project(o_BHLD)
+        B, H, L, D = o_BHLD.shape
+        out_BLC = m.proj(o_BHLD.transpose(1, 2).reshape(B, L, H * D))
+        proj_drop = getattr(m, "proj_drop", None)
+        return proj_drop(out_BLC) if isinstance(proj_drop, nn.Module) else out_BLC
+
+    # accounting
+    def layer_stats(self) -> LayerStats:
+        b = self.cache.bytes_breakdown()
+        tokens, window_tokens = b["tokens"], b["window_tokens"]
+        rows = b["rows"]  # batch * heads
+        store = self.cache.store
+        store_allocated = 0 if store is None else store.keys.nbytes + store.values.nbytes
+        return LayerStats(layer=self.index, tokens=tokens, window_tokens=window_tokens, k_bytes=b["k_bytes"],
+                          v_bytes=b["v_bytes"], native_bytes=b["native_bytes"],
+                          fp16_bytes=2 * rows * tokens * self.head_dim * _FP16_BYTES,
+                          compressed_coords=rows * (tokens - window_tokens) * self.head_dim,
+                          allocated_bytes=store_allocated + b["native_bytes"])
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_ABSENT = _Absent()
+
+
+# 4. the handle and the entry points -----------------------------------------------------------------------
+class PatchHandle:
+    """A model with a compressed KV cache under its attention. `unpatch()` or leaving `with` takes it off.
+
+    `stats()`: the cache accounting (per layer and total) of the generation in progress, or of the last one
+    that ended; `last_stats`: the last ended generation's (None before the first).
+    """
+
+    def __init__(self, model: object, config: PatchConfig, layers: list[_LayerPatch]) -> None:
+        self.model = model
+        self.config = config
+        self._layers = layers
+        self.active = True
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def caches(self) -> list:
+        """The per-layer CompressedKVCache objects, in layer order."""
+        return [lp.cache for lp in self._layers]
+
+    @property
+    def generating(self) -> bool:
+        return any(lp.units for lp in self._layers)
+
+    @property
+    def backend(self) -> str:
+        backends = {str(getattr(lp.cache, "backend", "?")) for lp in self._layers}
+        return "/".join(sorted(backends))
+
+    @property
+    def last_stats(self) -> CacheStats | None:
+        if not self._layers or any(lp.last is None for lp in self._layers):
+            return None
+        return CacheStats(self.config, tuple(lp.last for lp in self._layers))
+
+    def stats(self) -> CacheStats:
+        if self.generating:
+            return CacheStats(self.config, tuple(lp.layer_stats() for lp in self._layers))
+        last = self.last_stats
+        if last is None:
+            raise RuntimeError("no generation has run through this patch yet: no cache to account for")
+        return last
+
+    def unpatch(self, *, abandon: bool = False) -> None:
+        """Restore the original methods. A second call does nothing.
+
+        While a generation holds a cache this is a RuntimeError, unless `abandon=True` (the generation's cache
+        is dropped and its modules are left with caching off).
+        """
+        if not self.active:
+            return
+        if self.generating and not abandon:
+            raise RuntimeError("a generation is in progress on the patched model; let it finish "
+                               "(kv_caching(False)) before unpatching, or unpatch(abandon=True) to drop it")
+        for lp in self._layers:
+            busy = lp.units > 0
+            lp.remove()
+            if busy:
+                lp.orig_kv_caching(False)
+        self.active = False
+
+    def __enter__(self) -> PatchHandle:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.unpatch(abandon=exc_type is not None)
+
+    def __repr__(self) -> str:
+        c = self.config
+        state = "active" if self.active else "removed"
+        return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, window={c.window}, v_group={c.v_group}, "
+                f"seed={c.seed}, layers={self.num_layers}, backend={self.backend}, {state})")
+
+
+def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
+              seed: int = 0) -> PatchHandle:
+    """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
+
+    model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
+    have the released attribute names. Layer l's cache uses the codec seed `layer_seed(seed, l)`.
+    Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
+    """
+    config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed)
+    modules = find_attention(model)
+    if not modules:
+        raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
+                         f"with the attributes {', '.join(ATTENTION_ATTRIBUTES)}")
+    for i, m in enumerate(modules):
+        if hasattr(m, _MARK):
+            raise RuntimeError(f"attention layer {i} is already patched ({getattr(m, _MARK).handle_repr}); "
+                               f"unpatch it before patching again")
+        if m.caching and m.cached_k is not None:
+            raise RuntimeError(f"attention layer {i} is in the middle of a generation (its KV cache is not "
+                               f"empty); patch the model before or after a generation, not during one")
+    # every cache is built (and the arguments validated) before any module is touched
+    layers = [_LayerPatch(m, i, config) for i, m in enumerate(modules)]
+    handle = PatchHandle(model, config, layers)
+    for lp in layers:
+        lp.install()
+        lp.handle_repr = f"codec={codec!r}, bits={bits}"
+        lp.handle = handle
+    log.info("patched %d attention layers: %r", len(layers), handle)
+    return handle
+
+
+def unpatch(model: object) -> None:
+    """Take the patch off `model` (RuntimeError if it has none, or if a generation holds its cache)."""
+    modules = [m for m in find_attention(model) if hasattr(m, _MARK)]
+    if not modules:
+        raise RuntimeError(f"{type(model).__name__} has no KV-cache patch to remove")
+    handles = {id(getattr(m, _MARK).handle): getattr(m, _MARK).handle for m in modules}
+    for handle in handles.values():
+        handle.unpatch()
+
+
+@contextlib.contextmanager
+def compressed_kv(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
+                  seed: int = 0) -> Iterator[PatchHandle]:
+    """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit."""
+    with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed) as handle:
+        yield handle
+
+
+__all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle", "compressed_kv",
+           "find_attention", "patch_aar", "unpatch"]
