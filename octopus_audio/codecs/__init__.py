@@ -52,5 +52,5 @@ def get_codec(name: str, bits: int, head_dim: int, seed: int = 0, **options) -> 
     return cls(bits=bits, head_dim=head_dim, seed=seed, **options)
 
 
-__all__ = ["CODECS", "SUPPORTED_BITS", "KeyCodec", "KeyState", "RotationCodec", "get_codec", "NoneCodec", "TurboQuantMSE",
-           "TurboQuantQJL", "PolarQuant", "Octopus", "OctopusQJL"]
+__all__ = ["CODECS", "SUPPORTED_BITS", "KeyCodec", "KeyState", "RotationCodec", "get_codec", "NoneCodec",
+           "TurboQuantMSE", "TurboQuantQJL", "PolarQuant", "Octopus", "OctopusQJL"]
