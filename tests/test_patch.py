@@ -258,6 +258,9 @@ def test_accounting_is_the_packed_format_and_captured_at_the_end():
         assert s.fp16_bytes == rows * tokens * 2 * 64 * 2
         assert s.k_bits == pytest.approx(22 * 8 / 64)
         assert s.v_bits == pytest.approx(32 * 8 / 64)
+        # the store grows by doubling: lengths 1, 3, 6, 11 -> capacities 1, 3, 6, 12
+        assert s.allocated_bytes == rows * 12 * (22 + 32) + s.native_bytes
     assert stats.total.nbytes == 2 * stats.layers[0].nbytes
-    assert "octopus b=2" in stats.line() and "x;" in stats.line()
+    assert f"octopus b=2 W=1, 2 layers, {tokens} tokens ({window} native)" in stats.line()
+    assert f"{stats.total.ratio:.2f}x" in stats.line()
     assert "codec='octopus'" in repr(handle) and "backend=" in repr(handle)
