@@ -129,14 +129,19 @@ class CompressedKVCache:
         """Key, value and window bytes plus token counts.
 
         k_bytes / v_bytes: compressed store (valid tokens); window_bytes (= native_bytes): the native window;
-        fp16_bytes: an fp16 cache of the same tokens; rows = B * H; tokens = store + window tokens.
+        fp16_bytes: an fp16 cache of the same tokens; allocated_bytes: store buffers at capacity + window;
+        rows = B * H; tokens = store + window tokens.
         """
         k_bytes, v_bytes = (0, 0) if self.store is None else self.store.nbytes
         window_bytes = sum(t.numel() * t.element_size() for kv in self._window for t in kv)
         rows = 0 if self._layout is None else self._layout[0] * self._layout[1]
+        allocated = window_bytes
+        if self.store is not None:
+            allocated += self.store.keys.nbytes + self.store.values.nbytes
         return {"k_bytes": k_bytes, "v_bytes": v_bytes, "window_bytes": window_bytes,
-                "native_bytes": window_bytes, "fp16_bytes": self.native_nbytes, "tokens": self.num_tokens,
-                "window_tokens": self.window_tokens, "store_tokens": self.length, "rows": rows}
+                "allocated_bytes": allocated, "native_bytes": window_bytes, "fp16_bytes": self.native_nbytes,
+                "tokens": self.num_tokens, "window_tokens": self.window_tokens, "store_tokens": self.length,
+                "rows": rows}
 
     # ---- append ----
     def _check_unit(self, k: torch.Tensor, v: torch.Tensor) -> None:
