@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
             if e.name and not module_name.startswith(e.name):
-                p.set_defaults(_missing=f"`octopus-audio {name}` needs the package `{e.name}`; install it "
-                               f"(for example `pip install 'octopus-audio[eval]'`)")
+                p.set_defaults(_missing=f"`octopus-audio {name}` needs the package `{e.name}`; "
+                               f"install it (for example `pip install 'octopus-audio[eval]'`)")
             else:
                 p.set_defaults(_missing=f"`octopus-audio {name}` is not available in this build")
             continue
