@@ -1,1 +1,7 @@
 """Triton kernels shared by every codec: encode, and fused attention over the compressed K/V cache."""
+
+from .ops import attention, encode_keys, encode_values
+from .spec import KERNEL_CODECS, KernelCodec, PackedKeys, PackedValues
+
+__all__ = ["KERNEL_CODECS", "KernelCodec", "PackedKeys", "PackedValues", "attention", "encode_keys",
+           "encode_values"]

@@ -1,0 +1,84 @@
+"""Per-codec @triton.jit decode helpers: a tile of BLOCK_N compressed keys or values, decoded in registers."""
+
+import triton
+import triton.language as tl
+
+from .bits import unpack_codes
+
+# tl.constexpr codec ids (spec.KERNEL_CODECS order)
+TQ_MSE = tl.constexpr(0)
+TQ_QJL = tl.constexpr(1)
+POLAR = tl.constexpr(2)
+OCTOPUS = tl.constexpr(3)
+OCTOPUS_QJL = tl.constexpr(4)
+
+
+@triton.jit
+def turbo_unit(rows_ptr, row_ok, cent_ptr, D: tl.constexpr, N_BITS: tl.constexpr):
+    """turboquant: u_hat [BN, D] = C_coord[code_j], one centroid lookup per coordinate."""
+    j = tl.arange(0, D)[None, :]
+    codes = unpack_codes(rows_ptr, j, row_ok, N_BITS)
+    return tl.load(cent_ptr + codes)
+
+
+@triton.jit
+def _polar_level(rows_ptr, row_ok, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.constexpr, LVL: tl.constexpr,
+                 S: tl.constexpr, N_BITS: tl.constexpr):
+    j = (D - (D >> LVL)) + tl.arange(0, S)[None, :]
+    idx = unpack_codes(rows_ptr, j, row_ok, N_BITS) + LVL * (1 << N_BITS)
+    c = tl.load(cos_ptr + idx)
+    s = tl.load(sin_ptr + idx)
+    return tl.reshape(tl.join(r * c, r * s), (BN, 2 * S))
+
+
+@triton.jit
+def polar_unit(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+               N_BITS: tl.constexpr):
+    """polarquant: u_hat [BN, D], decoded top-down from radius 1 with per-level cos/sin tables.
+
+    Level lvl (0-based) holds D >> (lvl+1) angles starting at code D - (D >> lvl); each turns a radius r into
+    the pair (r cos psi, r sin psi), and pairs interleave into the next level's radii.
+    """
+    r = tl.full((BN, 1), 1.0, tl.float32)
+    for lvl in tl.static_range(LOG2D - 1, -1, -1):
+        r = _polar_level(rows_ptr, row_ok, cos_ptr, sin_ptr, r, BN, D, lvl, D >> (lvl + 1), N_BITS)
+    return r
+
+
+@triton.jit
+def octopus_triplets(rows_ptr, row_ok, dir_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
+                     N_BITS: tl.constexpr, B_RHO: tl.constexpr):
+    """octopus: the triplets t_hat = C_rho[i_rho] * D[dir] as three component tiles [BN, LP] (x, y, z).
+
+    One lookup into the decoded-direction table per component, times rho_hat; padded triplets (>= L) read
+    code 0 and meet zero query columns.
+    """
+    i = tl.arange(0, LP)[None, :]
+    codes = unpack_codes(rows_ptr, i, row_ok & (i < L), N_BITS)
+    rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)))
+    d3 = (codes >> B_RHO) * 3
+    kx = rho * tl.load(dir_ptr + d3)
+    ky = rho * tl.load(dir_ptr + d3 + 1)
+    kz = rho * tl.load(dir_ptr + d3 + 2)
+    return kx, ky, kz
+
+
+@triton.jit
+def qjl_signs(rows_ptr, row_ok, D: tl.constexpr):
+    """QJL: sigma [BN, D] as +-1.0 (stored bit 1 for +1)."""
+    j = tl.arange(0, D)[None, :]
+    return unpack_codes(rows_ptr, j, row_ok, 1).to(tl.float32) * 2.0 - 1.0
+
+
+@triton.jit
+def value_tile(codes_ptr, scale_ptr, min_ptr, rows, row_ok, BN: tl.constexpr, D: tl.constexpr,
+               N_BITS: tl.constexpr, N_WORDS: tl.constexpr):
+    """Group dequantization: v_hat [BN, D] = code * scale + minimum, per group of 16 channels."""
+    G: tl.constexpr = D // 16
+    j = tl.arange(0, D)[None, :]
+    codes = unpack_codes(codes_ptr + rows[:, None] * N_WORDS, j, row_ok[:, None], N_BITS).to(tl.float32)
+    gcol = rows[:, None] * G + tl.arange(0, G)[None, :]
+    sc = tl.load(scale_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    mn = tl.load(min_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    v = tl.reshape(codes, (BN, G, 16)) * sc[:, :, None] + mn[:, :, None]
+    return tl.reshape(v, (BN, D))

@@ -1,0 +1,188 @@
+"""Encode kernels: K (any codec) and V (group-16) in any float dtype -> the packed state of formats.md."""
+
+import triton
+import triton.language as tl
+
+from .bits import bf16_bits, pack_codes, round_half_even, search_sorted
+from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
+
+PI = tl.constexpr(3.141592653589793)
+
+
+@triton.jit
+def _atan2(y, x):
+    """atan2 in fp32 (Cephes atanf on the reduced ratio min/max, ~1e-7 rad), IEEE signs of zeros."""
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    hi = tl.maximum(ax, ay)
+    lo = tl.minimum(ax, ay)
+    a = tl.math.div_rn(lo, tl.where(hi > 0, hi, 1.0))
+    big = a > 0.41421356237309503
+    z = tl.where(big, tl.math.div_rn(a - 1.0, a + 1.0), a)
+    base = tl.where(big, PI / 4, 0.0)
+    z2 = z * z
+    poly = (((8.05374449538e-2 * z2 - 1.38776856032e-1) * z2 + 1.99777106478e-1) * z2 - 3.33329491539e-1)
+    r = base + (poly * z2 * z + z)
+    r = tl.where(ay > ax, PI / 2 - r, r)
+    x_neg = x.to(tl.int32, bitcast=True) < 0
+    r = tl.where(x_neg, PI - r, r)
+    y_neg = y.to(tl.int32, bitcast=True) < 0
+    return tl.where(y_neg, -r, r)
+
+
+@triton.jit
+def _sgn(x):
+    return tl.where(x < 0, -1.0, 1.0)
+
+
+@triton.jit
+def _polar_level(r, words, bnd_ptr, BT: tl.constexpr, D: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr,
+                 N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
+    """Level LVL of the polar transform: radii r [BT, 2S] -> angle codes OR-ed into words, radii [BT, S]."""
+    a, b = tl.split(tl.reshape(r, (BT, S, 2)))
+    psi = _atan2(b, a)
+    if LVL == 0:
+        psi = tl.where(psi < 0, psi + 2 * PI, psi)
+    i_psi = search_sorted(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS)
+    words = words | pack_codes(i_psi, D - (D >> LVL), S, N_BITS, WP, KP)
+    return tl.sqrt_rn(a * a + b * b), words
+
+
+@triton.jit
+def _encode_keys_kernel(
+    k_ptr, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+    had_ptr, rs_ptr, qs_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, dir_ptr,
+    n_rows, T, H, inv_sqrt_d,
+    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Rows [BLOCK_T] of K [n_rows, D] (row r is token r % T of head (r // T) % H) -> codes, gamma, QJL.
+
+    gamma = ||k|| (fp32, stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
+    matmul with the +-1 Hadamard matrix: in fp32 IEEE, or (DOT_NATIVE, 16-bit inputs) in the input dtype with
+    fp32 accumulation, where +-1 products are exact. Then per codec: codebook search against boundaries
+    (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus);
+    the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    """
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = rows < n_rows
+    head = (rows // T) % H
+    dcol = tl.arange(0, D)[None, :]
+    x = tl.load(k_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0)
+    xf = x.to(tl.float32)
+    gamma = tl.sqrt_rn(tl.sum(xf * xf, 1))
+    tl.store(gamma_ptr + rows, bf16_bits(gamma), mask=ok)
+    sgn = tl.load(rs_ptr + head[:, None] * D + dcol)
+    hrow = tl.arange(0, D)[:, None]
+    if DOT_NATIVE:
+        had = tl.load(had_ptr + hrow * D + dcol).to(x.dtype)
+        rk = tl.dot(x * sgn.to(x.dtype), had, out_dtype=tl.float32)
+    else:
+        had = tl.load(had_ptr + hrow * D + dcol)
+        rk = tl.dot(xf * sgn, had, input_precision="ieee")
+    u = tl.math.div_rn(rk * inv_sqrt_d, tl.maximum(gamma, 1e-30)[:, None])
+
+    words = tl.zeros((BLOCK_T, WP), tl.int32)
+    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+        M: tl.constexpr = 1 << B_DIR
+        i3 = tl.arange(0, LP)[None, :] * 3
+        idx = tl.zeros((BLOCK_T, LP), tl.int32) + i3
+        tx = tl.where(i3 < D, tl.gather(u, tl.minimum(idx, D - 1), axis=1), 0.0)
+        ty = tl.where(i3 + 1 < D, tl.gather(u, tl.minimum(idx + 1, D - 1), axis=1), 0.0)
+        tz = tl.where(i3 + 2 < D, tl.gather(u, tl.minimum(idx + 2, D - 1), axis=1), 0.0)
+        rho2 = tx * tx + ty * ty + tz * tz
+        rho = tl.sqrt_rn(rho2)
+        pos = rho > 0
+        safe = tl.where(pos, rho, 1.0)
+        nx = tl.where(pos, tl.math.div_rn(tx, safe), 0.0)
+        ny = tl.where(pos, tl.math.div_rn(ty, safe), 0.0)
+        nz = tl.where(pos, tl.math.div_rn(tz, safe), 1.0)
+        l1 = tl.abs(nx) + tl.abs(ny) + tl.abs(nz)
+        px = tl.math.div_rn(nx, l1)
+        py = tl.math.div_rn(ny, l1)
+        lower = nz < 0
+        xi = tl.where(lower, _sgn(px) * (1.0 - tl.abs(py)), px)
+        eta = tl.where(lower, _sgn(py) * (1.0 - tl.abs(px)), py)
+        i_xi = search_sorted(xi, xib_ptr, B_DIR)
+        i_eta = search_sorted(eta, xib_ptr, B_DIR)
+        best = tl.full((BLOCK_T, LP), float("inf"), tl.float32)
+        best_dir = tl.zeros((BLOCK_T, LP), tl.int32)
+        best_rho = tl.zeros((BLOCK_T, LP), tl.int32)
+        for dx in tl.static_range(3):
+            for dy in tl.static_range(3):
+                cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1)
+                cy = tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
+                flat = cx * M + cy
+                s = tx * tl.load(dir_ptr + flat * 3) + ty * tl.load(dir_ptr + flat * 3 + 1)
+                s = s + tz * tl.load(dir_ptr + flat * 3 + 2)
+                i_rho = search_sorted(s, bnd_ptr, B_RHO)
+                rh = tl.load(cent_ptr + i_rho)
+                cost = rho2 - 2.0 * rh * s + rh * rh
+                better = (cost < best) | ((cost == best) & (flat < best_dir))
+                best = tl.where(better, cost, best)
+                best_dir = tl.where(better, flat, best_dir)
+                best_rho = tl.where(better, i_rho, best_rho)
+        words = pack_codes((best_dir << B_RHO) | best_rho, 0, K_CODES, K_BITS, WP, KP)
+        if HAS_QJL:
+            rh = tl.load(cent_ptr + best_rho)
+            hx = rh * tl.load(dir_ptr + best_dir * 3)
+            hy = rh * tl.load(dir_ptr + best_dir * 3 + 1)
+            hz = rh * tl.load(dir_ptr + best_dir * 3 + 2)
+            j = tl.zeros((BLOCK_T, D), tl.int32) + dcol
+            comp = j % 3
+            u_hat = tl.where(comp == 0, tl.gather(hx, j // 3, axis=1),
+                             tl.where(comp == 1, tl.gather(hy, j // 3, axis=1), tl.gather(hz, j // 3, axis=1)))
+    elif CODEC == POLAR:
+        r = u
+        for lvl in tl.static_range(LOG2D):
+            r, words = _polar_level(r, words, bnd_ptr, BLOCK_T, D, lvl, D >> (lvl + 1), K_BITS, WP, KP)
+    else:
+        if K_BITS > 0:
+            i_u = search_sorted(u, bnd_ptr, K_BITS)
+            words = pack_codes(i_u, 0, K_CODES, K_BITS, WP, KP)
+            if HAS_QJL:
+                u_hat = tl.load(cent_ptr + i_u)
+        elif HAS_QJL:
+            u_hat = tl.zeros((BLOCK_T, D), tl.float32)
+    if K_WORDS > 0:
+        wcol = tl.arange(0, WP)[None, :]
+        tl.store(codes_ptr + rows[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
+
+    if HAS_QJL:
+        res = u - u_hat
+        tl.store(gamma_r_ptr + rows, bf16_bits(tl.sqrt_rn(tl.sum(res * res, 1))), mask=ok)
+        qsg = tl.load(qs_ptr + head[:, None] * D + dcol)
+        proj = tl.dot(res * qsg, tl.load(had_ptr + hrow * D + dcol), input_precision="ieee")
+        sbits = pack_codes((proj >= 0).to(tl.int32), 0, D, 1, S_WP, S_KP)
+        scol = tl.arange(0, S_WP)[None, :]
+        tl.store(signs_ptr + rows[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
+
+
+@triton.jit
+def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
+                          D: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr, WP: tl.constexpr,
+                          KP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Rows of V [n_rows, D] -> group-16 asymmetric codes: mn = fp16(min), scale = fp16((max-min)/(2^b-1))
+    (1 for a constant group), code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
+    G: tl.constexpr = D // 16
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = rows < n_rows
+    dcol = tl.arange(0, D)[None, :]
+    v = tl.load(v_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0).to(tl.float32)
+    g = tl.reshape(v, (BLOCK_T, G, 16))
+    mx = tl.max(g, 2)
+    mn = tl.min(g, 2)
+    mn16 = mn.to(tl.float16)
+    sc16 = tl.where(mx == mn, 1.0, tl.math.div_rn(mx - mn, (1 << BITS) - 1.0)).to(tl.float16)
+    q = tl.math.div_rn(g - mn16.to(tl.float32)[:, :, None], sc16.to(tl.float32)[:, :, None])
+    code = tl.minimum(tl.maximum(round_half_even(q), 0.0), (1 << BITS) - 1.0).to(tl.int32)
+    words = pack_codes(tl.reshape(code, (BLOCK_T, D)), 0, D, BITS, WP, KP)
+    wcol = tl.arange(0, WP)[None, :]
+    tl.store(codes_ptr + rows[:, None] * WORDS + wcol, words, mask=ok[:, None] & (wcol < WORDS))
+    gcol = rows[:, None] * G + tl.arange(0, G)[None, :]
+    tl.store(scale_ptr + gcol, sc16, mask=ok[:, None])
+    tl.store(min_ptr + gcol, mn16, mask=ok[:, None])

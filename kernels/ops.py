@@ -1,0 +1,259 @@
+"""Launchers (the public entry points): encode_keys, encode_values and attention over the compressed cache."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from .attention import _attn_fwd_kernel, _merge_kernel
+from .encode import _encode_keys_kernel, _encode_values_kernel
+from .naive import hadamard
+from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
+
+LOG2E = 1.4426950408889634
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard(d: int, device: torch.device) -> torch.Tensor:
+    return hadamard(d, device)
+
+
+def _rotate(x_BHRD: torch.Tensor, signs_HD: torch.Tensor) -> torch.Tensor:
+    """R x per head: ((x * s_h) @ H_d) / sqrt(d) (H_d symmetric), float32."""
+    d = x_BHRD.shape[-1]
+    return ((x_BHRD * signs_HD[None, :, None, :]) @ _hadamard(d, x_BHRD.device)) / math.sqrt(d)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _octopus_lp(codec: KernelCodec) -> int:
+    return max(16, _pow2(codec.key_codes))
+
+
+def _key_tables(codec: KernelCodec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), D/C_rho (octopus)."""
+    if codec.name.startswith("octopus"):
+        return codec.directions.reshape(-1), codec.centroids
+    if codec.name == "polarquant":
+        return torch.cos(codec.centroids).reshape(-1), torch.sin(codec.centroids).reshape(-1)
+    cent = codec.centroids if codec.centroids is not None else torch.zeros(1, device=device)
+    return cent, cent
+
+
+def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b: int, h: int) -> int:
+    t_cap = keys.codes.shape[2]
+    d = codec.head_dim
+    expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.key_words), torch.int32),
+              "keys.gamma": (keys.gamma, (b, h, t_cap), torch.bfloat16),
+              "values.codes": (values.codes, (b, h, t_cap, -(-d * values.bits // 32)), torch.int32),
+              "values.scale": (values.scale, (b, h, t_cap, d // V_GROUP), torch.float16),
+              "values.minimum": (values.minimum, (b, h, t_cap, d // V_GROUP), torch.float16)}
+    if codec.has_qjl:
+        expect["keys.signs"] = (keys.signs, (b, h, t_cap, -(-d // 32)), torch.int32)
+        expect["keys.gamma_r"] = (keys.gamma_r, (b, h, t_cap), torch.bfloat16)
+    for name, (t, shape, dtype) in expect.items():
+        if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+            got = None if t is None else (tuple(t.shape), t.dtype)
+            raise ValueError(f"{name} must be {dtype} of shape {shape} (formats.md), got {got}")
+    return t_cap
+
+
+def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+              k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+              scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
+
+    q [B, Hq, Tq, d] (any float dtype); `keys`/`values` buffers [B, H, Tcap, ...] of which the first
+    `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window). Hq = G*H,
+    query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
+    `num_splits` forces the split-K count (default: enough programs to fill the GPU).
+
+    >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
+    """
+    b, hq, tq, d = q_BHTD.shape
+    if d != codec.head_dim:
+        raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
+    h = keys.codes.shape[1]
+    if hq % h or codec.num_heads != h:
+        raise ValueError(f"{hq} query heads cannot share {h} KV heads (codec built for {codec.num_heads})")
+    t_cap = _check_packed(keys, values, codec, b, h)
+    if not 0 <= length <= t_cap:
+        raise ValueError(f"length {length} is outside the store's capacity 0..{t_cap}")
+    t_win = 0 if k_window is None else k_window.shape[2]
+    if t_win and (k_window.shape != (b, h, t_win, d) or v_window is None or v_window.shape != k_window.shape):
+        raise ValueError(f"window K/V must both be [{b}, {h}, Tw, {d}], got {tuple(k_window.shape)} and "
+                         f"{None if v_window is None else tuple(v_window.shape)}")
+    if length + t_win == 0:
+        raise ValueError("attention needs at least one key: the store and the window are both empty")
+    dev = q_BHTD.device
+    codec = codec.to(dev)
+    grp = hq // h
+    n_rows = grp * tq
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    q_f = q_BHTD.float().reshape(b, h, n_rows, d).contiguous()
+    q_rot = _rotate(q_f, codec.rotation_signs)
+    q_j = _rotate(q_rot, codec.qjl_signs).contiguous() if codec.has_qjl else q_f
+    lp = 16
+    if codec.name.startswith("octopus"):
+        lp, length_t = _octopus_lp(codec), codec.key_codes
+        trip = torch.nn.functional.pad(q_rot, (0, 3 * length_t - d)).reshape(b, h, n_rows, length_t, 3)
+        q_rot = torch.nn.functional.pad(trip.transpose(-1, -2), (0, lp - length_t)).reshape(b, h, n_rows, 3 * lp)
+    q_rot = q_rot.contiguous()
+    tab_a, tab_b = _key_tables(codec, dev)
+
+    if k_window is None or t_win == 0:
+        k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q_BHTD.dtype)
+    if k_window.stride(-1) != 1:
+        k_window = k_window.contiguous()
+    if v_window.stride(-1) != 1:
+        v_window = v_window.contiguous()
+
+    block_m = 1 if n_rows == 1 else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64)
+    block_n = max(16, min(64, 4096 // d)) if block_m == 1 else (64 if d <= 64 else 32)
+    num_warps = 8 if block_m >= 64 else 4
+    n_mblocks = triton.cdiv(n_rows, block_m)
+    programs = b * h * n_mblocks
+    if num_splits is None:
+        want = triton.cdiv(2 * _sm_count(dev), programs)
+        num_splits = max(1, min(want, triton.cdiv(length, 4 * block_n)))
+    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
+    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(length, chunk))
+    total_rows = b * h * n_rows
+
+    out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
+    direct = num_splits == 1
+    if direct:
+        opart = lse = out
+    else:
+        opart = torch.empty(num_splits, total_rows, d, device=dev, dtype=torch.float32)
+        lse = torch.empty(num_splits, total_rows, device=dev, dtype=torch.float32)
+    signs = keys.signs if codec.has_qjl else keys.codes
+    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    _attn_fwd_kernel[(b * h, n_mblocks, num_splits)](
+        q_f, q_rot, q_j,
+        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+        v_window.stride(0), v_window.stride(1), v_window.stride(2),
+        tab_a, tab_b,
+        out, opart, lse,
+        h, n_rows, t_cap, length, t_win, chunk, num_splits, total_rows,
+        scale * LOG2E, math.sqrt(math.pi / (2 * d)),
+        CODEC=CODEC_IDS[codec.name], D=d, LP=lp, LOG2D=int(math.log2(d)),
+        K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
+        HAS_QJL=codec.has_qjl, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n,
+        PREC="ieee" if q_BHTD.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+    )
+    if not direct:
+        block_r = 32
+        _merge_kernel[(triton.cdiv(total_rows, block_r),)](opart, lse, out, total_rows, num_splits, D=d,
+                                                           BLOCK_R=block_r, num_warps=4)
+    return out
+
+
+def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
+    """(W, WP, KP) of a field of `length` codes of n bits: words, words padded to a power of two, and the
+    power-of-two bound on the number of codes that meet one word."""
+    words = -(-length * n // 32)
+    most = 1
+    for w in range(words):
+        first, last = (32 * w) // n, min(length - 1, (32 * w + 31) // n)
+        most = max(most, last - first + 1)
+    return words, _pow2(max(words, 1)), _pow2(most)
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
+    """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
+    bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
+    rounding of a decision boundary.
+
+    >>> keys = encode_keys(torch.randn(1, 2, 455, 64, device="cuda"), codec)  # doctest: +SKIP
+    """
+    d = codec.head_dim
+    if k.shape[-1] != d or k.ndim < 2:
+        raise ValueError(f"keys must be [..., H, T, {d}], got {tuple(k.shape)}")
+    if k.ndim == 2:
+        k = k[None]
+    h, t = k.shape[-3], k.shape[-2]
+    if h != codec.num_heads:
+        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
+    if k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"keys must be float32, float16 or bfloat16, got {k.dtype}")
+    dev = k.device
+    codec = codec.to(dev)
+    kc = k.contiguous()
+    lead = k.shape[:-1]
+    n_rows = kc.numel() // d
+    n_bits, n_codes = codec.key_code_bits, codec.key_codes
+    words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
+    words = words if n_bits > 0 else 0
+    codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
+    gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)
+    s_words, s_wp, s_kp = _pack_shape(1, d)
+    signs = torch.empty(*lead, s_words, device=dev, dtype=torch.int32) if codec.has_qjl else None
+    gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
+    dummy = torch.zeros(1, device=dev, dtype=torch.float32)
+    octo = codec.name.startswith("octopus")
+    block_t = 32 if d <= 64 else 16
+    _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
+        kc, codes if words else dummy, gamma.view(torch.int16),
+        signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
+        _hadamard(d, dev), codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
+        codec.centroids if codec.centroids is not None else dummy,
+        codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
+        codec.xi_boundaries if octo else dummy, codec.directions if octo else dummy,
+        n_rows, t, h, 1.0 / math.sqrt(d),
+        CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
+        K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
+        B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+        HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
+        DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t,
+        num_warps=4,
+    )
+    return PackedKeys(codes, gamma, signs, gamma_r)
+
+
+def encode_values(v: torch.Tensor, bits: int) -> PackedValues:
+    """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]
+    int32, `scale`/`minimum` [..., H, T, d/16] fp16."""
+    d = v.shape[-1]
+    if d % V_GROUP or d < V_GROUP or not 1 <= bits <= 8:
+        raise ValueError(f"values need d a multiple of {V_GROUP} and bits in 1..8, got d={d}, bits={bits}")
+    if v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"values must be float32, float16 or bfloat16, got {v.dtype}")
+    peak = v.abs().max() if v.numel() else torch.zeros(())
+    if not bool(peak <= 65504.0):
+        raise ValueError(f"values must be finite and within the fp16 range |v| <= 65504, got max |v| = {float(peak)}")
+    vc = v.contiguous()
+    lead = v.shape[:-1]
+    n_rows = vc.numel() // d
+    words, wp, kp = _pack_shape(bits, d)
+    codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
+    scale = torch.empty(*lead, d // V_GROUP, device=v.device, dtype=torch.float16)
+    minimum = torch.empty_like(scale)
+    block_t = 32 if d <= 64 else 16
+    _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
+        vc, codes, scale, minimum, n_rows, D=d, BITS=bits, WORDS=words, WP=wp, KP=kp, BLOCK_T=block_t,
+        num_warps=4)
+    return PackedValues(codes, scale, minimum, bits)
