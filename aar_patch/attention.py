@@ -3,7 +3,8 @@
 Attributes a patch may rely on (same names as the released code):
 - `mat_qkv` (Linear, no bias), `q_bias`, `v_bias` (parameters), `zero_k_bias` (buffer): the fused projection
   uses the bias `cat(q_bias, zero_k_bias, v_bias)`;
-- `scale_mul_1H11` (1, H, 1, 1): q is multiplied by `exp(min(scale_mul_1H11, ln 100))`, softmax scale 1;
+- `scale_mul_1H11` (1, H, 1, 1): q is multiplied by `exp(min(scale_mul_1H11, max_scale_mul = ln 100))`,
+  softmax `scale` 1 (`attn_l2_norm` is True: q and k are L2-normalised per head);
 - `proj` (Linear with bias), `num_heads`, `head_dim`;
 - `caching`, `cached_k`, `cached_v` and `kv_caching(enable)`: while caching, each call appends its unit-norm
   keys and its values, shaped [B, H, L, head_dim], along dim 2 and attends over the whole cache.
@@ -28,7 +29,9 @@ class SelfAttention(nn.Module):
             raise ValueError(f"embed_dim {embed_dim} must be a multiple of num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
-        self.max_scale_mul = math.log(100.0)
+        self.attn_l2_norm = True  # cosine attention, as the released config (`cos_attn=True`)
+        self.scale = 1.0  # softmax scale: q already carries exp(min(scale_mul_1H11, ln 100))
+        self.max_scale_mul = float(torch.tensor(100.0, device="cpu").log())  # the release's float32 ln 100
         self.mat_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(embed_dim))
         self.v_bias = nn.Parameter(torch.zeros(embed_dim))

@@ -82,6 +82,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
     if args.codec != "none" and args.bits is None:
         raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
+    if args.codec != "none":  # hook: the KV-cache patch replaces this check by its codec validation
+        raise UsageError(f"--codec {args.codec} needs the compressed KV-cache patch, which is not available "
+                         f"yet; use --codec none")
+    if args.compare:  # hook: --compare arrives with the patch and the metrics
+        raise UsageError("--compare needs the compressed KV-cache patch and the metrics, which are not "
+                         "available yet; run without --compare")
 
 
 def _device(choice: str) -> str:
@@ -124,16 +130,17 @@ def _load_condition(args: argparse.Namespace) -> np.ndarray:
 
 
 def _apply_codec(pipe, args: argparse.Namespace) -> None:
-    """Hook for the KV-cache patch: put the compressed cache of `--codec/--bits` under the model."""
-    if args.codec != "none":
-        raise UsageError(f"--codec {args.codec} needs the compressed KV-cache patch, which is not available "
-                         f"yet; use --codec none")
+    """Hook for the KV-cache patch: put the compressed cache of `--codec/--bits` under the model.
+
+    Only `--codec none` (the model's own cache) passes `_check_args` until the patch is wired in here.
+    """
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace) -> None:
-    """Hook for --compare: the uncompressed reference of the same inputs and one metrics line."""
-    raise UsageError("--compare needs the compressed KV-cache patch and the metrics, which are not available "
-                     "yet; run without --compare")
+    """Hook for --compare: the uncompressed reference of the same inputs and one metrics line.
+
+    Unreachable until the patch lands (`_check_args` refuses --compare).
+    """
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:

@@ -36,7 +36,7 @@ def read_state_dict(path: str | PathLike, want: str) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch.load raises many types for truncated or foreign files
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        reason = str(e).strip().splitlines()[0].split(". ")[0][:120] if str(e).strip() else "no message"
         raise UsageError(f"could not read {path} as a PyTorch checkpoint; the file is truncated, corrupt or "
                          f"of another kind ({type(e).__name__}: {reason})") from e
     if not isinstance(obj, Mapping):
