@@ -69,14 +69,18 @@ def model_name(aar: str | None, sat: str | None) -> str:
     return "default" if aar is None else f"{Path(aar).name}+{Path(sat).name}"
 
 
-def load_model(aar: str | None, sat: str | None, device: str):
-    """`octopus_audio.aar_patch.load_aar` on the device, in eval mode."""
+def check_model_paths(aar: str | None, sat: str | None) -> None:
     if (aar is None) != (sat is None):
         raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), or neither "
                          "for the embedded default model")
     for flag, path in (("--aar", aar), ("--sat", sat)):
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{flag} {path!r} does not exist")
+
+
+def load_model(aar: str | None, sat: str | None, device: str):
+    """`octopus_audio.aar_patch.load_aar` on the device, in eval mode."""
+    check_model_paths(aar, sat)
     try:
         from octopus_audio.aar_patch import load_aar
     except ImportError as e:
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group)
+    check_model_paths(args.aar, args.sat)
     info = DistInfo.from_env()
     device = resolve_device(args.device, info.local_rank)
     clips = args.clips or str(default_clips_dir())

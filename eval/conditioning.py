@@ -61,7 +61,7 @@ class SpectralConditioner:
 
         x = np.asarray(audio_T, dtype=np.float64)
         power = np.abs(stft_frames(x, 2048, 480)) ** 2
-        logmel_FM = np.log10(power @ mel_filterbank(CLAP_RATE, 2048, 64).T + 1e-10)
+        logmel_FM = np.log10(np.einsum("fk,mk->fm", power, mel_filterbank(CLAP_RATE, 2048, 64)) + 1e-10)
         delta = np.abs(np.diff(logmel_FM, axis=0)).mean(axis=0) if logmel_FM.shape[0] > 1 else np.zeros(64)
         stats = [logmel_FM.mean(0), logmel_FM.std(0), logmel_FM.min(0),
                  *np.percentile(logmel_FM, [10, 50, 90], axis=0), logmel_FM.max(0), delta]

@@ -46,7 +46,8 @@ def mel_filterbank(sample_rate: int, n_fft: int = N_FFT, n_mels: int = N_MELS) -
 def log_mel(x_T: np.ndarray, sample_rate: int) -> np.ndarray:
     """(frames, 80) natural-log mel magnitudes `ln(max(mel, 1e-5))` of a float64 signal."""
     mag = np.abs(stft_frames(x_T, N_FFT, HOP))
-    mel = mag @ mel_filterbank(sample_rate).T
+    # einsum's own loop, not BLAS: the same bits whatever the thread count (one process or many must agree)
+    mel = np.einsum("fk,mk->fm", mag, mel_filterbank(sample_rate))
     return np.log(np.maximum(mel, MAG_FLOOR))
 
 

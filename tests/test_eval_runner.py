@@ -1,0 +1,259 @@
+"""The eval runner with a fake AAR pipeline injected: resume after an interrupt, recorded failures, torchrun
+sharding, settings checks. The fakes here are also used by test_eval_report.py and the torchrun child."""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from octopus_audio.errors import UsageError
+from octopus_audio.eval.runner import AARBackend, EvalConfig, evaluate, kv_summary
+from octopus_audio.eval.sources import list_folder
+
+sf = pytest.importorskip("soundfile")
+torch = pytest.importorskip("torch")
+
+CODECS = ("none", "octopus", "turboquant-mse")
+BITS = (2, 4)
+
+
+class FakeGeneration:
+    def __init__(self, audio, fhat):
+        self.tokens, self.audio, self.fhat = [], audio, fhat
+
+
+class FakePipe:
+    """Stands in for AARPipeline: counts generations and can stop the run (KeyboardInterrupt) or fail one codec."""
+
+    def __init__(self, interrupt_at=None, fail_codec=None):
+        self.active = None
+        self.calls = 0
+        self.interrupt_at = interrupt_at
+        self.fail_codec = fail_codec
+
+
+def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
+    """Deterministic in (condition, seed); under a codec, noise of size 2^-bits, different per codec."""
+    pipe.calls += 1
+    if pipe.interrupt_at is not None and pipe.calls >= pipe.interrupt_at:
+        raise KeyboardInterrupt
+    if pipe.active is not None and pipe.active == pipe.fail_codec:
+        raise RuntimeError("injected generation failure")
+    key = int(abs(float(cond_BD.sum())) * 1e6) % 100_000
+    base = np.random.default_rng([seed, key]).standard_normal(6000 + 128 * 75)
+    if pipe.active is not None and pipe.active[0] != "none":
+        codec, bits = pipe.active
+        noise = np.random.default_rng([seed, key, len(codec), bits]).standard_normal(base.size)
+        base = base + noise * 2.0 ** -bits * (1.0 + 0.5 * (codec == "turboquant-mse"))
+    audio = torch.from_numpy(0.1 * base[:6000]).float().reshape(1, 1, -1)
+    fhat = torch.from_numpy(base[6000:]).float().reshape(1, 128, 75)
+    return FakeGeneration(audio, fhat)
+
+
+class FakeStats:
+    def __init__(self, bits):
+        self.bits = bits
+
+    def as_dict(self):  # the shape of aar_patch's CacheStats.as_dict()
+        b = self.bits
+        return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": b + 2.0},
+                "layers": []}
+
+
+@contextlib.contextmanager
+def fake_compressed_kv(pipe, codec, bits, window, v_group, seed):
+    pipe.active = (codec, bits)
+    try:
+        yield type("Handle", (), {"stats": lambda self: FakeStats(bits)})()
+    finally:
+        pipe.active = None
+
+
+class FakeConditioner:
+    name = "fake-cond"
+
+    def embed(self, audio_T):
+        v = np.random.default_rng(int(abs(audio_T).sum() * 1000) % 2**32).standard_normal(512)
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def make_clips(folder: Path, n: int = 4, broken: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        t = np.arange(12000) / 24000
+        sf.write(folder / f"clip{i}.wav", 0.3 * np.sin(2 * np.pi * (220 + 110 * i) * t), 24000)
+    if broken:
+        (folder / "clip_broken.wav").write_bytes(b"RIFF but not audio")
+    return folder
+
+
+def config(codecs=CODECS, bits=BITS):
+    return EvalConfig(codecs=codecs, bits=bits, seed=3)
+
+
+def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
+    cfg = cfg or config()
+    pipe = pipe or FakePipe()
+    refs = list_folder(clips, n=n, seed=0)
+
+    def make_backend(device):
+        return AARBackend(pipe, cfg, "fake-aar", device, generate_fn=fake_generate,
+                          compressed_kv_fn=fake_compressed_kv)
+
+    return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False)
+
+
+def report_files(out: Path) -> dict:
+    """What must be equal between two runs: report files, merged rows without timings, the WAV names."""
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("seconds")
+    return {"results": (out / "results.json").read_text(), "md": (out / "table.md").read_text(),
+            "csv": (out / "table.csv").read_text(), "rows": rows,
+            "wav": sorted(p.name for p in (out / "wav").iterdir()),
+            "html": (out / "index.html").read_text().replace(str(out), "OUT")}
+
+
+def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
+    clips = make_clips(tmp_path / "clips")
+    n_jobs = 1 + 2 * len(BITS)  # none + two codecs x two widths
+    run_fake(clips, tmp_path / "full")
+    full = report_files(tmp_path / "full")
+    assert len(full["rows"]) == 4 * n_jobs
+
+    # generation 9 raises KeyboardInterrupt: 2 clips done (2 x (1 reference + 5 rows) = 12 calls would be needed)
+    with pytest.raises(KeyboardInterrupt):
+        run_fake(clips, tmp_path / "resumed", pipe=FakePipe(interrupt_at=9))
+    log = tmp_path / "resumed" / "rows" / "rank0.jsonl"
+    first = log.read_text().splitlines()
+    assert 0 < len(first) < 4 * n_jobs
+    with open(log, "a") as f:  # a row torn by a kill in the middle of a write
+        f.write('{"clip": "clip1", "codec": "octo')
+    pipe = FakePipe()
+    run_fake(clips, tmp_path / "resumed", pipe=pipe)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    keys = [(r["clip"], r["codec"], r["bits"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 4 * n_jobs  # nothing lost, nothing twice, torn line gone
+    assert log.read_text().splitlines()[: len(first)] == first
+    remaining = 4 * n_jobs - len(first)
+    assert pipe.calls <= remaining + 2  # only the missing rows (+ references not saved yet) were generated
+    assert report_files(tmp_path / "resumed") == full
+
+    # a third run has nothing left to do
+    pipe = FakePipe()
+    run_fake(clips, tmp_path / "resumed", pipe=pipe)
+    assert pipe.calls == 0
+    assert report_files(tmp_path / "resumed") == full
+
+
+def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=2, broken=True)
+    results = run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    broken = [r for r in rows if r["clip"] == "clip_broken"]
+    assert len(broken) == 5 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
+    failed_gen = [r for r in rows if r["status"] == "error" and r["stage"] == "generate"]
+    assert {(r["clip"], r["codec"], r["bits"]) for r in failed_gen} == {("clip0", "octopus", 4), ("clip1", "octopus", 4)}
+    assert all("injected generation failure" in r["error"] and r["metrics"] is None for r in failed_gen)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 2 * 5 - 2
+    groups = {(g["codec"], g["bits"]): g for g in results["groups"]}
+    assert groups[("octopus", 4)]["clips_ok"] == 0 and groups[("octopus", 4)]["metrics"]["snr_db"] is None
+    assert groups[("octopus", 2)]["clips_ok"] == 2 and groups[("octopus", 2)]["clips_failed"] == 1
+    assert len(results["failures"]) == 5 + 2
+    # the codec-none row went through the patch and matches the reference exactly
+    assert groups[("none", None)]["metrics"]["snr_db"] == {"min": 120.0, "mean": 120.0, "max": 120.0}
+    # more bits, less damage: the fake's noise halves per bit (SNR +6 dB per bit)
+    snr = {b: groups[("turboquant-mse", b)]["metrics"]["snr_db"]["mean"] for b in BITS}
+    assert snr[4] - snr[2] == pytest.approx(12.04, abs=1.0)
+    assert groups[("octopus", 2)]["ratio"]["mean"] == pytest.approx(16 / 2.5)
+    assert "octopus" in (tmp_path / "out" / "table.md").read_text()
+
+    # a rerun retries the failures (they fail again) and keeps one merged row per key
+    run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 5
+
+
+def test_other_settings_in_the_same_folder_are_refused(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=1)
+    run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus",), bits=(2,)))
+    with pytest.raises(UsageError, match="seed differ"):
+        run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("octopus",), bits=(2,), seed=4))
+    # more codecs or bits with the same settings extend the run
+    run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus", "polarquant"), bits=(2, 3)))
+    assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 4
+
+
+def test_codecs_other_than_none_need_the_patch(monkeypatch):
+    import octopus_audio.aar_patch as aar_patch
+
+    monkeypatch.delattr(aar_patch, "compressed_kv", raising=False)
+    with pytest.raises(RuntimeError, match="compressed_kv"):
+        AARBackend(FakePipe(), config(codecs=("octopus",)), "fake", generate_fn=fake_generate)
+    backend = AARBackend(FakePipe(), config(codecs=("none",)), "fake", generate_fn=fake_generate)
+    with backend.compressed("none", None) as handle:
+        audio, fhat = backend.generate(np.ones(512, dtype=np.float32) / 512**0.5, 0)
+        assert kv_summary(handle.stats()) == {"ratio": None, "k_bits": None, "v_bits": None}
+    assert audio.shape == (6000,) and fhat.shape == (128, 75)
+
+
+@pytest.mark.parametrize("stats,expected", [
+    ({"kv_ratio": 7.5, "eff_bits_k": 2.25, "eff_bits_v": 2.5}, {"ratio": 7.5, "k_bits": 2.25, "v_bits": 2.5}),
+    ({"total": {"ratio": 4.0, "k_bits": 3.0, "v_bits": float("nan")}}, {"ratio": 4.0, "k_bits": 3.0, "v_bits": None}),
+    (FakeStats(2), {"ratio": 6.4, "k_bits": 2.25, "v_bits": 4.0}),
+], ids=["flat-dict", "total-dict-nan", "stats-object"])
+def test_kv_summary_reads_the_patch_stats(stats, expected):
+    assert kv_summary(stats) == expected
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(codecs=("octopus", "zip")), "unknown codec"),
+    (dict(codecs=()), "no codecs"),
+    (dict(codecs=("octopus",), bits=(0,)), "--bits"),
+    (dict(codecs=("octopus",), bits=(2, 2)), "twice"),
+    (dict(codecs=("octopus",), top_p=1.5), "--top-p"),
+], ids=["unknown-codec", "empty", "zero-bits", "repeated-bits", "top-p"])
+def test_config_errors_name_what_is_accepted(kwargs, match):
+    with pytest.raises(UsageError, match=match):
+        EvalConfig(**kwargs)
+
+
+def test_cli_reports_bad_arguments_with_exit_code_2(tmp_path, capsys):
+    from octopus_audio.cli import main
+
+    assert main(["eval", "--codecs", "zip", "--out", str(tmp_path / "o"), "--clips", str(tmp_path)]) == 2
+    assert "unknown codec 'zip'" in capsys.readouterr().err
+    assert main(["eval", "--aar", "x.pth", "--codecs", "none", "--out", str(tmp_path / "o"),
+                 "--clips", str(make_clips(tmp_path / "c", n=1)), "--clap", "spectral"]) == 2
+    assert "--aar and --sat together" in capsys.readouterr().err
+
+
+CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_eval_runner as t
+from pathlib import Path
+t.run_fake(Path({clips!r}), Path({out!r}))
+"""
+
+
+def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=5)
+    run_fake(clips, tmp_path / "one")
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent), clips=str(clips), out=str(tmp_path / "two")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shards = sorted(p.name for p in (tmp_path / "two" / "rows").iterdir())
+    assert shards == ["rank0.jsonl", "rank1.jsonl"]
+    per_rank = [len((tmp_path / "two" / "rows" / s).read_text().splitlines()) for s in shards]
+    assert per_rank == [3 * 5, 2 * 5]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1
+    assert report_files(tmp_path / "two") == report_files(tmp_path / "one")
