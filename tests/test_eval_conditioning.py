@@ -1,4 +1,4 @@
-"""Conditioners: the spectral stand-in, the on-disk cache, the hf CLAP path with a tiny saved ClapModel, errors."""
+"""Conditioners: the spectral stand-in, the on-disk cache, hf CLAP with a tiny saved ClapModel, errors."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,8 @@ from octopus_audio.eval.conditioning import (
 def clip48(seed, seconds=10.0):
     rng = np.random.default_rng(seed)
     t = np.arange(int(48000 * seconds)) / 48000
-    return (0.3 * np.sin(2 * np.pi * (200 + 300 * seed) * t) + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+    x = 0.3 * np.sin(2 * np.pi * (200 + 300 * seed) * t) + 0.01 * rng.standard_normal(t.size)
+    return x.astype(np.float32)
 
 
 def test_spectral_is_deterministic_unit_norm_and_tells_clips_apart():
@@ -83,13 +84,14 @@ def save_tiny_clap(folder):
     a real checkpoint directory is (save_pretrained)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    audio = dict(window_size=8, num_mel_bins=64, spec_size=256, patch_size=4, patch_stride=(4, 4), hidden_size=32,
-                 patch_embeds_hidden_size=16, depths=(1, 1), num_attention_heads=(1, 2), projection_dim=512,
-                 num_hidden_layers=2)
-    text = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
-                projection_dim=512, max_position_embeddings=64)
+    audio = dict(window_size=8, num_mel_bins=64, spec_size=256, patch_size=4, patch_stride=(4, 4),
+                 hidden_size=32, patch_embeds_hidden_size=16, depths=(1, 1), num_attention_heads=(1, 2),
+                 projection_dim=512, num_hidden_layers=2)
+    text = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=37, projection_dim=512, max_position_embeddings=64)
     torch.manual_seed(0)
-    model = transformers.ClapModel(transformers.ClapConfig(text_config=text, audio_config=audio, projection_dim=512))
+    clap_config = transformers.ClapConfig(text_config=text, audio_config=audio, projection_dim=512)
+    model = transformers.ClapModel(clap_config)
     model.save_pretrained(folder)
     transformers.ClapFeatureExtractor(feature_size=64, sampling_rate=48000, hop_length=480, max_length_s=10,
                                       fft_window_size=1024, truncation="rand_trunc").save_pretrained(folder)

@@ -21,7 +21,8 @@ def test_identical_audio_gives_the_perfect_scores(n):
     x = noise(n).astype(np.float32)
     fhat = noise(128 * 75, seed=1).reshape(1, 128, 75)
     m = compute_metrics(x, x.copy(), fhat, fhat.copy(), 24000)
-    assert m == {"lsd_db": 0.0, "logmel_mse": 0.0, "snr_db": 120.0, "latent_cos": pytest.approx(1.0, abs=1e-12)}
+    assert m == {"lsd_db": 0.0, "logmel_mse": 0.0, "snr_db": 120.0,
+                 "latent_cos": pytest.approx(1.0, abs=1e-12)}
 
 
 def test_scaled_copy_gives_20_db_snr():

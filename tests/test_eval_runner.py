@@ -28,7 +28,7 @@ class FakeGeneration:
 
 
 class FakePipe:
-    """Stands in for AARPipeline: counts generations and can stop the run (KeyboardInterrupt) or fail one codec."""
+    """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec."""
 
     def __init__(self, interrupt_at=None, fail_codec=None):
         self.active = None
@@ -126,7 +126,7 @@ def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
     full = report_files(tmp_path / "full")
     assert len(full["rows"]) == 4 * n_jobs
 
-    # generation 9 raises KeyboardInterrupt: 2 clips done (2 x (1 reference + 5 rows) = 12 calls would be needed)
+    # generation 9 raises KeyboardInterrupt: clip0 done (6 generations), clip1 part way
     with pytest.raises(KeyboardInterrupt):
         run_fake(clips, tmp_path / "resumed", pipe=FakePipe(interrupt_at=9))
     log = tmp_path / "resumed" / "rows" / "rank0.jsonl"
@@ -158,7 +158,8 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     broken = [r for r in rows if r["clip"] == "clip_broken"]
     assert len(broken) == 5 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
     failed_gen = [r for r in rows if r["status"] == "error" and r["stage"] == "generate"]
-    assert {(r["clip"], r["codec"], r["bits"]) for r in failed_gen} == {("clip0", "octopus", 4), ("clip1", "octopus", 4)}
+    assert {(r["clip"], r["codec"], r["bits"]) for r in failed_gen} == {("clip0", "octopus", 4),
+                                                                        ("clip1", "octopus", 4)}
     assert all("injected generation failure" in r["error"] and r["metrics"] is None for r in failed_gen)
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) == 2 * 5 - 2
@@ -205,7 +206,8 @@ def test_codecs_other_than_none_need_the_patch(monkeypatch):
 
 @pytest.mark.parametrize("stats,expected", [
     ({"kv_ratio": 7.5, "eff_bits_k": 2.25, "eff_bits_v": 2.5}, {"ratio": 7.5, "k_bits": 2.25, "v_bits": 2.5}),
-    ({"total": {"ratio": 4.0, "k_bits": 3.0, "v_bits": float("nan")}}, {"ratio": 4.0, "k_bits": 3.0, "v_bits": None}),
+    ({"total": {"ratio": 4.0, "k_bits": 3.0, "v_bits": float("nan")}},
+     {"ratio": 4.0, "k_bits": 3.0, "v_bits": None}),
     (FakeStats(2), {"ratio": 6.4, "k_bits": 2.25, "v_bits": 4.0}),
 ], ids=["flat-dict", "total-dict-nan", "stats-object"])
 def test_kv_summary_reads_the_patch_stats(stats, expected):
@@ -247,10 +249,12 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     clips = make_clips(tmp_path / "clips", n=5)
     run_fake(clips, tmp_path / "one")
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=str(Path(__file__).parent), clips=str(clips), out=str(tmp_path / "two")))
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent), clips=str(clips),
+                                   out=str(tmp_path / "two")))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shards = sorted(p.name for p in (tmp_path / "two" / "rows").iterdir())
     assert shards == ["rank0.jsonl", "rank1.jsonl"]

@@ -1,4 +1,4 @@
-"""Clip sources: folders, the shipped clips/, and the AudioSet path through `datasets` on a local hub-layout copy."""
+"""Clip sources: folders, the shipped clips/, AudioSet through `datasets` on a local hub-layout copy."""
 
 import io
 import re
@@ -80,7 +80,7 @@ def test_fit_length_crops_the_start_and_pads_the_end():
 def test_unreadable_file_fails_at_decode_not_at_listing(tmp_path):
     (tmp_path / "broken.wav").write_bytes(b"RIFF not really a wav file")
     refs = list_folder(tmp_path, 1, 0)
-    with pytest.raises(Exception):
+    with pytest.raises(sf.LibsndfileError):
         decode(refs[0])
 
 
@@ -102,7 +102,8 @@ def test_shipped_clips_are_small_cc0_and_attributed():
 
 def write_hub_layout(root: Path, n_rows: int, rate: int = 16000) -> dict[str, np.ndarray]:
     """A folder laid out like agkphysics/AudioSet: data/bal_train/*.parquet with an Audio column of
-    {bytes, path} (FLAC bytes) and the `huggingface` features metadata, and a README naming config `balanced`."""
+    {bytes, path} (FLAC bytes) and the `huggingface` features metadata, and a README naming config
+    `balanced`."""
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     from datasets import Audio, Features, List, Value
@@ -110,7 +111,8 @@ def write_hub_layout(root: Path, n_rows: int, rate: int = 16000) -> dict[str, np
     (root / "data" / "bal_train").mkdir(parents=True)
     (root / "data" / "eval").mkdir(parents=True)
     (root / "README.md").write_text(
-        "---\nconfigs:\n- config_name: balanced\n  data_files:\n  - split: train\n    path: data/bal_train/*.parquet\n"
+        "---\nconfigs:\n- config_name: balanced\n  data_files:\n"
+        "  - split: train\n    path: data/bal_train/*.parquet\n"
         "  - split: test\n    path: data/eval/*.parquet\n---\n")
     features = Features({"video_id": Value("string"), "audio": Audio(), "labels": List(Value("string"))})
     written = {}
@@ -120,13 +122,15 @@ def write_hub_layout(root: Path, n_rows: int, rate: int = 16000) -> dict[str, np
         buf = io.BytesIO()
         sf.write(buf, x, rate, format="FLAC", subtype="PCM_16")
         vid = f"vid{i:02d}"
-        rows.append({"video_id": vid, "audio": {"bytes": buf.getvalue(), "path": f"{vid}.flac"}, "labels": ["/m/0"]})
+        rows.append({"video_id": vid, "audio": {"bytes": buf.getvalue(), "path": f"{vid}.flac"},
+                     "labels": ["/m/0"]})
         written[vid] = sf.read(io.BytesIO(buf.getvalue()), dtype="float32")[0]
     half = n_rows // 2
     for k, part in enumerate((rows[:half], rows[half:])):
         pq.write_table(pa.Table.from_pylist(part, schema=features.arrow_schema),
                        root / "data" / "bal_train" / f"part{k}.parquet")
-    pq.write_table(pa.Table.from_pylist(rows[:1], schema=features.arrow_schema), root / "data" / "eval" / "e.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:1], schema=features.arrow_schema),
+                   root / "data" / "eval" / "e.parquet")
     return written
 
 
