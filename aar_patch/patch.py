@@ -288,13 +288,11 @@ class _LayerPatch:
         b = self.cache.bytes_breakdown()
         tokens, window_tokens = b["tokens"], b["window_tokens"]
         rows = b["rows"]  # batch * heads
-        store = self.cache.store
-        store_allocated = 0 if store is None else store.keys.nbytes + store.values.nbytes
         return LayerStats(layer=self.index, tokens=tokens, window_tokens=window_tokens, k_bytes=b["k_bytes"],
                           v_bytes=b["v_bytes"], native_bytes=b["native_bytes"],
                           fp16_bytes=2 * rows * tokens * self.head_dim * _FP16_BYTES,
                           compressed_coords=rows * (tokens - window_tokens) * self.head_dim,
-                          allocated_bytes=store_allocated + b["native_bytes"])
+                          allocated_bytes=b["allocated_bytes"])
 
 
 class _Absent:
