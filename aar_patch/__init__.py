@@ -6,6 +6,7 @@ Importing this package changes nothing; the patch is applied only by calling it.
 from .aar import AAR, AARConfig
 from .generation import AARPipeline, Generation, GraphedGenerator, generate
 from .loading import load_aar, load_aar_transformer, load_sat
+from .patch import CacheStats, PatchHandle, compressed_kv, patch_aar, unpatch
 
 __all__ = [
     "AAR",
@@ -17,5 +18,9 @@ __all__ = [
     "load_aar",
     "load_aar_transformer",
     "load_sat",
-    # the KV-cache patch (another issue) adds here: "patch_aar", "unpatch", "compressed_kv"
+    "CacheStats",
+    "PatchHandle",
+    "compressed_kv",
+    "patch_aar",
+    "unpatch",
 ]
