@@ -77,13 +77,13 @@ def _pick(cost: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return masked.argmin(dim=-1, keepdim=True)
 
 
-def _candidate_costs(t_N3: torch.Tensor, rho2_N: torch.Tensor, flat_NK: torch.Tensor, table: torch.Tensor,
+def _candidate_costs(t_N3: torch.Tensor, rho2_N: torch.Tensor, flat_NK: torch.Tensor, table_3M: torch.Tensor,
                      rho_centroids: torch.Tensor,
                      rho_boundaries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cost ||t - rho_hat n_hat||^2 = rho^2 - 2 rho_hat s + rho_hat^2 and the rho index, per candidate.
     Every mode computes it with this one function, so equal candidates give bit-equal costs."""
-    n_NK3 = table[flat_NK]
-    s = t_N3[:, None, 0] * n_NK3[..., 0] + t_N3[:, None, 1] * n_NK3[..., 1] + t_N3[:, None, 2] * n_NK3[..., 2]
+    tx, ty, tz = (t_N3[:, j, None] for j in range(3))
+    s = tx * table_3M[0][flat_NK] + ty * table_3M[1][flat_NK] + tz * table_3M[2][flat_NK]
     i_rho = torch.searchsorted(rho_boundaries, s.contiguous(), right=False)
     rho_hat = rho_centroids[i_rho]
     cost = (rho2_N[:, None] - 2 * rho_hat * s) + rho_hat * rho_hat
@@ -128,7 +128,7 @@ def round_triplets(t_N3: torch.Tensor, b_dir: int, b_rho: int, mode: str = "loca
     if mode == "scalar":
         i_rho = torch.searchsorted(rho_bounds, rho.contiguous(), right=False)
     else:
-        table = _direction_table(b_dir).to(device)
+        table = _direction_table(b_dir).to(device).T.contiguous()  # [3, 4^b_dir]: one gather per coordinate
         if mode == "local3x3":
             offsets = torch.arange(-1, 2, device=device)
             cand_xi = (i_xi[:, None, None] + offsets[None, :, None]).clamp(0, m - 1)
@@ -144,7 +144,7 @@ def round_triplets(t_N3: torch.Tensor, b_dir: int, b_rho: int, mode: str = "loca
             i_rho = torch.empty_like(i_xi)
             for start in range(0, t.shape[0], chunk):
                 sl = slice(start, start + chunk)
-                flat = all_flat.expand(t[sl].shape[0], -1)
+                flat = all_flat[None, :]  # broadcast over the rows of the chunk
                 cost, rho_idx = _candidate_costs(t[sl], rho2[sl], flat, table, rho_c, rho_bounds)
                 col = _pick(cost, flat)
                 best_flat[sl], i_rho[sl] = col[:, 0], rho_idx.gather(1, col)[:, 0]
