@@ -1,0 +1,245 @@
+"""GPU benchmark of the KV-cache patch: end-to-end samples/s and peak memory per codec vs none, and max batch.
+
+For each codec at `--bits` (default 2) on the full-size AAR (d16, width 1024, random weights) with a random
+SAT tokenizer: samples/s of `generate` (bf16 fast path, audio decode included; the transformer-only time is
+the total minus the decode) and the peak `torch.cuda.max_memory_allocated` (weights included) at each batch
+in `--batches`; then the largest batch (multiple of 8) whose peak stays under `--budget-gib`, found from the
+linear fit of peak memory over batch and checked by running it, with its samples/s. `none` is the unpatched
+model; `none+patch` is codec none through the patch (checked token-identical to `none`). At one batch the
+cache memory freed by kv_caching(False) is measured and compared with the patch's accounting.
+
+    python benchmarks/bench_patch.py --out benchmarks/results            # on a GPU (about 3 minutes)
+    python benchmarks/bench_patch.py --small --device cpu --batches 1,2  # smoke test of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from octopus_audio.aar_patch import AAR, AARConfig, AARPipeline, generate, patch_aar
+from octopus_audio.aar_patch.sat import SAT, SATConfig
+
+GIB = 2.0**30
+
+
+def build_pipeline(small: bool, device: str) -> AARPipeline:
+    config = AARConfig(depth=2, embed_dim=128, num_heads=2) if small else AARConfig()
+    aar = AAR(config)
+    aar.init_weights(seed=0)
+    return AARPipeline(aar, SAT(SATConfig())).to(device).eval()
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class DecodeTimer:
+    """Wraps `pipe.sat.decode` to time it (synchronised), so the transformer time is total - decode."""
+
+    def __init__(self, pipe: AARPipeline, device: str) -> None:
+        self.seconds = 0.0
+        inner = pipe.sat.decode
+
+        def timed(f_hat):
+            sync(device)
+            t0 = time.perf_counter()
+            out = inner(f_hat)
+            sync(device)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        pipe.sat.decode = timed
+
+
+def run_once(pipe, cond_BE, device: str, timer: DecodeTimer):
+    """One generation: (seconds, decode seconds, peak bytes, tokens)."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    timer.seconds = 0.0
+    sync(device)
+    t0 = time.perf_counter()
+    result = generate(pipe, cond_BE, cfg=4.0, top_k=200, top_p=0.95, seed=42)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    return seconds, timer.seconds, peak, result.tokens
+
+
+def measure(pipe, batch: int, device: str, timer: DecodeTimer, reps: int) -> dict:
+    """Warm-up run (also the peak memory), then `reps` timed runs; returns the row of the table."""
+    cond = torch.randn(batch, 512, generator=torch.Generator().manual_seed(1))
+    cond = torch.nn.functional.normalize(cond, dim=1)
+    _, _, peak, tokens = run_once(pipe, cond, device, timer)
+    times, decodes = [], []
+    for _ in range(reps):
+        seconds, dec, peak_r, _ = run_once(pipe, cond, device, timer)
+        times.append(seconds)
+        decodes.append(dec)
+        peak = max(peak, peak_r)
+    best = min(range(reps), key=lambda i: times[i])
+    return {"batch": batch, "seconds": times[best], "decode_seconds": decodes[best],
+            "samples_per_s": batch / times[best], "peak_gib": peak / GIB, "tokens": tokens}
+
+
+def cache_memory_check(pipe, handle, batch: int, device: str) -> dict:
+    """GPU bytes freed when the caches are emptied at the end of a generation vs the patch's accounting."""
+    attns = [lp.module for lp in handle._layers]
+    marks: dict[str, int] = {}
+    first, last = attns[0].kv_caching, attns[-1].kv_caching
+
+    def first_off(enable):
+        if not enable:
+            sync(device)
+            marks["before"] = torch.cuda.memory_allocated()
+        first(enable)
+
+    def last_off(enable):
+        last(enable)
+        if not enable:
+            sync(device)
+            marks["after"] = torch.cuda.memory_allocated()
+
+    attns[0].kv_caching, attns[-1].kv_caching = first_off, last_off
+    try:
+        cond = torch.randn(batch, 512)
+        generate(pipe, cond, cfg=4.0, top_k=200, top_p=0.95, seed=42)
+    finally:
+        attns[0].kv_caching, attns[-1].kv_caching = first, last
+    total = handle.stats().total
+    return {"batch": batch, "freed_bytes": marks["before"] - marks["after"],
+            "allocated_bytes": total.allocated_bytes, "valid_bytes": total.nbytes,
+            "fp16_bytes": total.fp16_bytes, "ratio": total.ratio,
+            "store_ratio": total.store_ratio, "k_bits": total.k_bits, "v_bits": total.v_bits}
+
+
+def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeTimer,
+              reps: int) -> dict | None:
+    """The largest multiple of 8 whose peak stays under `budget` bytes (fit on two batches, then checked)."""
+    fit = sorted((r for r in rows if r["batch"] > 1), key=lambda r: r["batch"])[-2:]
+    if len(fit) < 2:
+        return None
+    (b0, p0), (b1, p1) = ((r["batch"], r["peak_gib"] * GIB) for r in fit)
+    slope = (p1 - p0) / (b1 - b0)
+    batch = int((budget - (p0 - slope * b0)) / slope) // 8 * 8
+    for _ in range(4):
+        if batch < 8:
+            return None
+        row = measure(pipe, batch, device, timer, reps)
+        if row["peak_gib"] * GIB <= budget:
+            row["fit_gib_per_sample"] = slope / GIB
+            return row
+        batch = int(batch * 0.95) // 8 * 8
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--codecs",
+                   default="none,octopus,turboquant-mse,polarquant,octopus-qjl,turboquant-qjl,none+patch")
+    p.add_argument("--bits", type=int, default=2)
+    p.add_argument("--batches", default="1,64,256")
+    p.add_argument("--budget-gib", type=float, default=16.0)
+    p.add_argument("--reps", type=int, default=1, help="timed runs after the warm-up run (the best counts)")
+    p.add_argument("--deadline-s", type=float, default=1e9,
+                   help="skip what would start after this many seconds")
+    p.add_argument("--memcheck-batch", type=int, default=64)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--small", action="store_true", help="depth-2 width-128 model (smoke test)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pipe = build_pipeline(args.small, args.device)
+    timer = DecodeTimer(pipe, args.device)
+    batches = [int(b) for b in args.batches.split(",")]
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    report: dict = {"gpu": gpu, "torch": torch.__version__, "bits": args.bits, "budget_gib": args.budget_gib,
+                    "codecs": {}, "skipped": []}
+    out_json = args.out / "patch_bench.json"
+    ref_tokens: dict[int, list] = {}
+    for name in args.codecs.split(","):
+        if time.perf_counter() - start > args.deadline_s:
+            report["skipped"].append(name)
+            continue
+        codec = "none" if name == "none+patch" else name
+        handle = None if name == "none" else patch_aar(pipe, codec, args.bits)
+        entry: dict = {"rows": [], "repr": repr(handle)}
+        report["codecs"][name] = entry
+        try:
+            for batch in batches:
+                if time.perf_counter() - start > args.deadline_s:
+                    entry.setdefault("skipped", []).append(batch)
+                    continue
+                row = measure(pipe, batch, args.device, timer, args.reps if batch > 1 else max(args.reps, 3))
+                tokens = row.pop("tokens")
+                if name == "none":
+                    ref_tokens[batch] = tokens
+                elif name == "none+patch" and batch in ref_tokens:
+                    pairs = zip(tokens, ref_tokens[batch], strict=True)
+                    row["tokens_equal_none"] = all(torch.equal(a, b) for a, b in pairs)
+                entry["rows"].append(row)
+                print(name, row, flush=True)
+                out_json.write_text(json.dumps(report, indent=1))
+            if handle is not None and args.device == "cuda" and time.perf_counter() - start < args.deadline_s:
+                entry["memcheck"] = cache_memory_check(pipe, handle, args.memcheck_batch, args.device)
+                print(name, "memcheck", entry["memcheck"], flush=True)
+            in_time = time.perf_counter() - start < args.deadline_s
+            if args.device == "cuda" and name != "none+patch" and in_time:
+                entry["max_batch"] = max_batch(pipe, entry["rows"], args.budget_gib * GIB, args.device, timer,
+                                               args.reps)
+                print(name, "max batch", entry["max_batch"], flush=True)
+        except torch.cuda.OutOfMemoryError as e:
+            entry["error"] = f"out of memory: {e}"[:300]
+            torch.cuda.empty_cache()
+        finally:
+            if handle is not None:
+                handle.unpatch(abandon=True)
+        out_json.write_text(json.dumps(report, indent=1))
+    report["wall_s"] = time.perf_counter() - start
+    out_json.write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    (args.out / "patch_bench.md").write_text(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    """The results as Markdown tables (per codec and batch; max batch under the budget)."""
+    base = {r["batch"]: r for r in report["codecs"].get("none", {}).get("rows", [])}
+    lines = ["| codec | batch | s / generation | decode s | samples/s | time vs none | peak GiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, entry in report["codecs"].items():
+        for r in entry["rows"]:
+            ref = base.get(r["batch"])
+            rel = f"{r['seconds'] / ref['seconds']:.2f}x" if ref else "-"
+            lines.append(f"| {name} | {r['batch']} | {r['seconds']:.3f} | {r['decode_seconds']:.3f} | "
+                         f"{r['samples_per_s']:.1f} | {rel} | {r['peak_gib']:.2f} |")
+    lines += ["", f"| codec | largest batch under {report['budget_gib']:g} GiB | samples/s | peak GiB | "
+              "GiB per sample (fit) | samples/s vs none |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    none_max = (report["codecs"].get("none", {}).get("max_batch") or {}).get("samples_per_s")
+    for name, entry in report["codecs"].items():
+        m = entry.get("max_batch")
+        if m:
+            rel = f"{m['samples_per_s'] / none_max:.2f}x" if none_max else "-"
+            lines.append(f"| {name} | {m['batch']} | {m['samples_per_s']:.1f} | {m['peak_gib']:.2f} | "
+                         f"{m['fit_gib_per_sample']:.4f} | {rel} |")
+    checks = [(n, e["memcheck"]) for n, e in report["codecs"].items() if e.get("memcheck")]
+    if checks:
+        lines += ["", "| codec | batch | GPU bytes freed at kv_caching(False) | accounted (allocated) | "
+                  "accounted (held) | ratio vs fp16 | store ratio | K bits | V bits |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for n, c in checks:
+            lines.append(f"| {n} | {c['batch']} | {c['freed_bytes']} | {c['allocated_bytes']} | "
+                         f"{c['valid_bytes']} | {c['ratio']:.2f}x | {c['store_ratio']:.2f}x | "
+                         f"{c['k_bits']:.2f} | {c['v_bits']:.2f} |")
+    if report.get("skipped"):
+        lines.append(f"\nskipped (deadline): {', '.join(report['skipped'])}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
