@@ -29,9 +29,11 @@ GIB = 2.0**30
 
 def build_pipeline(small: bool, device: str) -> AARPipeline:
     config = AARConfig(depth=2, embed_dim=128, num_heads=2) if small else AARConfig()
-    aar = AAR(config)
-    aar.init_weights(seed=0)
-    return AARPipeline(aar, SAT(SATConfig())).to(device).eval()
+    with torch.device(device):  # built (and randomly initialised) where it runs
+        aar = AAR(config)
+        aar.init_weights(seed=0)
+        sat = SAT(SATConfig())
+    return AARPipeline(aar, sat).to(device).eval()
 
 
 def sync(device: str) -> None:
