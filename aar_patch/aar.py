@@ -204,13 +204,13 @@ class AAR(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
         """Random initialisation for training or benchmarks (truncated normal linears, small AdaLN gains)."""
-        gen = torch.Generator(device="cpu")
+        gen = torch.Generator(device=self.pos_1LC.device)  # drawn where the model lives (fast on a GPU)
         if seed is not None:
             gen.manual_seed(seed)
         std = math.sqrt(1.0 / self.config.embed_dim / 3)
 
         def normal_(t: torch.Tensor, s: float) -> None:
-            t.copy_(torch.randn(t.shape, generator=gen).clamp_(-2, 2).mul_(s))
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device).clamp_(-2, 2).mul_(s))
 
         for m in self.modules():
             if isinstance(m, nn.Linear):

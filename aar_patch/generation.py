@@ -95,6 +95,24 @@ def exponential_draw(generator: torch.Generator) -> Draw:
                                  ).argmax(dim=-1)
 
 
+def draw_noise(generator: torch.Generator, batch: int, patch_nums: tuple[int, ...], vocab_size: int,
+               out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Every scale's Exp(1) noise [(batch * pn, V)], in the order `exponential_draw` draws it in the loop.
+
+    Fills `out` in place when given (the static buffers of a CUDA graph).
+    """
+    if out is None:
+        out = [torch.empty(batch * pn, vocab_size, device=generator.device) for pn in patch_nums]
+    for noise_NV in out:
+        noise_NV.exponential_(1, generator=generator)
+    return out
+
+
+def noise_draw(noise: list[torch.Tensor]) -> Draw:
+    """The exponential-race draw from noise drawn beforehand (`draw_noise`): scale si uses `noise[si]`."""
+    return lambda probs_NV, si: (probs_NV / noise[si]).argmax(dim=-1)
+
+
 def sample_top_k_top_p(logits_BlV: torch.Tensor, top_k: int, top_p: float, draw: Draw,
                        si: int = 0) -> torch.Tensor:
     """Filter logits by top-k then top-p (the release's rules), draw one id per position: [B,l,V] -> [B,l]."""
@@ -236,8 +254,7 @@ class GraphedGenerator:
                 self.tokens, self.f_hat = self._run()
 
     def _run(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        draw: Draw = lambda probs_NV, si: (probs_NV / self.noise[si]).argmax(dim=-1)
-        return run_scales(self.pipe, self.cond_BE, self.sampling, draw, torch.bfloat16)
+        return run_scales(self.pipe, self.cond_BE, self.sampling, noise_draw(self.noise), torch.bfloat16)
 
     @torch.inference_mode()
     def __call__(self, cond_BE: torch.Tensor | np.ndarray, seed: int = 42) -> Generation:
@@ -248,8 +265,8 @@ class GraphedGenerator:
         generator = torch.Generator(device=self.pipe.device)
         generator.manual_seed(SamplingConfig(seed=seed).seed)  # the config validates the seed
         self.cond_BE.copy_(cond_BE)
-        for noise_NV in self.noise:
-            noise_NV.exponential_(1, generator=generator)
+        c = self.pipe.aar.config
+        draw_noise(generator, cond_BE.shape[0], c.patch_nums, c.vocab_size, out=self.noise)
         self.graph.replay()
         f_hat = self.f_hat.clone()
         tokens = [t.clone() for t in self.tokens]

@@ -13,8 +13,10 @@ import torch
 from octopus_audio.aar_patch import AARPipeline, generate, load_aar
 from octopus_audio.aar_patch.generation import (
     SamplingConfig,
+    draw_noise,
     exponential_draw,
     multinomial_draw,
+    noise_draw,
     run_scales,
     sample_top_k_top_p,
 )
@@ -79,12 +81,18 @@ def test_reference_path_reproduces_golden_run(golden, run):
     assert pipe.aar.blocks[0].attn.cached_k is None  # generation leaves the cache off and empty
 
 
-def test_exponential_draw_reproduces_multinomial_in_the_loop(golden):
-    """The fast path's sync-free draw is torch.multinomial's own formula: same tokens from the same seed."""
+@pytest.mark.parametrize("draw", ["inline", "predrawn"])
+def test_exponential_draw_reproduces_multinomial_in_the_loop(golden, draw):
+    """The fast path's sync-free draw is torch.multinomial's own formula: same tokens from the same seed,
+    whether the noise is drawn scale by scale (eager fast path) or before the loop (CUDA graph replay)."""
     pipe, io = golden
     generator = torch.Generator().manual_seed(42)
+    if draw == "inline":
+        sampler = exponential_draw(generator)
+    else:
+        sampler = noise_draw(draw_noise(generator, 2, pipe.aar.config.patch_nums, 1024))
     with torch.inference_mode():
-        tokens, f_hat = run_scales(pipe, io["cond"], SamplingConfig(), exponential_draw(generator))
+        tokens, f_hat = run_scales(pipe, io["cond"], SamplingConfig(), sampler)
     assert_tokens_equal(tokens, io["sampled"]["tokens"])
     assert_rel_close(f_hat, io["sampled"]["fhat"], 1e-4, "fhat")
 
