@@ -51,15 +51,18 @@ def run(args: argparse.Namespace) -> int:
     tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
     stem = (args.cond or args.clip).stem
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
-    _refuse_existing(wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
+    ref_wavs = [w.with_name(w.name.replace(f"_{tag}.wav", "_none.wav")) for w in wavs] if args.compare else []
+    _refuse_existing(wavs + ref_wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
 
     pipe = load_aar(args.aar, args.sat, device=device)
-    _apply_codec(pipe, args)
+    handle = _apply_codec(pipe, args)
     fast = {"auto": None, "fp32": False, "bf16": True}[args.precision]
     result = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       fast=fast)
+    print(handle.stats().line())
+    handle.unpatch()
     if args.compare:
-        _compare(pipe, cond_BE, result, args)
+        _compare(pipe, cond_BE, result, args, fast, ref_wavs)
 
     args.out.mkdir(parents=True, exist_ok=True)
     sample_rate = pipe.sat.config.sample_rate
@@ -80,14 +83,15 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
+    from octopus_audio.codecs import CODECS
+
+    if args.codec not in CODECS:
+        raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
     if args.codec != "none" and args.bits is None:
         raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
-    if args.codec != "none":  # hook: the KV-cache patch replaces this check by its codec validation
-        raise UsageError(f"--codec {args.codec} needs the compressed KV-cache patch, which is not available "
-                         f"yet; use --codec none")
-    if args.compare:  # hook: --compare arrives with the patch and the metrics
-        raise UsageError("--compare needs the compressed KV-cache patch and the metrics, which are not "
-                         "available yet; run without --compare")
+    if args.compare and args.codec == "none":
+        raise UsageError("--compare compares a compressed cache with the uncompressed reference; pass a "
+                         "--codec other than none (for example --codec octopus --bits 2)")
 
 
 def _device(choice: str) -> str:
@@ -129,18 +133,45 @@ def _load_condition(args: argparse.Namespace) -> np.ndarray:
     return cond.astype(np.float32)
 
 
-def _apply_codec(pipe, args: argparse.Namespace) -> None:
-    """Hook for the KV-cache patch: put the compressed cache of `--codec/--bits` under the model.
+def _apply_codec(pipe, args: argparse.Namespace):
+    """Put the compressed cache of `--codec/--bits` under the model; returns the patch handle.
 
-    Only `--codec none` (the model's own cache) passes `_check_args` until the patch is wired in here.
+    `--codec none` goes through the patch too (bit-identical to the model's own cache), so the cache
+    accounting line is printed for every codec.
     """
+    from .patch import patch_aar
+
+    try:
+        return patch_aar(pipe, args.codec, 16 if args.bits is None else args.bits)
+    except ValueError as e:
+        raise UsageError(f"--codec {args.codec} --bits {args.bits}: {e}") from e
 
 
-def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace) -> None:
-    """Hook for --compare: the uncompressed reference of the same inputs and one metrics line.
+def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,
+             ref_wavs: list[Path]) -> None:
+    """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
+    and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows."""
+    from octopus_audio.eval.latent import latent_cosine
+    from octopus_audio.eval.lsd import lsd_db
+    from octopus_audio.eval.snr import snr_db
 
-    Unreachable until the patch lands (`_check_args` refuses --compare).
-    """
+    from .generation import generate
+
+    ref = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=fast)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ref_BN = ref.audio[:, 0].float().cpu().numpy()
+    for path, audio_N in zip(ref_wavs, ref_BN, strict=True):
+        write_wav(path, audio_N, pipe.sat.config.sample_rate)
+    out_BN = result.audio[:, 0].float().cpu().numpy()
+    pairs = zip(ref_BN, out_BN, ref.fhat.cpu(), result.fhat.cpu(), strict=True)
+    per_row = np.array([(lsd_db(r, o), snr_db(r, o), latent_cosine(fr, fo)) for r, o, fr, fo in pairs])
+    parts = []
+    names = (("LSD", " dB"), ("SNR", " dB"), ("latent cosine", ""))
+    for (name, unit), v in zip(names, per_row.T, strict=True):
+        spread = f" [{v.min():.4g}..{v.max():.4g}]" if v.size > 1 else ""
+        parts.append(f"{name} {v.mean():.4g}{unit}{spread}")
+    rows_note = f"mean [min..max] over {len(out_BN)} rows" if len(out_BN) > 1 else "1 row"
+    print(f"compare {args.codec} b={args.bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
