@@ -95,7 +95,7 @@ def table_csv(groups: list[dict]) -> str:
 
 
 def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
-    """One PNG per metric: mean against bits per codec, bars from min to max; `none` as a dashed line."""
+    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -118,11 +118,6 @@ def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
                             [p[1]["max"] - p[1]["mean"] for p in pts]])
             ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=codec)
             drawn = True
-        for g in groups:
-            if g["bits"] is None and g["metrics"][m.key] is not None:
-                ax.axhline(g["metrics"][m.key]["mean"], linestyle="--", color="gray",
-                           label=f"{g['codec']} (native)")
-                drawn = True
         ax.set_xlabel("bits per coordinate (nominal)")
         ax.set_ylabel(m.label)
         ax.set_title(f"{m.label} vs bits ({'higher' if m.higher_is_better else 'lower'} is better)")

@@ -1,0 +1,214 @@
+"""The eval report: tables that agree with the rows, WAV names that sort together, and the listening page
+opened in headless Chromium (every image renders, every audio source loads, no page errors)."""
+
+import base64
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_eval_runner import FakePipe, make_clips, run_fake
+
+METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-report")
+    clips = make_clips(root / "clips", n=2, broken=True)
+    run_fake(clips, root / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
+    return root / "out"
+
+
+def test_tables_agree_with_the_rows(report_dir):
+    rows = [json.loads(line) for line in (report_dir / "rows.jsonl").read_text().splitlines()]
+    results = json.loads((report_dir / "results.json").read_text())
+    meta = results["meta"]
+    assert (meta["model"], meta["conditioner"], meta["seed"]) == ("fake-aar", "fake-cond", 3)
+    assert meta["clip_count"] == 3
+    table = list(csv.DictReader(io.StringIO((report_dir / "table.csv").read_text())))
+    assert [(r["codec"], r["bits"]) for r in table] == [("none", ""), ("octopus", "2"), ("octopus", "4"),
+                                                        ("turboquant-mse", "2"), ("turboquant-mse", "4")]
+    for line in table:
+        bits = int(line["bits"]) if line["bits"] else None
+        ok = [r for r in rows if r["codec"] == line["codec"] and r["bits"] == bits and r["status"] == "ok"]
+        assert int(line["clips_ok"]) == len(ok)
+        assert int(line["clips_failed"]) == 3 - len(ok)
+        for key in METRIC_KEYS:
+            values = np.array([r["metrics"][key] for r in ok])
+            if len(values) == 0:
+                assert line[f"{key}_mean"] == ""
+                continue
+            assert float(line[f"{key}_min"]) == values.min() and float(line[f"{key}_max"]) == values.max()
+            assert float(line[f"{key}_mean"]) == pytest.approx(values.mean(), rel=1e-12)
+    md = (report_dir / "table.md").read_text()
+    assert md.count("\n| octopus | 2 | 2 (1 failed) |") == 1
+    assert "| octopus | 4 | 0 (3 failed) | - |" in md
+    assert len(results["failures"]) == 5 + 2  # the broken clip's 5 rows, octopus b4 on 2 clips
+    for name in METRIC_KEYS:
+        assert (report_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wav_names_sort_together_per_clip(report_dir):
+    names = sorted(p.name for p in (report_dir / "wav").iterdir())
+    clips = [n.split("__")[0] for n in names]
+    assert clips == sorted(clips) and set(clips) == {"clip0", "clip1"}
+    assert names[:2] == ["clip0__00_input.wav", "clip0__00_reference.wav"]
+    assert "clip0__octopus_b2.wav" in names and "clip0__octopus_b4.wav" not in names  # that row failed
+
+
+class PipeCDP:
+    """A minimal Chrome DevTools Protocol client over `--remote-debugging-pipe` (the browser reads commands on
+    fd 3 and writes answers and events on fd 4, each message NUL-terminated JSON)."""
+
+    def __init__(self, binary: str, flags: list[str], timeout: float = 30.0):
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+
+        def child_fds():  # runs in the child before exec: our pipe ends become its fds 3 and 4
+            a, b = os.dup(to_r), os.dup(from_w)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen([binary, *flags, "--remote-debugging-pipe", "about:blank"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, preexec_fn=child_fds, close_fds=False)
+        os.close(to_r)
+        os.close(from_w)
+        self.w, self.r, self.buf, self.next_id, self.events, self.timeout = to_w, from_r, b"", 0, [], timeout
+
+    def _read(self, deadline: float) -> dict:
+        while b"\0" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("chromium did not answer in time")
+            if select.select([self.r], [], [], left)[0]:
+                chunk = os.read(self.r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("chromium closed the debugging pipe")
+                self.buf += chunk
+        msg, self.buf = self.buf.split(b"\0", 1)
+        return json.loads(msg)
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self.w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            m = self._read(deadline)
+            if m.get("id") == self.next_id:
+                assert "error" not in m, f"{method}: {m['error']}"
+                return m.get("result", {})
+            self.events.append(m)
+
+    def wait_event(self, method: str) -> dict:
+        for i, m in enumerate(self.events):
+            if m.get("method") == method:
+                return self.events.pop(i)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            m = self._read(deadline)
+            if m.get("method") == method:
+                return m
+            self.events.append(m)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.send("Browser.close")
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.w)
+        os.close(self.r)
+
+
+CHECK = """(async () => {
+  const images = [...document.images].map(i => ({src: i.getAttribute('src'), width: i.naturalWidth,
+                                                  ok: i.complete && i.naturalWidth > 0}));
+  const audio = await Promise.all([...document.querySelectorAll('audio')].map(a => new Promise(done => {
+    const probe = new Audio();
+    probe.preload = 'metadata';
+    probe.onloadedmetadata = () => done({src: a.getAttribute('src'), ok: true, duration: probe.duration});
+    probe.onerror = () => done({src: a.getAttribute('src'), ok: false});
+    probe.src = a.src;
+  })));
+  return {images, audio};
+})()"""
+
+
+def chromium_binary():
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+
+
+def check_page(page: Path, profile: Path, screenshot: Path | None = None) -> dict:
+    """Load the page in headless Chromium, wait for its load event, then check every image and (by loading
+    its metadata) every audio source; page errors are the console's error entries and uncaught exceptions."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}"]
+    cdp = PipeCDP(chromium_binary(), flags)
+    try:
+        target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            cdp.send(f"{domain}.enable", session=sid)
+        cdp.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+        cdp.send("Page.navigate", {"url": page.as_uri()}, session=sid)
+        cdp.wait_event("Page.loadEventFired")
+        found = cdp.send("Runtime.evaluate", {"expression": CHECK, "awaitPromise": True,
+                                              "returnByValue": True}, session=sid)["result"]["value"]
+        if screenshot is not None:
+            shot = cdp.send("Page.captureScreenshot", {"format": "png"}, session=sid)
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+        found["errors"] = [e["params"] for e in cdp.events
+                           if e.get("method") == "Runtime.exceptionThrown"
+                           or (e.get("method") == "Log.entryAdded"
+                               and e["params"]["entry"]["level"] == "error")]
+        return found
+    finally:
+        cdp.close()
+
+
+def test_listening_page_in_headless_chromium(report_dir, tmp_path):
+    if chromium_binary() is None:
+        pytest.skip("chromium is not installed (Debian package `chromium`); .ci/run installs it")
+    page = report_dir / "index.html"
+    srcs = re.findall(r"<(?:audio|img)[^>]* src='([^']+)'", page.read_text())
+    assert srcs and all((report_dir / s).is_file() for s in srcs)
+
+    shot = tmp_path / "index.png"
+    found = check_page(page, tmp_path / "profile", screenshot=shot)
+    print(f"\nlistening-page screenshot: {shot}")
+    assert found["errors"] == []
+    assert len(found["images"]) == 4 + 2 * 6 and all(i["ok"] for i in found["images"]), found["images"]
+    assert len(found["audio"]) == 2 * 6 and all(a["ok"] for a in found["audio"]), found["audio"]
+    durations = {a["src"]: a["duration"] for a in found["audio"]}
+    assert durations["wav/clip0__00_input.wav"] == pytest.approx(10.0)
+    assert durations["wav/clip1__turboquant-mse_b4.wav"] == pytest.approx(0.25)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "injected generation failure" in page.read_text()
+
+    # the check notices missing files: a copy of the report with one image and one WAV gone
+    broken = tmp_path / "broken"
+    shutil.copytree(report_dir, broken, ignore=shutil.ignore_patterns("refs", "rows*"))
+    (broken / "wav" / "clip1__none.wav").unlink()
+    (broken / "spec" / "clip0__octopus_b2.png").unlink()
+    found = check_page(broken / "index.html", tmp_path / "profile-broken")
+    assert [i["src"] for i in found["images"] if not i["ok"]] == ["spec/clip0__octopus_b2.png"]
+    assert [a["src"] for a in found["audio"] if not a["ok"]] == ["wav/clip1__none.wav"]
+    assert found["errors"]
