@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +268,29 @@ def test_accounting_is_the_packed_format_and_captured_at_the_end():
     assert f"octopus b=2 W=1, 2 layers, {tokens} tokens ({window} native)" in stats.line()
     assert f"{stats.total.ratio:.2f}x" in stats.line()
     assert "codec='octopus'" in repr(handle) and "backend=" in repr(handle)
+
+
+_INTERPRETED_RUN = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_patch import TinyModel
+from octopus_audio.aar_patch.patch import patch_aar
+model = TinyModel(depth=1, embed_dim=128, num_heads=2)
+outs = {{}}
+for backend in ("triton", "reference"):
+    os.environ["OCTOPUS_AUDIO_BACKEND"] = backend
+    with patch_aar(model, "octopus", 2) as handle:
+        outs[backend] = model.generate(batch=2)
+        assert "backend=" + backend in repr(handle), repr(handle)
+print(max(float((a - b).abs().max()) for a, b in zip(outs["triton"], outs["reference"])))
+"""
+
+
+def test_fused_kernel_path_through_the_patch_matches_the_reference():
+    """The Triton path (interpreted on the CPU, in a subprocess so the flag cannot leak) vs the reference."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = _INTERPRETED_RUN.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-4
