@@ -46,20 +46,35 @@ def polar_unit(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def octopus_triplets(rows_ptr, row_ok, dir_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
-                     N_BITS: tl.constexpr, B_RHO: tl.constexpr):
-    """octopus: the triplets t_hat = C_rho[i_rho] * D[dir] as three component tiles [BN, LP] (x, y, z).
+def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
+                     N_BITS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr):
+    """octopus: the triplets t_hat = C_rho[i_rho] * n_hat as three component tiles [BN, LP] (x, y, z).
 
-    One lookup into the decoded-direction table per component, times rho_hat; padded triplets (>= L) read
-    code 0 and meet zero query columns.
+    DIR_TABLE: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
+    Otherwise n_hat is unfolded in registers from the xi centroids at tab_ptr (two lookups into a table of
+    2^b_dir floats, then the octahedral unfold and a reciprocal square root), which touches far fewer cache
+    lines. Padded triplets (>= L) read code 0 and meet zero query columns.
     """
     i = tl.arange(0, LP)[None, :]
-    codes = unpack_codes(rows_ptr, i, row_ok & (i < L), N_BITS)
-    rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)))
-    d3 = (codes >> B_RHO) * 3
-    kx = rho * tl.load(dir_ptr + d3)
-    ky = rho * tl.load(dir_ptr + d3 + 1)
-    kz = rho * tl.load(dir_ptr + d3 + 2)
+    live = row_ok & (i < L)
+    codes = unpack_codes(rows_ptr, i, live, N_BITS)
+    rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0)
+    if DIR_TABLE:
+        d3 = (codes >> B_RHO) * 3
+        kx = rho * tl.load(tab_ptr + d3, mask=live, other=0.0)
+        ky = rho * tl.load(tab_ptr + d3 + 1, mask=live, other=0.0)
+        kz = rho * tl.load(tab_ptr + d3 + 2, mask=live, other=0.0)
+    else:
+        xi = tl.load(tab_ptr + (codes >> (B_RHO + B_DIR)), mask=live, other=0.0)
+        eta = tl.load(tab_ptr + ((codes >> B_RHO) & ((1 << B_DIR) - 1)), mask=live, other=0.0)
+        z = 1.0 - tl.abs(xi) - tl.abs(eta)
+        lower = z < 0
+        x = tl.where(lower, tl.where(xi < 0, -1.0, 1.0) * (1.0 - tl.abs(eta)), xi)
+        y = tl.where(lower, tl.where(eta < 0, -1.0, 1.0) * (1.0 - tl.abs(xi)), eta)
+        scale = rho * tl.math.rsqrt(x * x + y * y + z * z)
+        kx = x * scale
+        ky = y * scale
+        kz = z * scale
     return kx, ky, kz
 
 
@@ -72,13 +87,13 @@ def qjl_signs(rows_ptr, row_ok, D: tl.constexpr):
 
 @triton.jit
 def value_tile(codes_ptr, scale_ptr, min_ptr, rows, row_ok, BN: tl.constexpr, D: tl.constexpr,
-               N_BITS: tl.constexpr, N_WORDS: tl.constexpr):
-    """Group dequantization: v_hat [BN, D] = code * scale + minimum, per group of 16 channels."""
-    G: tl.constexpr = D // 16
+               GROUP: tl.constexpr, N_BITS: tl.constexpr, N_WORDS: tl.constexpr):
+    """Group dequantization: v_hat [BN, D] = code * scale + minimum, per group of GROUP channels."""
+    G: tl.constexpr = D // GROUP
     j = tl.arange(0, D)[None, :]
     codes = unpack_codes(codes_ptr + rows[:, None] * N_WORDS, j, row_ok[:, None], N_BITS).to(tl.float32)
     gcol = rows[:, None] * G + tl.arange(0, G)[None, :]
     sc = tl.load(scale_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)
     mn = tl.load(min_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)
-    v = tl.reshape(codes, (BN, G, 16)) * sc[:, :, None] + mn[:, :, None]
+    v = tl.reshape(codes, (BN, G, GROUP)) * sc[:, :, None] + mn[:, :, None]
     return tl.reshape(v, (BN, D))

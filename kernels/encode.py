@@ -62,7 +62,7 @@ def _encode_keys_kernel(
 ):
     """Rows [BLOCK_T] of K [n_rows, D] (row r is token r % T of head (r // T) % H) -> codes, gamma, QJL.
 
-    gamma = ||k|| (fp32, stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
+    gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
     matmul with the +-1 Hadamard matrix: in fp32 IEEE, or (DOT_NATIVE, 16-bit inputs) in the input dtype with
     fp32 accumulation, where +-1 products are exact. Then per codec: codebook search against boundaries
     (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus);
@@ -74,7 +74,9 @@ def _encode_keys_kernel(
     dcol = tl.arange(0, D)[None, :]
     x = tl.load(k_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
-    gamma = tl.sqrt_rn(tl.sum(xf * xf, 1))
+    peak = tl.max(tl.abs(xf), 1)
+    xs = tl.math.div_rn(xf, tl.where(peak > 0, peak, 1.0)[:, None])
+    gamma = tl.sqrt_rn(tl.sum(xs * xs, 1)) * peak
     tl.store(gamma_ptr + rows, bf16_bits(gamma), mask=ok)
     sgn = tl.load(rs_ptr + head[:, None] * D + dcol)
     hrow = tl.arange(0, D)[:, None]
@@ -126,6 +128,9 @@ def _encode_keys_kernel(
                 best = tl.where(better, cost, best)
                 best_dir = tl.where(better, flat, best_dir)
                 best_rho = tl.where(better, i_rho, best_rho)
+        zero = rho == 0  # the placeholder direction's seeds and the rho index of 0
+        best_dir = tl.where(zero, i_xi * M + i_eta, best_dir)
+        best_rho = tl.where(zero, search_sorted(rho, bnd_ptr, B_RHO), best_rho)
         words = pack_codes((best_dir << B_RHO) | best_rho, 0, K_CODES, K_BITS, WP, KP)
         if HAS_QJL:
             rh = tl.load(cent_ptr + best_rho)
@@ -164,20 +169,21 @@ def _encode_keys_kernel(
 
 @triton.jit
 def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
-                          D: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr, WP: tl.constexpr,
-                          KP: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Rows of V [n_rows, D] -> group-16 asymmetric codes: mn = fp16(min), scale = fp16((max-min)/(2^b-1))
-    (1 for a constant group), code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
-    G: tl.constexpr = D // 16
+                          D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
+                          WP: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Rows of V [n_rows, D] -> per group of GROUP channels: mn = fp16(min), scale = fp16(min((max-min)/(2^b-1),
+    65504)) (1 where that is 0), code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
+    G: tl.constexpr = D // GROUP
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_rows
     dcol = tl.arange(0, D)[None, :]
     v = tl.load(v_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0).to(tl.float32)
-    g = tl.reshape(v, (BLOCK_T, G, 16))
+    g = tl.reshape(v, (BLOCK_T, G, GROUP))
     mx = tl.max(g, 2)
     mn = tl.min(g, 2)
     mn16 = mn.to(tl.float16)
-    sc16 = tl.where(mx == mn, 1.0, tl.math.div_rn(mx - mn, (1 << BITS) - 1.0)).to(tl.float16)
+    sc16 = tl.minimum(tl.math.div_rn(mx - mn, (1 << BITS) - 1.0), 65504.0).to(tl.float16)
+    sc16 = tl.where(sc16 == 0, 1.0, sc16.to(tl.float32)).to(tl.float16)
     q = tl.math.div_rn(g - mn16.to(tl.float32)[:, :, None], sc16.to(tl.float32)[:, :, None])
     code = tl.minimum(tl.maximum(round_half_even(q), 0.0), (1 << BITS) - 1.0).to(tl.int32)
     words = pack_codes(tl.reshape(code, (BLOCK_T, D)), 0, D, BITS, WP, KP)

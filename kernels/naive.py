@@ -67,7 +67,7 @@ def _octopus_codes(u: torch.Tensor, codec: KernelCodec) -> tuple[torch.Tensor, t
     """Joint local3x3 rounding of the triplets of u [..., d] -> codes [..., L] and t_hat [..., L, 3]."""
     d, length = codec.head_dim, codec.key_codes
     t = torch.nn.functional.pad(u, (0, 3 * length - d)).reshape(*u.shape[:-1], length, 3)
-    rho = t.norm(dim=-1)
+    rho = (t * t).sum(-1).sqrt()
     n = torch.where(rho[..., None] > 0, t / rho.clamp_min(1e-38)[..., None], torch.tensor([0.0, 0.0, 1.0]))
     seeds = _index(_fold(n), codec.xi_boundaries)
     m = 2**codec.b_dir
@@ -82,11 +82,14 @@ def _octopus_codes(u: torch.Tensor, codec: KernelCodec) -> tuple[torch.Tensor, t
             s = (t * codec.directions[flat]).sum(-1)
             i_rho = _index(s, codec.boundaries)
             rho_hat = codec.centroids[i_rho]
-            cost = rho * rho - 2 * rho_hat * s + rho_hat * rho_hat
+            cost = ((t * t).sum(-1) - 2 * rho_hat * s) + rho_hat * rho_hat
             better = (cost < best_cost) | ((cost == best_cost) & (flat < best_dir))
             best_cost = torch.where(better, cost, best_cost)
             best_dir = torch.where(better, flat, best_dir)
             best_rho = torch.where(better, i_rho, best_rho)
+    zero = rho == 0  # placeholder direction (its seeds) and the rho index of 0
+    best_dir = torch.where(zero, seeds[..., 0] * m + seeds[..., 1], best_dir)
+    best_rho = torch.where(zero, _index(rho, codec.boundaries), best_rho)
     codes = (best_dir << codec.b_rho) | best_rho
     t_hat = codec.centroids[best_rho][..., None] * codec.directions[best_dir]
     return codes, t_hat
@@ -138,7 +141,8 @@ def encode_keys(k_BHTD: torch.Tensor, codec: KernelCodec) -> PackedKeys:
     """K [B, H, T, d] (any float dtype) -> PackedKeys, computed on the CPU in float32."""
     codec = codec.to("cpu")
     kf = k_BHTD.detach().cpu().float()
-    gamma = kf.norm(dim=-1)
+    peak = kf.abs().amax(-1, keepdim=True)
+    gamma = (kf / torch.where(peak > 0, peak, torch.ones_like(peak))).norm(dim=-1) * peak.squeeze(-1)
     u = rotate(kf, codec.rotation_signs) / gamma.clamp_min(1e-30)[..., None]
     n = codec.key_code_bits
     if codec.name.startswith("octopus"):
@@ -163,36 +167,39 @@ def encode_keys(k_BHTD: torch.Tensor, codec: KernelCodec) -> PackedKeys:
                       None if gamma_r is None else gamma_r.to(dev))
 
 
-def encode_values(v_BHTD: torch.Tensor, bits: int) -> PackedValues:
-    """V [B, H, T, d] -> PackedValues (groups of 16 channels, fp16 scale and minimum)."""
+def encode_values(v_BHTD: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True) -> PackedValues:
+    """V [B, H, T, d] -> PackedValues (groups of `group` channels, fp16 scale and minimum)."""
+    del check_range
     vf = v_BHTD.detach().cpu().float()
-    g = vf.reshape(*vf.shape[:-1], -1, V_GROUP)
+    g = vf.reshape(*vf.shape[:-1], -1, group)
     mn, mx = g.amin(-1), g.amax(-1)
     mn16 = mn.half()
-    scale16 = torch.where(mx == mn, torch.ones_like(mx), (mx - mn) / (2**bits - 1)).half()
+    scale16 = ((mx - mn) / (2**bits - 1)).clamp(max=65504.0).half()
+    scale16 = torch.where(scale16 == 0, torch.ones_like(scale16), scale16)
     codes = torch.round((g - mn16.float()[..., None]) / scale16.float()[..., None]).clamp(0, 2**bits - 1)
     packed = pack(codes.reshape(vf.shape).long(), bits)
     dev = v_BHTD.device
-    return PackedValues(packed.to(dev), scale16.to(dev), mn16.to(dev), bits)
+    return PackedValues(packed.to(dev), scale16.to(dev), mn16.to(dev), bits, group)
 
 
 def decode_values(values: PackedValues, d: int) -> torch.Tensor:
     codes = unpack(values.codes.cpu(), values.bits, d).float()
-    g = codes.reshape(*codes.shape[:-1], -1, V_GROUP)
+    g = codes.reshape(*codes.shape[:-1], -1, values.group)
     v = g * values.scale.cpu().float()[..., None] + values.minimum.cpu().float()[..., None]
     return v.reshape(codes.shape)
 
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
-              scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+              scale: float | None = None, num_splits: int | None = None,
+              octopus_directions: str = "unfold") -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] in float64, output in q's dtype.
 
     q [B, Hq, Tq, d]; store fields [B, H, Tcap, ...] of which the first `length` tokens count; window
-    [B, H, Tw, d]. Hq = G * H: query head h*G + g uses KV head h. `num_splits` is accepted for signature
-    parity with ops.attention and ignored.
+    [B, H, Tw, d]. Hq = G * H: query head h*G + g uses KV head h. `num_splits` and `octopus_directions` are
+    accepted for signature parity with ops.attention (the reference always reads the direction table).
     """
-    del num_splits
+    del num_splits, octopus_directions
     codec = codec.to("cpu")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
@@ -213,7 +220,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         s_c = s_c + coef[:, :, None, :] * (q_j @ sigma.transpose(-1, -2))
     s_c = s_c * sel.gamma.double()[:, :, None, :]
     v_parts = [decode_values(PackedValues(values.codes[:, :, cut], values.scale[:, :, cut],
-                                          values.minimum[:, :, cut], values.bits), d).double()]
+                                          values.minimum[:, :, cut], values.bits, values.group), d).double()]
     s_parts = [s_c]
     if k_window is not None and k_window.shape[2] > 0:
         s_parts.append(q @ k_window.detach().cpu().double().transpose(-1, -2))

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
 
-from .attention import _attn_fwd_kernel, _merge_kernel
 from .encode import _encode_keys_kernel, _encode_values_kernel
+from .flash_decode import _attn_fwd_kernel, _merge_kernel
 from .naive import hadamard
 from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
+OCTOPUS_DIRECTIONS = "unfold"
 
 
 def _pow2(n: int) -> int:
@@ -41,10 +43,11 @@ def _octopus_lp(codec: KernelCodec) -> int:
     return max(16, _pow2(codec.key_codes))
 
 
-def _key_tables(codec: KernelCodec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), D/C_rho (octopus)."""
+def _key_tables(codec: KernelCodec, device: torch.device, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the direction
+    table or the xi centroids, and C_rho (octopus)."""
     if codec.name.startswith("octopus"):
-        return codec.directions.reshape(-1), codec.centroids
+        return (codec.directions.reshape(-1) if dir_table else codec.xi_centroids), codec.centroids
     if codec.name == "polarquant":
         return torch.cos(codec.centroids).reshape(-1), torch.sin(codec.centroids).reshape(-1)
     cent = codec.centroids if codec.centroids is not None else torch.zeros(1, device=device)
@@ -54,11 +57,13 @@ def _key_tables(codec: KernelCodec, device: torch.device) -> tuple[torch.Tensor,
 def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b: int, h: int) -> int:
     t_cap = keys.codes.shape[2]
     d = codec.head_dim
+    if values.group < 1 or values.group & (values.group - 1) or d % values.group:
+        raise ValueError(f"value group {values.group} must be a power of two dividing the head dim {d}")
     expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.key_words), torch.int32),
               "keys.gamma": (keys.gamma, (b, h, t_cap), torch.bfloat16),
               "values.codes": (values.codes, (b, h, t_cap, -(-d * values.bits // 32)), torch.int32),
-              "values.scale": (values.scale, (b, h, t_cap, d // V_GROUP), torch.float16),
-              "values.minimum": (values.minimum, (b, h, t_cap, d // V_GROUP), torch.float16)}
+              "values.scale": (values.scale, (b, h, t_cap, d // values.group), torch.float16),
+              "values.minimum": (values.minimum, (b, h, t_cap, d // values.group), torch.float16)}
     if codec.has_qjl:
         expect["keys.signs"] = (keys.signs, (b, h, t_cap, -(-d // 32)), torch.int32)
         expect["keys.gamma_r"] = (keys.gamma_r, (b, h, t_cap), torch.bfloat16)
@@ -71,13 +76,15 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
-              scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+              scale: float | None = None, num_splits: int | None = None,
+              octopus_directions: str = OCTOPUS_DIRECTIONS) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
 
     q [B, Hq, Tq, d] (any float dtype); `keys`/`values` buffers [B, H, Tcap, ...] of which the first
     `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window). Hq = G*H,
     query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
-    `num_splits` forces the split-K count (default: enough programs to fill the GPU).
+    `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
+    "unfold" (decode n_hat from the xi centroids in registers) or "table" (look it up in D).
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -111,7 +118,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         trip = torch.nn.functional.pad(q_rot, (0, 3 * length_t - d)).reshape(b, h, n_rows, length_t, 3)
         q_rot = torch.nn.functional.pad(trip.transpose(-1, -2), (0, lp - length_t)).reshape(b, h, n_rows, 3 * lp)
     q_rot = q_rot.contiguous()
-    tab_a, tab_b = _key_tables(codec, dev)
+    if octopus_directions not in ("unfold", "table"):
+        raise ValueError(f"octopus_directions must be 'unfold' or 'table', got {octopus_directions!r}")
+    tab_a, tab_b = _key_tables(codec, dev, octopus_directions == "table")
 
     if k_window is None or t_win == 0:
         k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q_BHTD.dtype)
@@ -122,6 +131,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
 
     block_m = 1 if n_rows == 1 else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64)
     block_n = max(16, min(64, 4096 // d)) if block_m == 1 else (64 if d <= 64 else 32)
+    if _interpreting():  # per-op cost on the CPU: fewer, larger key blocks
+        block_n = 128
     num_warps = 8 if block_m >= 64 else 4
     n_mblocks = triton.cdiv(n_rows, block_m)
     programs = b * h * n_mblocks
@@ -153,8 +164,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         h, n_rows, t_cap, length, t_win, chunk, num_splits, total_rows,
         scale * LOG2E, math.sqrt(math.pi / (2 * d)),
         CODEC=CODEC_IDS[codec.name], D=d, LP=lp, LOG2D=int(math.log2(d)),
-        K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
-        HAS_QJL=codec.has_qjl, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+        K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_DIR=codec.b_dir,
+        B_RHO=codec.b_rho, DIR_TABLE=octopus_directions == "table",
+        HAS_QJL=codec.has_qjl, V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q_BHTD.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
@@ -178,9 +190,13 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _encode_rows(d: int) -> int:
+    """Rows per encode program: 32 (d <= 64) or 16 keeps the octopus/QJL tiles in registers on the GPU; the
+    CPU interpreter pays per op, not per element, so it takes 128."""
+    return 128 if _interpreting() else (32 if d <= 64 else 16)
 
 
 def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
@@ -215,7 +231,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = torch.zeros(1, device=dev, dtype=torch.float32)
     octo = codec.name.startswith("octopus")
-    block_t = 32 if d <= 64 else 16
+    block_t = _encode_rows(d)
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
         kc, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
@@ -229,31 +245,33 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
         B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
         HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
         DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t,
-        num_warps=4,
+        num_warps=4, enable_fp_fusion=False,
     )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 
-def encode_values(v: torch.Tensor, bits: int) -> PackedValues:
+def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True) -> PackedValues:
     """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]
-    int32, `scale`/`minimum` [..., H, T, d/16] fp16."""
+    int32, `scale`/`minimum` [..., H, T, d/group] fp16. `check_range=False` skips the range check (one host
+    sync) for callers that checked already."""
     d = v.shape[-1]
-    if d % V_GROUP or d < V_GROUP or not 1 <= bits <= 8:
-        raise ValueError(f"values need d a multiple of {V_GROUP} and bits in 1..8, got d={d}, bits={bits}")
+    if group < 1 or group & (group - 1) or d % group or not 1 <= bits <= 8:
+        raise ValueError(f"values need a power-of-two group dividing d and bits in 1..8, got d={d}, "
+                         f"group={group}, bits={bits}")
     if v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"values must be float32, float16 or bfloat16, got {v.dtype}")
-    peak = v.abs().max() if v.numel() else torch.zeros(())
+    peak = v.abs().max().float() if v.numel() and check_range else torch.zeros(())
     if not bool(peak <= 65504.0):
-        raise ValueError(f"values must be finite and within the fp16 range |v| <= 65504, got max |v| = {float(peak)}")
+        raise ValueError(f"values must be finite and within the fp16 range |v| <= 65504, got {float(peak)}")
     vc = v.contiguous()
     lead = v.shape[:-1]
     n_rows = vc.numel() // d
     words, wp, kp = _pack_shape(bits, d)
     codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
-    scale = torch.empty(*lead, d // V_GROUP, device=v.device, dtype=torch.float16)
+    scale = torch.empty(*lead, d // group, device=v.device, dtype=torch.float16)
     minimum = torch.empty_like(scale)
-    block_t = 32 if d <= 64 else 16
+    block_t = _encode_rows(d)
     _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
-        vc, codes, scale, minimum, n_rows, D=d, BITS=bits, WORDS=words, WP=wp, KP=kp, BLOCK_T=block_t,
-        num_warps=4)
-    return PackedValues(codes, scale, minimum, bits)
+        vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
+        BLOCK_T=block_t, num_warps=4, enable_fp_fusion=False)
+    return PackedValues(codes, scale, minimum, bits, group)

@@ -11,6 +11,8 @@ KERNEL_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "o
 CODEC_IDS = {name: i for i, name in enumerate(KERNEL_CODECS)}  # the kernels' tl.constexpr CODEC
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # the fused kernels' range (formats.md allows 8..1024 for the reference)
 V_GROUP = 16
+_TENSOR_FIELDS = ("rotation_signs", "qjl_signs", "centroids", "boundaries", "xi_boundaries", "xi_centroids",
+                  "directions")
 
 
 def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -23,7 +25,8 @@ class KernelCodec:
 
     Tables (float32): `centroids`/`boundaries` are the coordinate codebook (turboquant-*), the per-level angle
     codebooks `[levels, 2**bits]`/`[levels, 2**bits - 1]` (polarquant, level 1 first), or the norm codebook
-    C_rho (octopus*). Octopus also carries `xi_boundaries` (C_xi) and `directions` `[4**b_dir, 3]`.
+    C_rho (octopus*). Octopus also carries C_xi (`xi_centroids`, `xi_boundaries`) and the decoded-direction
+    table `directions` `[4**b_dir, 3]` (row i_xi * 2**b_dir + i_eta).
     `rotation_signs`/`qjl_signs` are `[H, d]` +-1 vectors, one per KV head (formats.md, streams 0 and 1).
     """
 
@@ -35,6 +38,7 @@ class KernelCodec:
     centroids: torch.Tensor | None = None
     boundaries: torch.Tensor | None = None
     xi_boundaries: torch.Tensor | None = None
+    xi_centroids: torch.Tensor | None = None
     directions: torch.Tensor | None = None
     b_dir: int = 0
     b_rho: int = 0
@@ -57,6 +61,7 @@ class KernelCodec:
                 raise ValueError(f"octopus needs b_dir >= 1 and b_rho >= 0, got {self.b_dir}, {self.b_rho}")
             self._check("directions", (4**self.b_dir, 3))
             self._check("xi_boundaries", (2**self.b_dir - 1,))
+            self._check("xi_centroids", (2**self.b_dir,))
             self._check("centroids", (2**self.b_rho,))
             self._check("boundaries", (2**self.b_rho - 1,))
         elif self.name == "polarquant":
@@ -66,7 +71,7 @@ class KernelCodec:
         elif self.key_code_bits > 0:
             self._check("centroids", (2**self.key_code_bits,))
             self._check("boundaries", (2**self.key_code_bits - 1,))
-        for field in ("rotation_signs", "qjl_signs", "centroids", "boundaries", "xi_boundaries", "directions"):
+        for field in _TENSOR_FIELDS:
             object.__setattr__(self, field, _fp32(getattr(self, field)))
 
     def _check(self, field: str, shape: tuple[int, ...]) -> None:
@@ -106,9 +111,7 @@ class KernelCodec:
         """This codec with its tables on `device` (itself when they are there already)."""
         if self.rotation_signs.device == torch.device(device):
             return self
-        moved = {f: getattr(self, f) for f in ("rotation_signs", "qjl_signs", "centroids", "boundaries",
-                                               "xi_boundaries", "directions")}
-        moved = {f: None if t is None else t.to(device) for f, t in moved.items()}
+        moved = {f: None if getattr(self, f) is None else getattr(self, f).to(device) for f in _TENSOR_FIELDS}
         return KernelCodec(self.name, self.head_dim, self.bits, b_dir=self.b_dir, b_rho=self.b_rho, **moved)
 
 
@@ -126,9 +129,10 @@ class PackedKeys:
 @dataclass(frozen=True)
 class PackedValues:
     """Compressed values `[B, H, T, ...]`: `codes` int32 words (d codes of `bits`), `scale`/`minimum` fp16 per
-    group of 16 channels."""
+    group of `group` channels (16 by default)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     minimum: torch.Tensor
     bits: int
+    group: int = V_GROUP

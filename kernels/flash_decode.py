@@ -17,20 +17,20 @@ from .codec_decode import (
 
 @triton.jit
 def _mm_nt(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """a [M, K] @ b[N, K]^T -> [M, N] fp32 (tensor cores for M >= 16, exact fp32 FMAs for a single row)."""
+    """a [M, K] @ b[N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) fp32 FMAs and a row sum."""
     if USE_DOT:
         return tl.dot(a, tl.trans(b), input_precision=PREC)
     else:
-        return tl.sum(a[:, None, :] * b[None, :, :], axis=2)
+        return tl.sum(a * b, axis=1)[None, :]
 
 
 @triton.jit
 def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """a [M, N] @ b [N, D] -> [M, D] fp32."""
+    """a [M, N] @ b [N, D] -> [M, D] fp32 (M == 1 without tensor cores: a column sum)."""
     if USE_DOT:
         return tl.dot(a, b, input_precision=PREC)
     else:
-        return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+        return tl.sum(tl.reshape(a, (b.shape[0], 1)) * b, axis=0)[None, :]
 
 
 @triton.jit
@@ -55,8 +55,9 @@ def _attn_fwd_kernel(
     H, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
     qk_scale, qjl_coef,
     CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
-    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_RHO: tl.constexpr,
-    HAS_QJL: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr,
+    DIR_TABLE: tl.constexpr,
+    HAS_QJL: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
@@ -67,7 +68,7 @@ def _attn_fwd_kernel(
     qk_scale = softmax scale * log2 e); values: group dequant in the original frame. Split s covers
     compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window. DIRECT: a single
     split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers.
-    tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions/C_rho (octopus).
+    tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi centroids/C_rho (octopus).
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -107,7 +108,8 @@ def _attn_fwd_kernel(
         k_rows = kc_ptr + krow[:, None] * K_WORDS
         gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
         if IS_OCT:
-            kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS, B_RHO)
+            kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
+                                          B_DIR, B_RHO, DIR_TABLE)
             s = _mm_nt(qx, kx, USE_DOT, PREC) + _mm_nt(qy, ky, USE_DOT, PREC) + _mm_nt(qz, kz, USE_DOT, PREC)
         elif CODEC == POLAR:
             u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS)
@@ -122,7 +124,7 @@ def _attn_fwd_kernel(
             g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
             s = s + _mm_nt(qj, sigma, USE_DOT, PREC) * (qjl_coef * g_r)[None, :]
         s = tl.where(n_ok[None, :], s * (gamma * qk_scale)[None, :], float("-inf"))
-        v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_BITS, V_WORDS)
+        v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC)
 
     # native window: the last split's tail

@@ -1,0 +1,151 @@
+"""Encode kernels vs the codec library: packed keys (every codec) and group-quantized values, bit for bit.
+
+Runs the Triton kernels on the CPU under TRITON_INTERPRET=1, which must be set before triton.jit decorates
+them: this module sets it at import and re-imports the kernel modules if another test imported them first.
+With OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
+"""
+
+import importlib
+import os
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from octopus_audio import backend  # noqa: E402
+from octopus_audio.codecs import get_codec  # noqa: E402
+from octopus_audio.kernels import bits as kbits  # noqa: E402
+from octopus_audio.kernels.ops import _pack_shape  # noqa: E402
+from octopus_audio.packing import pack, unpack  # noqa: E402
+from octopus_audio.values import ValueQuantizer  # noqa: E402
+
+MAX_MISMATCH = 1e-4  # indices whose input lies within fp32 rounding of a decision boundary may differ
+
+
+def kernel_ops():
+    """octopus_audio.kernels.ops with interpreted kernels on the CPU (re-decorated if imported before)."""
+    from octopus_audio.kernels import flash_decode, ops
+
+    if DEVICE == "cpu" and type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
+        import octopus_audio.kernels as pkg
+        from octopus_audio.kernels import bits, codec_decode, encode
+
+        for module in (bits, codec_decode, flash_decode, encode, ops, pkg):
+            importlib.reload(module)
+    return ops
+
+
+def _keys(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape[:-1], 1, generator=g))
+    return k.to(dtype).to(DEVICE)
+
+
+def _mismatch(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.cpu() != b.cpu()).float().mean().item() if a.numel() else 0.0
+
+
+# codec, bits, head dim, input dtype: every codec at b in {1, 2, 3, 4}, both head dims and all dtypes covered
+ENCODE_CASES = [
+    ("turboquant-mse", 1, 64, torch.float32), ("turboquant-mse", 2, 128, torch.bfloat16),
+    ("turboquant-mse", 3, 64, torch.float16), ("turboquant-mse", 4, 128, torch.float32),
+    ("turboquant-qjl", 1, 128, torch.float32), ("turboquant-qjl", 2, 64, torch.bfloat16),
+    ("turboquant-qjl", 3, 128, torch.float32), ("turboquant-qjl", 4, 64, torch.float16),
+    ("polarquant", 1, 64, torch.bfloat16), ("polarquant", 2, 128, torch.float32),
+    ("polarquant", 3, 64, torch.float32), ("polarquant", 4, 128, torch.bfloat16),
+    ("octopus", 1, 128, torch.float16), ("octopus", 2, 64, torch.float32),
+    ("octopus", 3, 128, torch.bfloat16), ("octopus", 4, 64, torch.float32),
+    ("octopus-qjl", 1, 64, torch.float32), ("octopus-qjl", 2, 128, torch.float32),
+    ("octopus-qjl", 3, 64, torch.bfloat16), ("octopus-qjl", 4, 128, torch.float16),
+]
+
+
+@pytest.mark.parametrize("name,bits,d,dtype", ENCODE_CASES,
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in ENCODE_CASES])
+def test_encode_keys_matches_codec(name, bits, d, dtype):
+    heads, tokens = 2, 61
+    codec = get_codec(name, bits, d, seed=11)
+    k = _keys((1, heads, tokens, d), dtype, seed=bits * 7 + d)
+    k[0, 1, 5] = 0.0  # a zero key (gamma 0, u = 0: zero triplets in octopus)
+    k[0, 0, 9] *= 1e15 if dtype != torch.float16 else 1e3  # a large norm (gamma is computed scaled)
+    got = kernel_ops().encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    want = codec.encode(k.cpu())
+    n = codec.code_bits if name.startswith("octopus") else (
+        bits if name != "turboquant-qjl" else bits - 1)
+    n_codes = codec.num_triplets if name.startswith("octopus") else d - (name == "polarquant")
+    if n > 0:
+        assert got.codes.shape == want.codes.shape and got.codes.dtype == torch.int32
+        frac = _mismatch(unpack(got.codes.cpu(), n, n_codes), unpack(want.codes, n, n_codes))
+        assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ"
+    assert got.gamma.dtype == torch.bfloat16 and _mismatch(got.gamma, want.gamma) < MAX_MISMATCH
+    if codec.qjl:
+        assert _mismatch(unpack(got.signs.cpu(), 1, d), unpack(want.signs, 1, d)) < MAX_MISMATCH
+        assert _mismatch(got.gamma_r, want.gamma_r) < MAX_MISMATCH
+    else:
+        assert got.signs is None and got.gamma_r is None
+
+
+VALUE_CASES = [(1, 64, torch.float32), (2, 128, torch.bfloat16), (3, 64, torch.float16), (4, 128, torch.float32),
+               (8, 64, torch.float32)]
+
+
+@pytest.mark.parametrize("bits,d,dtype", VALUE_CASES, ids=[f"b{b}-d{d}-{str(t)[6:]}" for b, d, t in VALUE_CASES])
+def test_encode_values_matches_quantizer(bits, d, dtype):
+    g = torch.Generator().manual_seed(bits)
+    v = (torch.randn(2, 3, 45, d, generator=g) * 4).to(dtype)
+    v[0, 0, 0, :16] = 1.5  # constant group: scale 1
+    v[0, 0, 1, :16] = 1000.0 + torch.arange(16) * 1e-3  # range below fp16 resolution: scale rounds to 0 -> 1
+    v[1, 2, 3, 16:32] = torch.linspace(-65280, 65280, 16)  # about the widest range fp16 allows (b=1: scale clamps)
+    v = v.to(DEVICE)
+    got = kernel_ops().encode_values(v, bits)
+    want = ValueQuantizer(bits, d).encode(v.cpu())
+    for field in ("codes", "scale", "minimum"):
+        a, b = getattr(got, field).cpu(), getattr(want, field)
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), field
+
+
+def test_encode_values_rejects_out_of_range():
+    v = torch.zeros(1, 1, 2, 64, device=DEVICE)
+    v[0, 0, 1, 3] = 70000.0
+    with pytest.raises(ValueError, match="fp16 range"):
+        kernel_ops().encode_values(v, 2)
+
+
+def test_encode_keys_rejects_wrong_heads():
+    codec = get_codec("octopus", 2, 64)
+    kc = backend.kernel_codec(codec, 2, DEVICE)
+    with pytest.raises(ValueError, match="heads"):
+        kernel_ops().encode_keys(torch.zeros(1, 3, 4, 64, device=DEVICE), kc)
+
+
+@triton.jit
+def _roundtrip_kernel(codes_ptr, words_ptr, out_ptr, L: tl.constexpr, LP: tl.constexpr, N: tl.constexpr,
+                      W: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
+    rows = tl.arange(0, 4)[:, None]
+    j = tl.arange(0, LP)[None, :]
+    codes = tl.load(codes_ptr + rows * L + j, mask=j < L, other=0)
+    w = tl.arange(0, WP)[None, :]
+    tl.store(words_ptr + rows * W + w, kbits.pack_codes(codes, 0, L, N, WP, KP), mask=w < W)
+    tl.debug_barrier()
+    back = kbits.unpack_codes(words_ptr + rows * W, j, (j < L) & (rows < 4), N)
+    tl.store(out_ptr + rows * L + j, back, mask=j < L)
+
+
+@pytest.mark.parametrize("n,length", [(1, 64), (3, 43), (7, 22), (10, 43), (13, 43), (16, 5), (5, 127)])
+def test_bit_helpers_roundtrip(n, length):
+    """pack_codes / unpack_codes against octopus_audio.packing for widths that straddle words and odd L."""
+    kernel_ops()
+    g = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 2**n, (4, length), generator=g, dtype=torch.int32).to(DEVICE)
+    words_n, wp, kp = _pack_shape(n, length)
+    words = torch.zeros(4, words_n, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros_like(codes)
+    _roundtrip_kernel[(1,)](codes, words, out, L=length, LP=triton.next_power_of_2(length), N=n, W=words_n,
+                            WP=wp, KP=kp)
+    assert torch.equal(words.cpu(), pack(codes.cpu().long(), n))
+    assert torch.equal(out.cpu(), codes.cpu())
