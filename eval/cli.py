@@ -90,7 +90,15 @@ def load_model(aar: str | None, sat: str | None, device: str):
 
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, make_conditioner
-    from octopus_audio.eval.runner import AARBackend, DistInfo, EvalConfig, evaluate, resolve_device
+    from octopus_audio.eval.runner import (
+        AARBackend,
+        DistInfo,
+        EvalConfig,
+        LazyBackend,
+        evaluate,
+        require_patch,
+        resolve_device,
+    )
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
     config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
@@ -108,8 +116,12 @@ def run(args: argparse.Namespace) -> int:
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
 
-    def make_backend(dev: str) -> AARBackend:
-        return AARBackend(load_model(args.aar, args.sat, dev), config, name, dev)
+    import octopus_audio.aar_patch as aar_patch
+
+    require_patch(config, getattr(aar_patch, "compressed_kv", None))
+
+    def make_backend(dev: str) -> LazyBackend:
+        return LazyBackend(lambda: AARBackend(load_model(args.aar, args.sat, dev), config, name, dev), name)
 
     meta = {"clips": args.clips or "clips/ (shipped)", "n_requested": args.n}
     results = evaluate(refs, args.out, config, make_backend, conditioner, meta=meta, device=device,

@@ -111,6 +111,40 @@ class Backend(Protocol):
         """A context inside which `generate` runs under the codec; its value has `stats()`."""
 
 
+def require_patch(config: EvalConfig, compressed_kv_fn: Callable | None) -> None:
+    """Fail before any work when a codec other than `none` is asked for and the patch is missing."""
+    needs_patch = [c for c in config.codecs if c != "none"]
+    if needs_patch and compressed_kv_fn is None:
+        raise RuntimeError(f"codec {needs_patch[0]} needs octopus_audio.aar_patch.compressed_kv, which "
+                           f"this build does not have yet; only --codecs none can run")
+
+
+class LazyBackend:
+    """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
+
+    def __init__(self, build: Callable[[], Backend], name: str, sample_rate: int = MODEL_RATE) -> None:
+        self._build = build
+        self._backend: Backend | None = None
+        self.name = name
+        self.sample_rate = sample_rate
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self._build()
+            if (self._backend.name, self._backend.sample_rate) != (self.name, self.sample_rate):
+                raise RuntimeError(f"the model built as {self._backend.name!r} at "
+                                   f"{self._backend.sample_rate} Hz was announced as {self.name!r} at "
+                                   f"{self.sample_rate} Hz")
+        return self._backend
+
+    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.backend.generate(cond_D, seed)
+
+    def compressed(self, codec: str, bits: int | None):
+        return self.backend.compressed(codec, bits)
+
+
 class _Unpatched:
     """The handle for codec `none` while the patch does not exist: the plain model, no cache accounting."""
 
@@ -136,10 +170,7 @@ class AARBackend:
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
         self._compressed_kv = compressed_kv_fn or getattr(aar_patch, "compressed_kv", None)
-        needs_patch = [c for c in config.codecs if c != "none"]
-        if needs_patch and self._compressed_kv is None:
-            raise RuntimeError(f"codec {needs_patch[0]} needs octopus_audio.aar_patch.compressed_kv, which "
-                               f"this build does not have yet; only --codecs none can run")
+        require_patch(config, self._compressed_kv)
 
     def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
         import torch

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from octopus_audio.errors import UsageError
-from octopus_audio.eval.runner import AARBackend, EvalConfig, evaluate, kv_summary
+from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate, kv_summary
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -101,9 +101,13 @@ def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
     pipe = pipe or FakePipe()
     refs = list_folder(clips, n=n, seed=0)
 
-    def make_backend(device):
-        return AARBackend(pipe, cfg, "fake-aar", device, generate_fn=fake_generate,
+    def build():
+        pipe.builds = getattr(pipe, "builds", 0) + 1
+        return AARBackend(pipe, cfg, "fake-aar", "cpu", generate_fn=fake_generate,
                           compressed_kv_fn=fake_compressed_kv)
+
+    def make_backend(device):
+        return LazyBackend(build, "fake-aar")
 
     return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False)
 
@@ -147,7 +151,7 @@ def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
     # a third run has nothing left to do
     pipe = FakePipe()
     run_fake(clips, tmp_path / "resumed", pipe=pipe)
-    assert pipe.calls == 0
+    assert pipe.calls == 0 and not hasattr(pipe, "builds")  # the model was not even loaded
     assert report_files(tmp_path / "resumed") == full
 
 

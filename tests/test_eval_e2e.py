@@ -1,0 +1,71 @@
+"""`octopus-audio eval` end to end with the golden AAR checkpoint (depth 2, random weights) on CPU."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO.parent / "shared" / "aar_reference" / "golden"
+
+
+def golden_or_skip():
+    if not (GOLDEN / "aar.pth").is_file() or not (GOLDEN / "sat_release.pt").is_file():
+        reason = f"the golden AAR checkpoint is not at {GOLDEN} (../shared beside the repository is absent)"
+        print(reason)
+        pytest.skip(reason)
+
+
+def test_eval_cli_with_the_golden_model(tmp_path, capsys):
+    golden_or_skip()
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("soundfile")
+    import soundfile as sf
+
+    import octopus_audio.aar_patch as aar_patch
+    from octopus_audio.cli import main
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    shutil.copy(REPO / "clips" / "misc_crow.flac", clips)
+    out = tmp_path / "out"
+    args = ["eval", "--clips", str(clips), "--n", "1", "--codecs", "none,octopus", "--bits", "2",
+            "--aar", str(GOLDEN / "aar.pth"), "--sat", str(GOLDEN / "sat_release.pt"), "--clap", "spectral",
+            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--device", "cpu"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| octopus | 2 | 1 |" in printed and "index.html" in printed
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["failures"] == []
+    assert results["meta"]["conditioner"] == "spectral"
+    assert results["meta"]["model"] == "aar.pth+sat_release.pt"
+    groups = {(g["codec"], g["bits"]): g for g in results["groups"]}
+    none = groups[("none", None)]["metrics"]
+    # the patch with codec none reproduces the unpatched reference bit for bit
+    assert (none["lsd_db"]["mean"], none["snr_db"]["mean"], none["latent_cos"]["mean"]) == (0.0, 120.0, 1.0)
+    octo = groups[("octopus", 2)]
+    assert octo["clips_ok"] == 1 and octo["ratio"]["mean"] > 1.0 and octo["k_bits"]["mean"] < 16.0
+    assert octo["metrics"]["snr_db"]["mean"] < 120.0
+
+    names = sorted(p.name for p in (out / "wav").iterdir())
+    assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav", "misc_crow__none.wav",
+                     "misc_crow__octopus_b2.wav"]
+    info = sf.info(out / "wav" / "misc_crow__octopus_b2.wav")
+    assert (info.samplerate, info.frames) == (24000, 24000)
+
+    # the reference is what aar_patch.generate gives for the stored condition and the run's sampling settings
+    saved = np.load(out / "refs" / "misc_crow.npz")
+    pipe = aar_patch.load_aar(str(GOLDEN / "aar.pth"), str(GOLDEN / "sat_release.pt")).eval()
+    with torch.inference_mode():
+        gen = aar_patch.generate(pipe, torch.from_numpy(saved["cond"])[None], cfg=4.0, top_k=200, top_p=0.95,
+                                 seed=42)
+    np.testing.assert_array_equal(gen.fhat[0].numpy(), saved["fhat"])
+    np.testing.assert_array_equal(gen.audio[0, 0].numpy(), saved["audio"])
+
+    # rerunning the same command has nothing left to do and rewrites the same report
+    before = (out / "results.json").read_text()
+    assert main(args) == 0
+    assert (out / "results.json").read_text() == before
