@@ -56,6 +56,10 @@ def _bits_label(bits: int | None) -> str:
     return "native" if bits is None else str(bits)
 
 
+def _job_label(codec: str, bits: int | None) -> str:
+    return f"{codec} (native)" if bits is None else f"{codec} b{bits}"
+
+
 def table_markdown(groups: list[dict], meta: dict) -> str:
     head = (["codec", "bits", "clips"] + [f"{m.label} mean [min, max]" for m in METRICS]
             + [k[1] for k in KV_FIELDS])
@@ -188,7 +192,7 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
         summary.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     summary.append("</table>")
     head = ("<tr><th>clip</th><th>input (24 kHz, 10 s)</th><th>reference (uncompressed)</th>"
-            + "".join(f"<th>{html.escape(c)} {html.escape(_bits_label(b))}</th>" for c, b in jobs) + "</tr>")
+            + "".join(f"<th>{html.escape(_job_label(c, b))}</th>" for c, b in jobs) + "</tr>")
     body = []
     for clip in clips:
         cid = clip["clip"]
@@ -200,7 +204,7 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
         for codec, bits in jobs:
             row = by_key.get((cid, codec, bits))
             name = wav_name(cid, codec, bits)
-            label = f"{codec} {_bits_label(bits)}"
+            label = _job_label(codec, bits)
             if row is None or row["status"] != "ok":
                 why = "not run" if row is None else f"failed ({row['stage']}): {row['error']}"
                 cells.append(f"<td><div class='err'>{html.escape(label)}: {html.escape(why)}</div></td>")
