@@ -1,0 +1,101 @@
+"""The synthetic probe: the paper's orderings (issue 2) on a small run, the report files and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from octopus_audio.cli import main
+from octopus_audio.probe import ProbeConfig, render_markdown, run_probe
+
+BITS = (2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def small_probe() -> dict:
+    # few draws, fewer keys than the paper's 1024, a small needle test and no full search (that is tested in
+    # test_octahedral), so it runs in seconds on 2 cores
+    config = ProbeConfig(d=128, seeds=2, needle_seeds=1, n_keys=256, n_distractors=255, bits=BITS,
+                         rounding_modes=("scalar", "local3x3"))
+    return run_probe(config)
+
+
+def _row(results: dict, codec: str, b: int) -> dict:
+    return next(r for r in results["rows"] if r["codec"] == codec and r["bits"] == b)
+
+
+@pytest.mark.parametrize("b", BITS)
+def test_octopus_mse_below_turboquant_mse(small_probe, b):
+    ratio = _row(small_probe, "turboquant-mse", b)["mse"][0] / _row(small_probe, "octopus", b)["mse"][0]
+    assert ratio > 1.0
+    if b == 4:
+        assert ratio >= 1.2
+
+
+def test_octopus_mse_at_least_2x_below_polarquant_at_b2(small_probe):
+    assert _row(small_probe, "polarquant", 2)["mse"][0] >= 2 * _row(small_probe, "octopus", 2)["mse"][0]
+
+
+@pytest.mark.parametrize("b", BITS)
+def test_split_b_plus_1_is_the_minimum_of_the_diagonal(small_probe, b):
+    entries = [e for e in small_probe["sweep"] if e["bits"] == b and "mse" in e]
+    assert {e["delta"] for e in entries} >= {-1, 0, 1, 2}
+    best = min(entries, key=lambda e: e["mse"][0])
+    assert (best["dir_bits"], best["rho_bits"]) == (b + 1, b - 1)
+
+
+@pytest.mark.parametrize("b", BITS)
+def test_octopus_qjl_inner_product_error_below_turboquant_qjl(small_probe, b):
+    assert _row(small_probe, "octopus-qjl", b)["ip_abs_error"][0] < _row(small_probe, "turboquant-qjl", b)[
+        "ip_abs_error"][0]
+
+
+@pytest.mark.parametrize("b", BITS)
+def test_local3x3_rounding_beats_scalar(small_probe, b):
+    modes = {e["rounding"]: e["mse"][0] for e in small_probe["ablation"] if e["bits"] == b}
+    assert modes["local3x3"] < modes["scalar"]
+
+
+def test_turboquant_mse_matches_its_lloyd_max_figure(small_probe):
+    for b, per_vector in {2: 0.1160, 3: 0.03397, 4: 0.00931}.items():
+        assert _row(small_probe, "turboquant-mse", b)["mse"][0] * 128 == pytest.approx(per_vector, rel=0.03)
+
+
+def test_bits_and_bytes_columns(small_probe):
+    for r in small_probe["rows"]:
+        assert r["bytes_per_key"] == pytest.approx(r["bits_per_coordinate"] * 128 / 8)
+    # 43 codes x 7 bits in 10 int32 words, plus the bf16 norm
+    assert _row(small_probe, "octopus", 2)["bytes_per_key"] == 4 * 10 + 2
+    assert 0.5 < small_probe["fp32_needle_mass"][0] <= 1.0
+
+
+def test_report_has_paper_columns_and_is_json(small_probe):
+    text = render_markdown(small_probe)
+    assert "| paper | difference |" in text
+    assert "## Octopus bit split" in text and "## Octopus rounding" in text
+    json.dumps(small_probe)
+    claims = {c["claim"] for c in small_probe["comparisons"] if "paper" in c}
+    assert "MSE ratio polarquant / octopus" in claims
+
+
+def test_probe_command_writes_table_and_json(tmp_path, capsys):
+    out = tmp_path / "probe"
+    code = main(["probe", "--d", "16", "--seeds", "1", "--needle-seeds", "1", "--bits", "2",
+                 "--codecs", "octopus,turboquant-mse", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {r["codec"] for r in results["rows"]} == {"octopus", "turboquant-mse"}
+    assert {e["rounding"] for e in results["ablation"]} == {"scalar", "local3x3", "full"}
+    assert "octopus" in (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--bits", "two"], "--bits"),
+    (["--d", "100"], "power of two"),
+    (["--codecs", "zip"], "allowed"),
+    (["--seeds", "0"], "seeds"),
+], ids=["bits", "d", "codecs", "seeds"])
+def test_probe_bad_arguments_exit_2(tmp_path, capsys, argv, needle):
+    assert main(["probe", "--out", str(tmp_path), *argv]) == 2
+    assert needle in capsys.readouterr().err
