@@ -272,6 +272,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--aar-lr", type=float, default=6e-4)
     train.add_argument("--sat-minutes", type=float, help="time budget of the tokenizer stage (fits its steps)")
     train.add_argument("--aar-minutes", type=float, help="time budget of the transformer stage (fits its steps)")
+    train.add_argument("--aar-precompute", type=int, default=0, metavar="N",
+                       help="tokenize N random crops once before the transformer stage and train on them "
+                            "(0: tokenize each batch's fresh crops)")
+    train.add_argument("--whiten-cond", action="store_true",
+                       help="initialise the condition MLP's first layer from the conditions' principal directions")
     train.add_argument("--ckpt-every", type=int, default=500)
     train.add_argument("--log-every", type=int, default=50)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -336,7 +341,8 @@ def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
 def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, out: Path):
     """Stage 2: the transformer on the frozen tokenizer's tokens. Returns the AAR (exported to out/aar.pth)."""
     from octopus_audio.aar_patch.aar import AAR
-    from octopus_audio.aar_patch.train_aar import AARLossConfig, aar_losses
+    from octopus_audio.aar_patch.train_aar import (AARLossConfig, aar_losses, aar_token_losses,
+                                                   precompute_tokens, whiten_condition_init_)
     from octopus_audio.aar_patch.train_data import sample_crops
 
     aar_cfg = model_configs(args.size)[1]
@@ -345,19 +351,37 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
                          f"{aar_cfg.cond_dim}; repack with a {aar_cfg.cond_dim}-d conditioner")
     aar = AAR(aar_cfg)
     aar.init_weights(seed=args.seed)
+    cond_NE = torch.from_numpy(data.cond).float()
+    if args.whiten_cond:
+        rows = whiten_condition_init_(aar, cond_NE)
+        log.info("aar: class_emb.fc1 rows 0..%d set to the whitened principal directions of the conditions",
+                 rows - 1)
     aar.to(device)
+    cond_NE = cond_NE.to(device)
     for p in sat.parameters():
         p.requires_grad_(False)
-    cond_NE = torch.from_numpy(data.cond).float().to(device)
     loss_cfg = AARLossConfig()
     cfg = StageConfig(steps=args.aar_steps, batch=args.aar_batch, lr=args.aar_lr, weight_decay=0.05,
                       ckpt_every=args.ckpt_every, log_every=args.log_every, grad_clip=2.0,
                       max_seconds=None if args.aar_minutes is None else args.aar_minutes * 60,
                       fit_steps=args.aar_minutes is not None)
     amp = device.type == "cuda"
-    torch.backends.cudnn.allow_tf32 = False  # the tokenizer's ids as its fp32 inference gives them
+    # the tokenizer's ids as its fp32 inference gives them (the transformer itself runs under bf16 autocast)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if args.aar_precompute:
+        crop_gen = step_generator(args.seed, "all", 0)
+        x_NLCv, target_NL, file_N = precompute_tokens(
+            sat, lambda count: sample_crops(data, count, crop_gen, sat.config.audio_length),
+            args.aar_precompute, 1024, device)
+        log.info("aar: tokenized %d crops once, up front", args.aar_precompute)
 
     def loss_fn(step: int, gen: torch.Generator):
+        if args.aar_precompute:
+            pick_B = torch.randint(args.aar_precompute, (cfg.batch,), generator=gen).to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                return aar_token_losses(aar, x_NLCv[pick_B], target_NL[pick_B], cond_NE[file_N[pick_B]],
+                                        loss_cfg, gen)
         audio_B1N, file_B = sample_crops(data, cfg.batch, gen, sat.config.audio_length)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             return aar_losses(aar, sat, audio_B1N.to(device), cond_NE[file_B.to(device)], loss_cfg, gen)
