@@ -143,9 +143,11 @@ class AdaLNBlock(nn.Module):
                 attn_bias: torch.Tensor | None) -> torch.Tensor:
         ada_B16C = self.ada_lin(cond_BD).view(-1, 1, 6, self.embed_dim)
         gamma1, gamma2, scale1, scale2, shift1, shift2 = ada_B16C.unbind(2)
-        h_BLC = self.ln_wo_grad(x_BLC).mul(scale1.add(1)).add_(shift1)
-        x_BLC = x_BLC + self.attn(h_BLC, attn_bias).mul_(gamma1)
-        return x_BLC + self.ffn(self.ln_wo_grad(x_BLC).mul(scale2.add(1)).add_(shift2)).mul(gamma2)
+        # addcmul: one pass for each modulation and each gated residual (fp32 out under bf16 autocast)
+        h_BLC = torch.addcmul(shift1, self.ln_wo_grad(x_BLC), scale1.add(1))
+        x_BLC = torch.addcmul(x_BLC, self.attn(h_BLC, attn_bias), gamma1)
+        h_BLC = torch.addcmul(shift2, self.ln_wo_grad(x_BLC), scale2.add(1))
+        return torch.addcmul(x_BLC, self.ffn(h_BLC), gamma2)
 
 
 class AdaLNBeforeHead(nn.Module):

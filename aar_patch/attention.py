@@ -51,15 +51,21 @@ class SelfAttention(nn.Module):
     def _qkv(self, x_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project and normalise: q (scaled), k (unit norm per head), v (with its bias); each [B, H, L, D].
 
-        The normalisation runs in fp32 whatever the compute dtype; q and k are returned in v's dtype.
+        In fp32 this is the release's math op for op. In half precision (autocast) the norms are computed in
+        fp32 and applied as one per-row factor, so q and k take one pass each and stay in v's dtype.
         """
         B, L, C = x_BLC.shape
         bias = torch.cat((self.q_bias, self.zero_k_bias, self.v_bias))
         qkv_BL3HD = F.linear(x_BLC, self.mat_qkv.weight, bias).view(B, L, 3, self.num_heads, self.head_dim)
         q_BHLD, k_BHLD, v_BHLD = qkv_BL3HD.permute(2, 0, 3, 1, 4).unbind(0)
         scale_mul_1H11 = self.scale_mul_1H11.clamp_max(self.max_scale_mul).exp()
-        q_BHLD = F.normalize(q_BHLD.float(), dim=-1).mul(scale_mul_1H11).to(v_BHLD.dtype)
-        k_BHLD = F.normalize(k_BHLD.float(), dim=-1).to(v_BHLD.dtype)
+        if v_BHLD.dtype == torch.float32:
+            return F.normalize(q_BHLD, dim=-1).mul(scale_mul_1H11), F.normalize(k_BHLD, dim=-1), v_BHLD
+        dtype = v_BHLD.dtype
+        q_norm_BHL1 = torch.linalg.vector_norm(q_BHLD, dim=-1, keepdim=True, dtype=torch.float32)
+        k_norm_BHL1 = torch.linalg.vector_norm(k_BHLD, dim=-1, keepdim=True, dtype=torch.float32)
+        q_BHLD = q_BHLD * (scale_mul_1H11.float() / q_norm_BHL1.clamp_min(1e-12)).to(dtype)
+        k_BHLD = k_BHLD * (1.0 / k_norm_BHL1.clamp_min(1e-12)).to(dtype)
         return q_BHLD, k_BHLD, v_BHLD
 
     @staticmethod

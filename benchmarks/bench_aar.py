@@ -147,6 +147,31 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
+def profile(pipe: AARPipeline, batch: int, out: Path) -> None:
+    """Top CUDA kernels of one bf16 eager generation at `batch` and the tokenizer decode's time, to `out`."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cond, s = random_condition(batch, pipe.device), SamplingConfig()
+    generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=True)
+    sync(pipe.device)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=True)
+        sync(pipe.device)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    f_hat = torch.randn(batch, pipe.aar.config.latent_dim, pipe.aar.config.patch_nums[-1], device=pipe.device)
+    with torch.inference_mode():
+        pipe.sat.decode(f_hat)
+        sync(pipe.device)
+        t = time.perf_counter()
+        pipe.sat.decode(f_hat)
+        sync(pipe.device)
+    decode_s = time.perf_counter() - t
+    text = f"bf16 eager generation, B={batch}; tokenizer decode alone: {decode_s:.4f} s\n{table}"
+    out.write_text(text)
+    print(text[:6000], flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write (JSON beside it)")
@@ -156,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("full", "small"), default="full")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--commit", default="unknown", help="git commit of the benchmarked tree")
+    parser.add_argument("--profile", type=int, default=0, metavar="B",
+                        help="also profile one bf16 generation at batch B (written beside --out)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     modes = args.modes.split(",")
@@ -194,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             write(args.out, rows, meta)  # after every row: a run cut short keeps what it measured
     print(write(args.out, rows, meta))
+    if args.profile:
+        profile(pipe, args.profile, args.out.with_name(args.out.stem + "_profile.txt"))
     return 0
 
 
