@@ -140,10 +140,29 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
     return None
 
 
+def plan(codecs: list[str], batches: list[int], full: int) -> list[tuple[str, str, int]]:
+    """Tasks (codec, what, batch) in priority order: the first `full` codecs completely (batches, cache
+    memory check, max batch), then `none+patch` at one batch, then the other codecs' batches, checks and max
+    batches, so a deadline cuts the least important work."""
+    plain = [c for c in codecs if c != "none+patch"]
+    first, rest = plain[:full], plain[full:]
+
+    def tasks(names: list[str], what: str) -> list[tuple[str, str, int]]:
+        if what == "batches":
+            return [(n, what, b) for n in names for b in batches]
+        return [(n, what, 0) for n in names if what != "memcheck" or n != "none"]
+
+    out = [t for n in first for what in ("batches", "memcheck", "max") for t in tasks([n], what)]
+    if "none+patch" in codecs:
+        out.append(("none+patch", "batches", sorted(batches)[len(batches) // 2]))
+    return out + tasks(rest, "batches") + tasks(rest, "memcheck") + tasks(rest, "max")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--codecs",
-                   default="none,octopus,turboquant-mse,polarquant,octopus-qjl,turboquant-qjl,none+patch")
+                   default="none,octopus,none+patch,turboquant-mse,polarquant,octopus-qjl,turboquant-qjl")
+    p.add_argument("--full", type=int, default=2, help="codecs (from the start of --codecs) measured first")
     p.add_argument("--bits", type=int, default=2)
     p.add_argument("--batches", default="1,64,256")
     p.add_argument("--budget-gib", type=float, default=16.0)
@@ -159,25 +178,25 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     pipe = build_pipeline(args.small, args.device)
     timer = DecodeTimer(pipe, args.device)
-    batches = [int(b) for b in args.batches.split(",")]
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     report: dict = {"gpu": gpu, "torch": torch.__version__, "bits": args.bits, "budget_gib": args.budget_gib,
-                    "codecs": {}, "skipped": []}
+                    "codecs": {}, "skipped": [], "setup_s": time.perf_counter() - start}
     out_json = args.out / "patch_bench.json"
     ref_tokens: dict[int, list] = {}
-    for name in args.codecs.split(","):
-        if time.perf_counter() - start > args.deadline_s:
-            report["skipped"].append(name)
+    codecs = args.codecs.split(",")
+    for name, what, batch in plan(codecs, [int(b) for b in args.batches.split(",")], args.full):
+        entry = report["codecs"].setdefault(name, {"rows": []})
+        if time.perf_counter() - start > args.deadline_s or entry.get("error"):
+            report["skipped"].append(f"{name} {what} {batch or ''}".strip())
+            continue
+        if what != "batches" and args.device != "cuda":
             continue
         codec = "none" if name == "none+patch" else name
         handle = None if name == "none" else patch_aar(pipe, codec, args.bits)
-        entry: dict = {"rows": [], "repr": repr(handle)}
-        report["codecs"][name] = entry
+        entry["repr"] = repr(handle)
+        t0 = time.perf_counter()
         try:
-            for batch in batches:
-                if time.perf_counter() - start > args.deadline_s:
-                    entry.setdefault("skipped", []).append(batch)
-                    continue
+            if what == "batches":
                 row = measure(pipe, batch, args.device, timer, args.reps if batch > 1 else max(args.reps, 3))
                 tokens = row.pop("tokens")
                 if name == "none":
@@ -186,22 +205,19 @@ def main() -> None:
                     pairs = zip(tokens, ref_tokens[batch], strict=True)
                     row["tokens_equal_none"] = all(torch.equal(a, b) for a, b in pairs)
                 entry["rows"].append(row)
-                print(name, row, flush=True)
-                out_json.write_text(json.dumps(report, indent=1))
-            if handle is not None and args.device == "cuda" and time.perf_counter() - start < args.deadline_s:
+            elif what == "memcheck":
                 entry["memcheck"] = cache_memory_check(pipe, handle, args.memcheck_batch, args.device)
-                print(name, "memcheck", entry["memcheck"], flush=True)
-            in_time = time.perf_counter() - start < args.deadline_s
-            if args.device == "cuda" and name != "none+patch" and in_time:
+            else:
                 entry["max_batch"] = max_batch(pipe, entry["rows"], args.budget_gib * GIB, args.device, timer,
                                                args.reps)
-                print(name, "max batch", entry["max_batch"], flush=True)
         except torch.cuda.OutOfMemoryError as e:
-            entry["error"] = f"out of memory: {e}"[:300]
+            entry["error"] = f"{what} {batch}: out of memory: {e}"[:300]
             torch.cuda.empty_cache()
         finally:
             if handle is not None:
                 handle.unpatch(abandon=True)
+        entry.setdefault("task_seconds", {})[f"{what} {batch}"] = time.perf_counter() - t0
+        print(name, what, batch, {k: v for k, v in entry.items() if k != "task_seconds"}, flush=True)
         out_json.write_text(json.dumps(report, indent=1))
     report["wall_s"] = time.perf_counter() - start
     out_json.write_text(json.dumps(report, indent=1))
