@@ -133,6 +133,7 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
         if batch < 8:
             return None
         row = measure(pipe, batch, device, timer, reps)
+        row.pop("tokens")
         if row["peak_gib"] * GIB <= budget:
             row["fit_gib_per_sample"] = slope / GIB
             return row
@@ -217,7 +218,9 @@ def main() -> None:
             if handle is not None:
                 handle.unpatch(abandon=True)
         entry.setdefault("task_seconds", {})[f"{what} {batch}"] = time.perf_counter() - t0
-        print(name, what, batch, {k: v for k, v in entry.items() if k != "task_seconds"}, flush=True)
+        last = {"batches": (entry["rows"] or [None])[-1], "memcheck": entry.get("memcheck"),
+                "max": entry.get("max_batch")}[what]
+        print(name, what, batch, f"{time.perf_counter() - t0:.1f}s", last, entry.get("error", ""), flush=True)
         out_json.write_text(json.dumps(report, indent=1))
     report["wall_s"] = time.perf_counter() - start
     out_json.write_text(json.dumps(report, indent=1))
