@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--clip", type=Path, default=None, help="audio clip to condition on (through CLAP)")
     source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
-    parser.add_argument("--clap", default=None, help="CLAP backend for --clip (local dir, hub id or file)")
+    parser.add_argument("--clap", default="auto",
+                        help="conditioner for --clip: auto, spectral, hf:ID_OR_DIR or laion:FILE (auto)")
     parser.add_argument("--seed", type=int, default=42, help="sampling seed (default: 42)")
     parser.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default: 4)")
     parser.add_argument("--top-k", type=int, default=200, help="keep the k likeliest ids; 1 is greedy (200)")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     device = _device(args.device)
-    cond_BE = _load_condition(args)
+    cond_BE = _load_condition(args, device)
     tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
     stem = (args.cond or args.clip).stem
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
@@ -104,13 +105,39 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _load_condition(args: argparse.Namespace) -> np.ndarray:
-    """The (B, 512) condition from --cond (or --clip), repeated to --batch rows when it has one row."""
-    if args.clip is not None:
-        # hook for the evaluation conditioner (CLAP or its offline stand-in), which another issue delivers
-        raise UsageError("--clip needs the CLAP conditioner, which is not available yet; pass "
-                         "--cond FILE.npy with a (B, 512) array instead")
-    path = args.cond
+def _load_condition(args: argparse.Namespace, device: str) -> np.ndarray:
+    """The (B, 512) condition from --cond or --clip, repeated to --batch rows when it has one row."""
+    cond = _condition_from_clip(args.clip, args.clap, device) if args.clip else _read_cond(args.cond)
+    if args.batch is not None:
+        if cond.shape[0] == 1:
+            cond = np.repeat(cond, args.batch, axis=0)
+        elif cond.shape[0] != args.batch:
+            raise UsageError(f"--batch {args.batch} repeats a single condition, but {args.cond} has "
+                             f"{cond.shape[0]} rows; drop --batch or pass a (1, 512) array")
+    return cond.astype(np.float32)
+
+
+def _condition_from_clip(path: Path, spec: str, device: str) -> np.ndarray:
+    """(1, 512): the clip's embedding, prepared as `octopus-audio eval` prepares it (10 s at 48 kHz)."""
+    if not path.is_file():
+        raise UsageError(f"the clip {path} does not exist")
+    try:
+        from octopus_audio.eval.conditioning import make_conditioner
+        from octopus_audio.eval.sources import CLAP_RATE, ClipRef, decode, prepare
+    except ModuleNotFoundError as e:
+        raise UsageError(f"--clip needs the package `{e.name}` (pip install 'octopus-audio[eval]'); or pass "
+                         f"--cond FILE.npy") from e
+    try:
+        clip = decode(ClipRef(clip_id=path.stem, origin=str(path), path=str(path)))
+    except Exception as e:  # soundfile raises its own error types for unreadable files
+        raise UsageError(f"could not read the clip {path} as audio ({type(e).__name__}: {e})") from e
+    conditioner = make_conditioner(spec, device)
+    print(f"conditioning on {path} with the `{conditioner.name}` conditioner")
+    return np.asarray(conditioner.embed(prepare(clip, CLAP_RATE)), dtype=np.float32)[None]
+
+
+def _read_cond(path: Path) -> np.ndarray:
+    """A (B, 512) float array from a .npy file."""
     if not path.is_file():
         raise UsageError(f"the condition file {path} does not exist")
     try:
@@ -124,13 +151,7 @@ def _load_condition(args: argparse.Namespace) -> np.ndarray:
     if not np.issubdtype(cond.dtype, np.floating):
         raise UsageError(f"the condition in {path} must be a float array of shape (B, 512); "
                          f"got dtype {cond.dtype}")
-    if args.batch is not None:
-        if cond.shape[0] == 1:
-            cond = np.repeat(cond, args.batch, axis=0)
-        elif cond.shape[0] != args.batch:
-            raise UsageError(f"--batch {args.batch} repeats a single condition, but {path} has "
-                             f"{cond.shape[0]} rows; drop --batch or pass a (1, 512) array")
-    return cond.astype(np.float32)
+    return cond
 
 
 def _apply_codec(pipe, args: argparse.Namespace):

@@ -65,17 +65,32 @@ def test_cli_reproduces_golden_greedy_run(golden, tmp_path, capsys):
     assert "cond_000_seed0_none.wav already exists (and 2 more); pass --overwrite" in capsys.readouterr().err
 
 
-def test_batch_repeats_a_single_condition(golden, tmp_path):
-    io, _ = golden
-    one = tmp_path / "one.npy"
-    np.save(one, io["cond"][:1].numpy())
-    out = tmp_path / "wav"
-    assert main(model_args() + ["--cond", str(one), "--batch", "3", "--top-k", "1", "--seed", "0",
-                                "--precision", "fp32", "--out", str(out)]) == 0
+def test_clip_is_conditioned_like_eval_and_batch_repeats_it(golden, tmp_path, capsys):
+    pytest.importorskip("soundfile")
+    from octopus_audio.eval.conditioning import SpectralConditioner
+    from octopus_audio.eval.sources import CLAP_RATE, ClipRef, decode, prepare
+
+    clip = tmp_path / "tone.wav"
+    t = np.arange(int(1.5 * 48000)) / 48000
+    write_wav(clip, (0.3 * np.sin(2 * np.pi * 440 * t) * np.exp(-t)).astype(np.float32), 48000)
+    out, latents = tmp_path / "wav", tmp_path / "lat.pt"
+    assert main(model_args() + ["--clip", str(clip), "--clap", "spectral", "--batch", "3", "--top-k", "1",
+                                "--seed", "0", "--precision", "fp32", "--save-latents", str(latents),
+                                "--out", str(out)]) == 0
+    assert "with the `spectral` conditioner" in capsys.readouterr().out
     wavs = sorted(out.glob("*.wav"))
-    assert len(wavs) == 3
+    assert [w.name for w in wavs] == [f"tone_{i:03d}_seed0_none.wav" for i in range(3)]
     pcm = [read_wav(w)[2] for w in wavs]
     assert np.array_equal(pcm[0], pcm[2])  # greedy: the same condition gives the same audio
+    # the condition is the one `octopus-audio eval` computes for this clip: regenerate from it and compare
+    cond = SpectralConditioner().embed(prepare(decode(ClipRef("tone", "test", path=str(clip))), CLAP_RATE))
+    cond_file = tmp_path / "tone_cond.npy"
+    np.save(cond_file, cond[None])
+    assert main(model_args() + ["--cond", str(cond_file), "--top-k", "1", "--seed", "0", "--precision",
+                                "fp32", "--save-latents", str(tmp_path / "ref.pt"),
+                                "--out", str(tmp_path / "ref")]) == 0
+    ours, ref = torch.load(latents, weights_only=True), torch.load(tmp_path / "ref.pt", weights_only=True)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ours["tokens"], ref["tokens"], strict=True))
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -101,9 +116,12 @@ def test_wrong_condition_shape_exits_2_with_expected_shape(tmp_path, capsys, sha
     assert "(B, 512)" in capsys.readouterr().err
 
 
-def test_clip_without_conditioner_and_missing_inputs_exit_2(tmp_path, capsys):
+def test_missing_inputs_exit_2(tmp_path, capsys):
     assert main(["generate", "--clip", str(tmp_path / "a.wav"), "--out", str(tmp_path)]) == 2
-    assert "pass --cond FILE.npy" in capsys.readouterr().err
+    assert "a.wav does not exist" in capsys.readouterr().err
+    (tmp_path / "junk.wav").write_text("not audio")
+    assert main(["generate", "--clip", str(tmp_path / "junk.wav"), "--out", str(tmp_path)]) == 2
+    assert "could not read the clip" in capsys.readouterr().err
     assert main(["generate", "--out", str(tmp_path)]) == 2
     assert "pass --cond FILE.npy" in capsys.readouterr().err
     assert main(["generate", "--cond", str(tmp_path / "none.npy"), "--out", str(tmp_path)]) == 2
