@@ -3,6 +3,7 @@
 import triton
 import triton.language as tl
 
+from .bits import bf16_value
 from .codec_decode import (
     OCTOPUS,
     OCTOPUS_QJL,
@@ -31,6 +32,14 @@ def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
         return tl.dot(a, b, input_precision=PREC)
     else:
         return tl.sum(tl.reshape(a, (b.shape[0], 1)) * b, axis=0)[None, :]
+
+
+@triton.jit
+def _store_out(ptr, o, mask):
+    """Store fp32 o in ptr's dtype, bf16 rounded to nearest even (the CPU interpreter's own cast truncates)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        o = bf16_value(o)
+    tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -141,7 +150,7 @@ def _attn_fwd_kernel(
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if DIRECT:
-        tl.store(out_ptr + qrow[:, None] * D + dcol, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        _store_out(out_ptr + qrow[:, None] * D + dcol, o, row_ok[:, None])
     else:
         part = pid_s * total_rows + qrow
         tl.store(opart_ptr + part[:, None] * D + dcol, o, mask=row_ok[:, None])
@@ -167,4 +176,4 @@ def _merge_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.const
         acc += w[:, None] * o
         den += w
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(out_ptr + rows[:, None] * D + dcol, out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    _store_out(out_ptr + rows[:, None] * D + dcol, out, ok[:, None])

@@ -1,0 +1,211 @@
+"""Fused attention over the compressed store + native window vs decode-then-softmax with the codec library.
+
+Runs the Triton kernels on the CPU under TRITON_INTERPRET=1 (set at import, before triton.jit decorates the
+kernels; `kernel_ops` re-imports them if another test imported them first). With
+OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
+"""
+
+import importlib
+import math
+import os
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from octopus_audio import backend  # noqa: E402
+from octopus_audio.cache import CompressedKVCache  # noqa: E402
+from octopus_audio.codecs import get_codec  # noqa: E402
+from octopus_audio.codecs.base import KeyState  # noqa: E402
+from octopus_audio.kernels import PackedKeys, PackedValues, naive  # noqa: E402
+from octopus_audio.values import ValueQuantizer, ValueState  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
+
+
+def _blas_interpreter_dot() -> None:
+    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which numpy
+    skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the same fp32
+    dot through BLAS."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    slow = getattr(builder, "create_dot", None)
+    if slow is None or getattr(slow, "blas", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
+            prod = np.matmul(np.ascontiguousarray(a.data), np.ascontiguousarray(b.data))
+            return interpreter.TensorHandle(prod + d.data, d.dtype.scalar)
+        return slow(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot.blas = True
+    builder.create_dot = create_dot
+
+
+def kernel_ops():
+    """octopus_audio.kernels.ops with interpreted kernels on the CPU (re-decorated if imported before)."""
+    from octopus_audio.kernels import flash_decode, ops
+
+    if DEVICE == "cpu":
+        _blas_interpreter_dot()
+
+    if DEVICE == "cpu" and type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
+        import octopus_audio.kernels as pkg
+        from octopus_audio.kernels import bits, codec_decode, encode
+
+        for module in (bits, codec_decode, flash_decode, encode, ops, pkg):
+            importlib.reload(module)
+    return ops
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    """Relative RMS error within tol (max abs error reported alongside)."""
+    got, want = got.double().cpu(), want.double().cpu()
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel <= tol, f"relative RMS error {rel:.2e} > {tol:.0e} (max abs {(got - want).abs().max().item():.2e})"
+
+
+def make_case(name, bits, *, tq, length, window, d, groups, dtype, heads=1, seed=0):
+    """Random q, a store of random packed codes (capacity length + 3; any bit pattern is a valid code) and a
+    native window; returns the library codec and quantizer that decode the store."""
+    g = torch.Generator().manual_seed(seed)
+    codec = get_codec(name, bits, d, seed=seed + 1)
+    quant = ValueQuantizer(bits, d)
+    cap = length + 3
+
+    def words(n):
+        return torch.randint(-2**31, 2**31, (1, heads, cap, n), generator=g, dtype=torch.int64).to(torch.int32)
+
+    def positive(scale, dtype_):
+        return (torch.rand(1, heads, cap, generator=g) * scale + 0.1 * scale).to(dtype_)
+
+    ks = KeyState(dtype=dtype, codes=words(codec.code_words), gamma=positive(math.sqrt(d), torch.bfloat16),
+                  signs=words(-(-d // 32)) if codec.qjl else None,
+                  gamma_r=positive(0.3, torch.bfloat16) if codec.qjl else None)
+    vs = ValueState(dtype=dtype, codes=words(-(-d * bits // 32)),
+                    scale=(torch.rand(1, heads, cap, d // 16, generator=g) / 2**bits).half(),
+                    minimum=(torch.randn(1, heads, cap, d // 16, generator=g) - 0.5).half())
+    q = (torch.randn(1, heads * groups, tq, d, generator=g) * 2 / math.sqrt(d)).to(dtype)
+    k_win = torch.randn(1, heads, window, d, generator=g).to(dtype)
+    v_win = torch.randn(1, heads, window, d, generator=g).to(dtype)
+    keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
+    values = PackedValues(vs.codes, vs.scale, vs.minimum, bits)
+    return codec, quant, q, keys, values, ks, vs, k_win, v_win
+
+
+def reference(codec, quant, q, ks, vs, length, k_win, v_win, scale):
+    """Decode with the library, one float64 softmax over [store; window]."""
+    heads = ks.codes.shape[1]
+    k_all = [codec.decode(ks.slice_t(0, length), torch.float32).double(), k_win.double()]
+    v_all = [quant.decode(vs.slice_t(0, length), torch.float32).double(), v_win.double()]
+    k_all, v_all = torch.cat(k_all, 2), torch.cat(v_all, 2)
+    grp = q.shape[1] // heads
+    k_all, v_all = k_all.repeat_interleave(grp, 1), v_all.repeat_interleave(grp, 1)
+    p = torch.softmax(q.double() @ k_all.mT * scale, -1)
+    return p @ v_all
+
+
+def _to(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+# query block, store length, window tokens, head dim, GQA ratio, dtype, forced split count
+SHAPES = {
+    "q1-L2000-w1-d64-g1-fp32": (1, 2000, 1, 64, 1, torch.float32, None),
+    "q33-L0-w1-d128-g4-bf16": (33, 0, 1, 128, 4, torch.bfloat16, None),
+    "q75-L1-w0-d64-g4-fp32": (75, 1, 0, 64, 4, torch.float32, None),
+    "q128-L455-w1-d128-g1-bf16": (128, 455, 1, 128, 1, torch.bfloat16, None),
+    "q1-L2000-w0-d128-g4-fp32-split3": (1, 2000, 0, 128, 4, torch.float32, 3),
+    "q75-L455-w7-d64-g1-bf16-split2": (75, 455, 7, 64, 1, torch.bfloat16, 2),
+}
+CODEC_BITS = [(n, b) for n in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+              for b in (2, 3, 4)]
+# each codec x bits gets two shapes, rotating so every codec meets every shape
+CASES = [(n, b, shape) for i, (n, b) in enumerate(CODEC_BITS)
+         for shape in (list(SHAPES)[(2 * i) % 6], list(SHAPES)[(2 * i + 1) % 6])]
+
+
+@pytest.mark.parametrize("name,bits,shape", CASES, ids=[f"{n}-b{b}-{s}" for n, b, s in CASES])
+def test_attention_matches_decoded_reference(name, bits, shape):
+    tq, length, window, d, groups, dtype, splits = SHAPES[shape]
+    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
+        name, bits, tq=tq, length=length, window=window, d=d, groups=groups, dtype=dtype, seed=bits,
+        heads=2 if length <= 1 else 1)
+    scale = 0.7 / math.sqrt(d)
+    want = reference(codec, quant, q, ks, vs, length, k_win, v_win, scale).to(dtype)  # as attend_reference
+    kc = backend.kernel_codec(codec, keys.codes.shape[1], DEVICE)
+    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
+    q_d, kw, vw = _to(DEVICE, q, k_win, v_win)
+    got = kernel_ops().attention(q_d, keys, values, length, kw, vw, kc, scale=scale, num_splits=splits)
+    assert got.dtype == dtype and got.shape == q.shape
+    assert_close(got, want, TOL[dtype])
+
+
+@pytest.mark.parametrize("directions", ["table", "unfold"])
+def test_octopus_direction_decodes_agree(directions):
+    """Both octopus direction decodes (table lookup, in-register unfold) match the library."""
+    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
+        "octopus", 3, tq=5, length=200, window=1, d=64, groups=1, dtype=torch.float32, heads=2)
+    want = reference(codec, quant, q, ks, vs, 200, k_win, v_win, 1 / 8)
+    kc = backend.kernel_codec(codec, 2, DEVICE)
+    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
+    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), 3)
+    got = kernel_ops().attention(*_to(DEVICE, q), keys, values, 200, *_to(DEVICE, k_win, v_win), kc,
+                                 octopus_directions=directions)
+    assert_close(got, want, TOL[torch.float32])
+
+
+def test_naive_reference_matches_library():
+    """kernels.naive (the launchers' plain-PyTorch twin) agrees with the library's decode-then-softmax."""
+    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
+        "octopus-qjl", 2, tq=3, length=50, window=2, d=64, groups=2, dtype=torch.float32, heads=2)
+    kc = backend.kernel_codec(codec, 2, "cpu")
+    want = reference(codec, quant, q, ks, vs, 50, k_win, v_win, 0.125)
+    assert_close(naive.attention(q, keys, values, 50, k_win, v_win, kc, scale=0.125), want, 1e-5)
+    enc = naive.encode_keys(torch.randn(1, 2, 9, 64), kc)
+    assert enc.codes.shape == (1, 2, 9, codec.code_words) and enc.signs.shape == (1, 2, 9, 2)
+
+
+def test_cache_attend_runs_the_kernels(monkeypatch):
+    """CompressedKVCache with the triton backend (encode + attention kernels) equals its reference path."""
+    kernel_ops()
+    torch.manual_seed(0)
+    cache = CompressedKVCache("octopus", 2, 64, window=1, seed=4)
+    ref = CompressedKVCache("octopus", 2, 64, window=1, seed=4)
+    units = [(torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64), torch.randn(1, 4, 3, 64)) for n in (1, 2, 4)]
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    outs = []
+    for k, v, q in units:
+        cache.append(*_to(DEVICE, k, v))
+        outs.append(cache.attend(q.to(DEVICE), 0.125))  # the first attends to the window only
+    assert cache.backend == "triton"
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    for (k, v, q), out in zip(units, outs):
+        ref.append(k, v)
+        assert_close(out, ref.attend(q, 0.125), 1e-5)
+    assert torch.equal(cache.store.keys.codes.cpu(), ref.store.keys.codes)
+
+
+def test_attention_rejects_bad_inputs():
+    codec, quant, q, keys, values, *_ = make_case("octopus", 2, tq=2, length=0, window=0, d=64, groups=1,
+                                                  dtype=torch.float32, heads=2)
+    kc = backend.kernel_codec(codec, 2, DEVICE)
+    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
+    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), 2)
+    ops = kernel_ops()
+    with pytest.raises(ValueError, match="at least one key"):
+        ops.attention(q.to(DEVICE), keys, values, 0, None, None, kc)
+    with pytest.raises(ValueError, match="KV heads"):
+        ops.attention(torch.zeros(1, 3, 2, 64, device=DEVICE), keys, values, 1, None, None, kc)
+    with pytest.raises(ValueError, match="capacity"):
+        ops.attention(q.to(DEVICE), keys, values, 4, None, None, kc)
+    bad = PackedKeys(keys.codes, keys.gamma.float())
+    with pytest.raises(ValueError, match="keys.gamma"):
+        ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
