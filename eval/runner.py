@@ -302,10 +302,14 @@ def write_wav(path: Path, audio_T: np.ndarray, sample_rate: int) -> None:
 def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int):
     """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it."""
     path = out_dir / "refs" / f"{ref.clip_id}.npz"
+    wav = out_dir / "wav" / wav_name(ref.clip_id, "reference", None)
     if path.is_file():
         with np.load(path) as saved:
             if saved["cond"].shape == cond_D.shape and np.array_equal(saved["cond"], cond_D):
-                return saved["audio"], saved["fhat"]
+                audio, fhat = saved["audio"], saved["fhat"]
+                if not wav.is_file():
+                    write_wav(wav, audio, backend.sample_rate)
+                return audio, fhat
         log.warning("%s was made with another condition; generating the reference again", path)
     audio, fhat = backend.generate(cond_D, seed)
     audio, fhat = np.asarray(audio, dtype=np.float32), np.asarray(fhat, dtype=np.float32)
@@ -313,7 +317,7 @@ def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, audio=audio, fhat=fhat, cond=cond_D)
     os.replace(tmp, path)
-    write_wav(out_dir / "wav" / wav_name(ref.clip_id, "reference", None), audio, backend.sample_rate)
+    write_wav(wav, audio, backend.sample_rate)
     return audio, fhat
 
 
