@@ -68,6 +68,7 @@ def test_bits_and_bytes_columns(small_probe):
     # 43 codes x 7 bits in 10 int32 words, plus the bf16 norm
     assert _row(small_probe, "octopus", 2)["bytes_per_key"] == 4 * 10 + 2
     assert 0.5 < small_probe["fp32_needle_mass"][0] <= 1.0
+    assert set(small_probe["fp32_needle_mass_by_needle_norm"]) == {"sqrt_d", "gaussian"}
 
 
 def test_report_has_paper_columns_and_is_json(small_probe):
