@@ -61,7 +61,8 @@ def model_configs(size: str):
 @dataclass(frozen=True)
 class StageConfig:
     """Optimisation settings of one stage. `max_seconds` stops the stage early (checkpointed, resumable);
-    with `fit_steps`, a fresh stage shortens `steps` after `probe_steps` timed steps so that it ends in time."""
+    with `fit_steps`, a fresh stage shortens `steps` after `probe_steps` timed steps so that it ends in time;
+    `stop_after` ends this call after that many steps (checkpointed, resumable), e.g. to split a run."""
 
     steps: int
     batch: int
@@ -76,6 +77,7 @@ class StageConfig:
     max_seconds: float | None = None
     fit_steps: bool = False
     probe_steps: int = 40
+    stop_after: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
@@ -136,7 +138,8 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
     count, probe_t0, fresh = 0, None, step == 0
     bar = tqdm(total=total, initial=step, desc=name, disable=not progress, dynamic_ncols=True)
     model.train()
-    while step < total:
+    stop_at = total if cfg.stop_after is None else min(total, step + cfg.stop_after)
+    while step < stop_at:
         if cfg.max_seconds is not None and time.monotonic() - t0 > cfg.max_seconds:
             log.warning("%s: time budget reached at step %d of %d; checkpointed, rerun to resume",
                         name, step, total)
@@ -167,9 +170,9 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
                 if fitted < total:
                     log.warning("%s: %.1f ms per step; %d steps fit the time budget (asked %d)",
                                 name, per_step * 1e3, fitted, total)
-                    total = fitted
+                    total, stop_at = fitted, min(stop_at, fitted)
                     bar.total = total
-        if step % cfg.log_every == 0 or step == total:
+        if step % cfg.log_every == 0 or step == stop_at:
             row = {"step": step, "lr": cfg.lr_at(step - 1, total), "seconds": round(time.monotonic() - t0, 1),
                    **{k: round(float(v) / count, 5) for k, v in sums.items()}}
             if not all(math.isfinite(v) for v in row.values()):
@@ -227,6 +230,7 @@ def _gather_sources(args: argparse.Namespace, scratch: Path) -> list[Path]:
 def prepare(args: argparse.Namespace, packed: Path) -> None:
     """Read, resample and embed the training files, and pack them under `packed`."""
     import numpy as np
+
     from octopus_audio.aar_patch import train_data
     from octopus_audio.eval import conditioning
 
@@ -277,6 +281,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(0: tokenize each batch's fresh crops)")
     train.add_argument("--whiten-cond", action="store_true",
                        help="initialise the condition MLP's first layer from the conditions' principal directions")
+    train.add_argument("--stop-after", type=int, metavar="STEPS",
+                       help="end each stage's call after STEPS more steps (checkpointed; a rerun resumes)")
     train.add_argument("--ckpt-every", type=int, default=500)
     train.add_argument("--log-every", type=int, default=50)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -291,7 +297,7 @@ def _device(spec: str) -> torch.device:
 
 
 def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: Path):
-    """Stage 1: the tokenizer. Returns the trained SAT (also exported to out/sat.pth)."""
+    """Stage 1: the tokenizer. Returns the SAT (also exported to out/sat.pth) and whether its stage is done."""
     from octopus_audio.aar_patch.sat import SAT
     from octopus_audio.aar_patch.train_data import sample_crops
     from octopus_audio.aar_patch.train_sat import codebooks_inited, sat_losses
@@ -302,7 +308,7 @@ def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: P
     cfg = StageConfig(steps=args.sat_steps, batch=args.sat_batch, lr=args.sat_lr, ckpt_every=args.ckpt_every,
                       log_every=args.log_every, betas=(0.8, 0.99),
                       max_seconds=None if args.sat_minutes is None else args.sat_minutes * 60,
-                      fit_steps=args.sat_minutes is not None)
+                      fit_steps=args.sat_minutes is not None, stop_after=args.stop_after)
     state = {"init": not (out / "sat_state.pt").is_file()}
 
     def loss_fn(step: int, gen: torch.Generator):
@@ -319,7 +325,7 @@ def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: P
     size = export_release(sat, out / "sat.pth", "generator_state_dict")
     log.warning("sat: step %d/%d, exported %s (%.2f MB)", summary["step"], summary["total_steps"],
                 out / "sat.pth", size / 1e6)
-    return sat.eval()
+    return sat.eval(), summary["step"] >= summary["total_steps"]
 
 
 def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
@@ -341,8 +347,13 @@ def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
 def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, out: Path):
     """Stage 2: the transformer on the frozen tokenizer's tokens. Returns the AAR (exported to out/aar.pth)."""
     from octopus_audio.aar_patch.aar import AAR
-    from octopus_audio.aar_patch.train_aar import (AARLossConfig, aar_losses, aar_token_losses,
-                                                   precompute_tokens, whiten_condition_init_)
+    from octopus_audio.aar_patch.train_aar import (
+        AARLossConfig,
+        aar_losses,
+        aar_token_losses,
+        precompute_tokens,
+        whiten_condition_init_,
+    )
     from octopus_audio.aar_patch.train_data import sample_crops
 
     aar_cfg = model_configs(args.size)[1]
@@ -364,7 +375,7 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
     cfg = StageConfig(steps=args.aar_steps, batch=args.aar_batch, lr=args.aar_lr, weight_decay=0.05,
                       ckpt_every=args.ckpt_every, log_every=args.log_every, grad_clip=2.0,
                       max_seconds=None if args.aar_minutes is None else args.aar_minutes * 60,
-                      fit_steps=args.aar_minutes is not None)
+                      fit_steps=args.aar_minutes is not None, stop_after=args.stop_after)
     amp = device.type == "cuda"
     # the tokenizer's ids as its fp32 inference gives them (the transformer itself runs under bf16 autocast)
     torch.backends.cudnn.allow_tf32 = False
@@ -416,19 +427,27 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    sat = train_sat_stage(args, data, device, out) if args.stage in ("sat", "all") else None
-    if args.stage in ("aar", "all"):
+    sat, sat_done = train_sat_stage(args, data, device, out) if args.stage in ("sat", "all") else (None, True)
+    if args.stage in ("aar", "all") and not sat_done:
+        log.warning("the tokenizer stage is not finished; rerun with the same --out to resume it before the "
+                    "transformer stage starts")
+    elif args.stage in ("aar", "all"):
         train_aar_stage(args, data, sat if sat is not None else load_trained_sat(args, device, out), device, out)
     (out / "train_args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
                                                      if not k.startswith("_")}, indent=1, default=str))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m octopus_audio.aar_patch.train ...`: the same as `octopus-audio train ...`."""
+def build_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse `train` arguments outside the `octopus-audio` dispatcher."""
     parser = argparse.ArgumentParser(prog="octopus-audio train", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m octopus_audio.aar_patch.train ...`: the same as `octopus-audio train ...`."""
+    args = build_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(args)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from octopus_audio.aar_patch.multiscale_vq import Codebook, MultiScaleQuantizer
 from octopus_audio.aar_patch.sat import SAT
 
@@ -106,9 +107,9 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
     The tokens are chosen exactly as `MultiScaleQuantizer.quantize` chooses them (same residual, same nearest
     search); `f_hat_st` is the straight-through latent (values of f_hat, gradient to z);
     `vq_loss = mean over scales of beta*||sg(f_hat_s) - z||^2 + ||f_hat_s - sg(z)||^2` with f_hat_s the running
-    sum after scale s (VAR's form). With `update`, each codebook gets its EMA update from the downsampled
-    residuals assigned to it; with `init` each codebook is first filled with random residuals of this batch
-    (the first step of a fresh training run: `codebooks_inited` is False).
+    sum after scale s (VAR's form). With `update`, once the pass is done, each codebook gets its EMA update
+    from the downsampled residuals assigned to it; with `init` each codebook is first filled with random
+    residuals of this batch (the first step of a fresh training run).
     """
     batch, channels, _ = z_BCT.shape
     z_BCT = z_BCT.float()
@@ -116,11 +117,7 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
     rest_BCT = z_ng_BCT
     f_hat_BCT = torch.zeros_like(z_ng_BCT)
     vq_loss = z_BCT.new_zeros(())
-    tokens, restarts = [], z_BCT.new_zeros((), dtype=torch.long)
-    if update:  # one draw (and one host-to-device copy) for the dead-code restarts of every scale
-        K = quantizer.vq.layers[0]._codebook.embed.shape[0]
-        picks_SK = torch.randint(2**31 - 1, (len(quantizer.patch_nums), K), generator=generator)
-        picks_SK = picks_SK.to(z_BCT.device, non_blocking=True)
+    tokens, assigned = [], []
     last = len(quantizer.patch_nums) - 1
     for si, pn in enumerate(quantizer.patch_nums):
         target_BCl = rest_BCT if si == last else F.interpolate(rest_BCT, size=pn, mode="area")
@@ -130,15 +127,21 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
             _init_codebook_(codebook, target_NC, generator)
         idx_N = codebook.nearest(target_NC)
         idx_Bl = idx_N.view(batch, pn)
-        if update:
-            restarts += ema_update_(codebook, target_NC, idx_N, loss_cfg.ema_decay, loss_cfg.dead_fraction,
-                                    picks_SK[si])
         h_BCT = _contribution(quantizer, si, idx_Bl)
         f_hat_BCT = f_hat_BCT + h_BCT
         rest_BCT = rest_BCT - h_BCT.detach()
         vq_loss = vq_loss + loss_cfg.commit_beta * F.mse_loss(f_hat_BCT.detach(), z_BCT) \
             + F.mse_loss(f_hat_BCT, z_ng_BCT)
         tokens.append(idx_Bl)
+        assigned.append((target_NC, idx_N))
+    restarts = z_BCT.new_zeros((), dtype=torch.long)
+    if update:  # after the pass, so the pass itself is exactly the inference quantization
+        K = quantizer.vq.layers[0]._codebook.embed.shape[0]
+        picks_SK = torch.randint(2**31 - 1, (len(assigned), K), generator=generator)
+        picks_SK = picks_SK.to(z_BCT.device, non_blocking=True)
+        for si, (target_NC, idx_N) in enumerate(assigned):
+            restarts = restarts + ema_update_(quantizer.vq.layers[si]._codebook, target_NC, idx_N,
+                                              loss_cfg.ema_decay, loss_cfg.dead_fraction, picks_SK[si])
     f_hat_st_BCT = (f_hat_BCT.detach() - z_ng_BCT) + z_BCT
     return f_hat_st_BCT, vq_loss / len(quantizer.patch_nums), tokens, restarts
 
