@@ -1,4 +1,5 @@
-"""Where the shipped default model lives: a small AAR-architecture model trained on CC0 audio (MODEL_CARD.md)."""
+"""Where the shipped default model lives: a small AAR-architecture model trained on CC0 audio
+(MODEL_CARD.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """The `train` command: a small AAR-architecture model (tokenizer, then transformer) on a folder of audio.
 
-Data: folders of audio (`--data`) and/or the CC0 files of Debian's sonic-pi-samples (`--sonic-pi`), minus the
-held-out list of `train_data.HELD_OUT`, packed with their condition embeddings into `--packed` (needs soundfile
-and the eval conditioner); a machine without audio libraries trains from an existing `--packed` folder.
-Training state (weights, optimizer, step) is checkpointed under `--out` every `--ckpt-every` steps and at the
-end; a rerun with the same `--out` resumes. Every step draws its randomness from a generator seeded with
-(seed, stage, step), so a resumed run equals an uninterrupted one. The release-format fp16 weights (`sat.pth`,
-`aar.pth`) are exported to `--out` after each stage.
-"""
+Data: folders of audio (`--data`) and/or the CC0 files of Debian's sonic-pi-samples (`--sonic-pi`), minus
+the held-out list of `train_data.HELD_OUT`, packed with their condition embeddings into `--packed` (needs
+soundfile and the eval conditioner); a machine without audio libraries trains from an existing `--packed`
+folder. Training state (weights, optimizer, step) is checkpointed under `--out` every `--ckpt-every` steps
+and at the end; a rerun with the same `--out` resumes. Every step draws its randomness from a generator
+seeded with (seed, stage, step), so a resumed run equals an uninterrupted one. The release-format fp16
+weights (`sat.pth`, `aar.pth`) are exported to `--out` after each stage."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ SIZES = ("default", "tiny")
 CONDITIONER = "spectral"
 
 
-# --- sizes ----------------------------------------------------------------------------------------------------
+# --- sizes --------------------------------------------------------------------------------------------------
 
 def model_configs(size: str):
     """`(SATConfig, AARConfig, SATLossConfig)` of a named size: `default` is the shipped model (the release's
@@ -51,12 +50,13 @@ def model_configs(size: str):
         patch_nums = (1, 2, 4, 8)
         return (SATConfig(n_filters=4, ratios=(2, 2, 2), lstm_layers=1, dimension=8, latent_dim=8,
                           codebook_size=16, patch_nums=patch_nums, num_phi=2, phi_kernel=3),
-                AARConfig(depth=1, embed_dim=64, num_heads=1, vocab_size=16, latent_dim=8, patch_nums=patch_nums),
+                AARConfig(depth=1, embed_dim=64, num_heads=1, vocab_size=16, latent_dim=8,
+                          patch_nums=patch_nums),
                 SATLossConfig(stft_sizes=(16, 32, 64)))
     raise UsageError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
 
 
-# --- one training stage ---------------------------------------------------------------------------------------
+# --- one training stage -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class StageConfig:
@@ -190,17 +190,18 @@ def run_stage(name: str, model: torch.nn.Module, loss_fn: Callable[[int, torch.G
     return {"step": step, "total_steps": total, "history": history}
 
 
-# --- export ---------------------------------------------------------------------------------------------------
+# --- export -------------------------------------------------------------------------------------------------
 
 def export_release(model: torch.nn.Module, path: Path, wrapper_key: str) -> int:
-    """Write `{wrapper_key: state dict}` with floating tensors in fp16 (the released checkpoint format); bytes."""
+    """Write `{wrapper_key: state dict}` with floating tensors in fp16 (the released checkpoint format);
+    bytes."""
     sd = {k: (v.detach().to("cpu", torch.float16) if v.is_floating_point() else v.detach().cpu())
           for k, v in model.state_dict().items()}
     _atomic_save({wrapper_key: sd}, path)
     return path.stat().st_size
 
 
-# --- data -----------------------------------------------------------------------------------------------------
+# --- data ---------------------------------------------------------------------------------------------------
 
 def _gather_sources(args: argparse.Namespace, scratch: Path) -> list[Path]:
     from octopus_audio.aar_patch import train_data
@@ -246,26 +247,29 @@ def prepare(args: argparse.Namespace, packed: Path) -> None:
                 args.conditioner, packed)
 
 
-# --- the command ----------------------------------------------------------------------------------------------
+# --- the command --------------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument("--data", action="append", metavar="DIR",
                       help="a folder of audio files to train on (repeatable), e.g. clips/")
     data.add_argument("--sonic-pi", action="store_true",
-                      help="add the CC0 files of Debian's sonic-pi-samples (fetched with apt-get download when "
-                           "not installed), selected by the package's copyright file")
+                      help="add the CC0 files of Debian's sonic-pi-samples (fetched with apt-get download "
+                           "when not installed), selected by the package's copyright file")
     data.add_argument("--packed", metavar="DIR", required=True,
-                      help="packed training arrays (.npy): written here from --data/--sonic-pi, else read from here")
+                      help="packed training arrays (.npy): written here from --data/--sonic-pi, else read "
+                           "from here")
     data.add_argument("--prepare-only", action="store_true", help="pack the data and stop")
     data.add_argument("--conditioner", default=CONDITIONER,
                       help=f"condition embedding of each file (default {CONDITIONER}, the offline stand-in)")
     train = parser.add_argument_group("training")
     train.add_argument("--out", metavar="DIR", help="checkpoints, logs and exported sat.pth / aar.pth")
     train.add_argument("--stage", choices=STAGES, default="all", help="which model to train (default all)")
-    train.add_argument("--size", choices=SIZES, default="default", help="model sizes (default: the shipped one)")
+    train.add_argument("--size", choices=SIZES, default="default",
+                       help="model sizes (default: the shipped one)")
     train.add_argument("--sat", metavar="PATH",
-                       help="with --stage aar: the tokenizer checkpoint (default: the sat stage's state in --out)")
+                       help="with --stage aar: the tokenizer checkpoint (default: the sat stage's state in "
+                            "--out)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda")
     train.add_argument("--sat-steps", type=int, default=20000)
@@ -274,13 +278,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--aar-batch", type=int, default=64)
     train.add_argument("--sat-lr", type=float, default=5e-4)
     train.add_argument("--aar-lr", type=float, default=6e-4)
-    train.add_argument("--sat-minutes", type=float, help="time budget of the tokenizer stage (fits its steps)")
-    train.add_argument("--aar-minutes", type=float, help="time budget of the transformer stage (fits its steps)")
+    train.add_argument("--sat-minutes", type=float,
+                       help="time budget of the tokenizer stage (fits its steps)")
+    train.add_argument("--aar-minutes", type=float,
+                       help="time budget of the transformer stage (fits its steps)")
     train.add_argument("--aar-precompute", type=int, default=0, metavar="N",
                        help="tokenize N random crops once before the transformer stage and train on them "
                             "(0: tokenize each batch's fresh crops)")
     train.add_argument("--whiten-cond", action="store_true",
-                       help="initialise the condition MLP's first layer from the conditions' principal directions")
+                       help="initialise the condition MLP's first layer from the conditions' principal "
+                            "directions")
     train.add_argument("--stop-after", type=int, metavar="STEPS",
                        help="end each stage's call after STEPS more steps (checkpointed; a rerun resumes)")
     train.add_argument("--ckpt-every", type=int, default=500)
@@ -292,12 +299,14 @@ def _device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec not in ("cpu", "cuda") or (spec == "cuda" and not torch.cuda.is_available()):
-        raise UsageError(f"--device {spec} is not available here; use auto, cpu or cuda (when a GPU is present)")
+        raise UsageError(f"--device {spec} is not available here; use auto, cpu or cuda (when a GPU is "
+                         f"present)")
     return torch.device(spec)
 
 
 def train_sat_stage(args: argparse.Namespace, data, device: torch.device, out: Path):
-    """Stage 1: the tokenizer. Returns the SAT (also exported to out/sat.pth) and whether its stage is done."""
+    """Stage 1: the tokenizer. Returns the SAT (also exported to out/sat.pth) and whether its stage is
+    done."""
     from octopus_audio.aar_patch.sat import SAT
     from octopus_audio.aar_patch.train_data import sample_crops
     from octopus_audio.aar_patch.train_sat import codebooks_inited, sat_losses
@@ -345,7 +354,8 @@ def load_trained_sat(args: argparse.Namespace, device: torch.device, out: Path):
 
 
 def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, out: Path):
-    """Stage 2: the transformer on the frozen tokenizer's tokens. Returns the AAR (exported to out/aar.pth)."""
+    """Stage 2: the transformer on the frozen tokenizer's tokens. Returns the AAR (exported to
+    out/aar.pth)."""
     from octopus_audio.aar_patch.aar import AAR
     from octopus_audio.aar_patch.train_aar import (
         AARLossConfig,
@@ -358,8 +368,8 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
 
     aar_cfg = model_configs(args.size)[1]
     if data.cond.shape[1] != aar_cfg.cond_dim:
-        raise UsageError(f"the packed condition vectors have {data.cond.shape[1]} dims but the transformer takes "
-                         f"{aar_cfg.cond_dim}; repack with a {aar_cfg.cond_dim}-d conditioner")
+        raise UsageError(f"the packed condition vectors have {data.cond.shape[1]} dims but the transformer "
+                         f"takes {aar_cfg.cond_dim}; repack with a {aar_cfg.cond_dim}-d conditioner")
     aar = AAR(aar_cfg)
     aar.init_weights(seed=args.seed)
     cond_NE = torch.from_numpy(data.cond).float()
@@ -432,7 +442,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("the tokenizer stage is not finished; rerun with the same --out to resume it before the "
                     "transformer stage starts")
     elif args.stage in ("aar", "all"):
-        train_aar_stage(args, data, sat if sat is not None else load_trained_sat(args, device, out), device, out)
+        sat = sat if sat is not None else load_trained_sat(args, device, out)
+        train_aar_stage(args, data, sat, device, out)
     (out / "train_args.json").write_text(json.dumps({k: v for k, v in vars(args).items()
                                                      if not k.startswith("_")}, indent=1, default=str))
     return 0

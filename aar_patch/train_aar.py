@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from octopus_audio.aar_patch.aar import AAR
 from octopus_audio.aar_patch.sat import SAT
 
@@ -25,16 +26,19 @@ class AARLossConfig:
 
 @torch.no_grad()
 def teacher_forcing_batch(sat: SAT, audio_B1N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(x_BLCv, target_BL)`: the next-scale inputs (B, L-1, Cv) and the token ids of all scales (B, L), from the
-    tokenizer's inference path in fp32 (autocast off, so the ids are the ones `SAT.encode_audio` gives)."""
+    """`(x_BLCv, target_BL)`: the next-scale inputs (B, L-1, Cv) and the token ids of all scales (B, L),
+    from the tokenizer's inference path in fp32 (autocast off, so the ids are the ones `SAT.encode_audio`
+    gives)."""
     with torch.autocast(audio_B1N.device.type, enabled=False):
         tokens = sat.encode_audio(audio_B1N.float())
         x_BLCv = sat.quantizer.teacher_forcing_input(tokens)
     return x_BLCv, torch.cat(tokens, dim=1)
 
 
-def drop_conditions(aar: AAR, cond_BE: torch.Tensor, cond_drop: float, generator: torch.Generator) -> torch.Tensor:
-    """Replace each row by `uncond_embedding` with probability `cond_drop` (draws from the CPU `generator`)."""
+def drop_conditions(aar: AAR, cond_BE: torch.Tensor, cond_drop: float,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Replace each row by `uncond_embedding` with probability `cond_drop` (draws from the CPU
+    `generator`)."""
     drop_B1 = (torch.rand(cond_BE.shape[0], 1, generator=generator) < cond_drop).to(cond_BE.device)
     return torch.where(drop_B1, aar.uncond_embedding.to(cond_BE.dtype), cond_BE)
 
@@ -77,7 +81,8 @@ def whiten_condition_init_(aar: AAR, cond_NE: torch.Tensor, components: int = 32
 
 def aar_losses(aar: AAR, sat: SAT, audio_B1N: torch.Tensor, cond_BE: torch.Tensor, loss_cfg: AARLossConfig,
                generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Cross-entropy of one batch of audio (tokenized here) and its detached parts (see `aar_token_losses`)."""
+    """Cross-entropy of one batch of audio (tokenized here) and its detached parts (see
+    `aar_token_losses`)."""
     x_BLCv, target_BL = teacher_forcing_batch(sat, audio_B1N)
     return aar_token_losses(aar, x_BLCv, target_BL, cond_BE, loss_cfg, generator)
 

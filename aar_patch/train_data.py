@@ -1,6 +1,6 @@
-"""Training data for the default model: CC0 files of Debian's sonic-pi-samples (chosen by the package's copyright
-file), any folder of audio, packed into .npy arrays that a machine without audio libraries reads, and random 1 s
-crops drawn from them."""
+"""Training data for the default model: CC0 files of Debian's sonic-pi-samples (chosen by the package's
+copyright file), any folder of audio, packed into .npy arrays that a machine without audio libraries reads,
+and random 1 s crops drawn from them."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ HELD_OUT = (
 # --- licenses ---------------------------------------------------------------------------------------------
 
 def parse_dep5(text: str) -> list[tuple[list[str], str]]:
-    """The `(globs, license)` of each `Files:` paragraph of a Debian machine-readable copyright file, in order."""
+    """The `(globs, license)` of each `Files:` paragraph of a Debian machine-readable copyright file, in
+    order."""
     rules = []
     for paragraph in text.split("\n\n"):
         fields: dict[str, str] = {}
@@ -79,11 +80,12 @@ def install_sonic_pi(dest: Path) -> tuple[Path, Path]:
     if SONIC_PI_SAMPLES.is_dir() and SONIC_PI_COPYRIGHT.is_file():
         return SONIC_PI_SAMPLES, SONIC_PI_COPYRIGHT
     root = dest / "sonic-pi-samples"
-    samples, copyright_path = root / SONIC_PI_SAMPLES.relative_to("/"), root / SONIC_PI_COPYRIGHT.relative_to("/")
+    samples = root / SONIC_PI_SAMPLES.relative_to("/")
+    copyright_path = root / SONIC_PI_COPYRIGHT.relative_to("/")
     if not samples.is_dir():
         if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-            raise RuntimeError("sonic-pi-samples is not installed and this system has no apt-get/dpkg to fetch "
-                               "it; install the Debian package or pass a folder of audio with --data")
+            raise RuntimeError("sonic-pi-samples is not installed and this system has no apt-get/dpkg to "
+                               "fetch it; install the Debian package or pass a folder of audio with --data")
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(["apt-get", "download", SONIC_PI_PACKAGE], cwd=tmp, check=True)
             (deb,) = Path(tmp).glob("sonic-pi-samples_*.deb")
@@ -92,8 +94,8 @@ def install_sonic_pi(dest: Path) -> tuple[Path, Path]:
 
 
 def clip_sources(clips_dir: Path) -> dict[str, str]:
-    """Map each shipped clip's file name to the stem of the sonic-pi sample it was cut from, read from the clips
-    folder's attribution (any line that names both the clip and a `<stem>.flac`)."""
+    """Map each shipped clip's file name to the stem of the sonic-pi sample it was cut from, read from the
+    clips folder's attribution (any line that names both the clip and a `<stem>.flac`)."""
     sources: dict[str, str] = {}
     names = [p.name for p in sorted(clips_dir.iterdir()) if p.suffix in AUDIO_SUFFIXES]
     text = "\n".join(p.read_text(encoding="utf-8", errors="replace")
@@ -141,8 +143,8 @@ def condition_vector(audio_24k: np.ndarray, conditioner) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PackedAudio:
-    """Every file's 24 kHz mono samples end to end (`audio`, float16), file i at `offsets[i]:offsets[i+1]`, its
-    condition vector `cond[i]` (float32, (N, D)) and name."""
+    """Every file's 24 kHz mono samples end to end (`audio`, float16), file i at `offsets[i]:offsets[i+1]`,
+    its condition vector `cond[i]` (float32, (N, D)) and name."""
 
     audio: np.ndarray
     offsets: np.ndarray
@@ -151,7 +153,8 @@ class PackedAudio:
 
     def __post_init__(self) -> None:
         n = len(self.names)
-        if self.offsets.shape != (n + 1,) or self.cond.shape[0] != n or int(self.offsets[-1]) != len(self.audio):
+        if (self.offsets.shape != (n + 1,) or self.cond.shape[0] != n
+                or int(self.offsets[-1]) != len(self.audio)):
             raise ValueError(f"inconsistent packed data: {n} names, offsets {self.offsets.shape}, cond "
                              f"{self.cond.shape}, {len(self.audio)} samples (offsets[-1] must equal that)")
         if n == 0:
@@ -162,7 +165,8 @@ class PackedAudio:
 
 
 def pack(names: list[str], clips: list[np.ndarray], cond: np.ndarray, out_dir: Path) -> PackedAudio:
-    """Write `audio.npy` (float16), `offsets.npy`, `cond.npy`, `names.json` under `out_dir` and return them."""
+    """Write `audio.npy` (float16), `offsets.npy`, `cond.npy`, `names.json` under `out_dir` and return
+    them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.concatenate([[0], np.cumsum([len(c) for c in clips])]).astype(np.int64)
     data = PackedAudio(np.concatenate(clips).astype(np.float16), offsets, np.asarray(cond, np.float32),
@@ -176,7 +180,8 @@ def pack(names: list[str], clips: list[np.ndarray], cond: np.ndarray, out_dir: P
 
 def load_packed(folder: Path) -> PackedAudio:
     """Read what `pack` wrote (numpy only: runs where soundfile and librosa are missing)."""
-    missing = [f for f in ("audio.npy", "offsets.npy", "cond.npy", "names.json") if not (folder / f).is_file()]
+    files = ("audio.npy", "offsets.npy", "cond.npy", "names.json")
+    missing = [f for f in files if not (folder / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} is not a packed training folder (missing {', '.join(missing)}); "
                                 f"make one with `octopus-audio train --prepare-only --packed {folder}`")
@@ -186,8 +191,8 @@ def load_packed(folder: Path) -> PackedAudio:
 
 def sample_crops(data: PackedAudio, batch: int, generator: torch.Generator,
                  crop: int = CROP_SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(audio_B1N, file_B)`: `batch` files drawn uniformly, each a random `crop`-sample window (zero-padded at
-    the end when the file is shorter), all randomness from `generator`."""
+    """`(audio_B1N, file_B)`: `batch` files drawn uniformly, each a random `crop`-sample window
+    (zero-padded at the end when the file is shorter), all randomness from `generator`."""
     file_B = torch.randint(len(data.names), (batch,), generator=generator)
     u_B = torch.rand(batch, generator=generator, dtype=torch.float64)
     audio_BN = np.zeros((batch, crop), np.float32)

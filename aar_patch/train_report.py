@@ -1,5 +1,6 @@
-"""Held-out figures of a trained tokenizer: log-mel MSE and SNR of its reconstruction of the held-out files, beside
-the same figures for a trivial baseline (the file low-passed at 2 kHz). Used for MODEL_CARD.md."""
+"""Held-out figures of a trained tokenizer: log-mel MSE and SNR of its reconstruction of the held-out
+files, beside the same figures for a trivial baseline (the file low-passed at 2 kHz). Used for
+MODEL_CARD.md."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class ReconstructionRow:
 
 
 def held_out_audio(samples_dir: Path, names: tuple[str, ...]) -> list[tuple[str, np.ndarray]]:
-    """`(file name, 24 kHz mono audio)` of the held-out stems found in `samples_dir`; every stem must be there."""
+    """`(file name, 24 kHz mono audio)` of the held-out stems found in `samples_dir`; every stem must be
+    there."""
     from octopus_audio.aar_patch.train_data import AUDIO_SUFFIXES, read_mono_24k
 
     found = {p.stem: p for p in sorted(samples_dir.iterdir()) if p.suffix in AUDIO_SUFFIXES}
@@ -38,8 +40,8 @@ def held_out_audio(samples_dir: Path, names: tuple[str, ...]) -> list[tuple[str,
 
 @torch.no_grad()
 def reconstruct(sat, audio_T: np.ndarray) -> np.ndarray:
-    """The tokenizer's reconstruction of a whole signal: consecutive 1 s windows (the last zero-padded) encoded
-    to tokens, decoded from them, concatenated and trimmed to the input length."""
+    """The tokenizer's reconstruction of a whole signal: consecutive 1 s windows (the last zero-padded)
+    encoded to tokens, decoded from them, concatenated and trimmed to the input length."""
     n = sat.config.audio_length
     windows = -(-len(audio_T) // n)
     padded = np.zeros(windows * n, np.float32)
@@ -67,15 +69,15 @@ def reconstruction_table(sat, clips: list[tuple[str, np.ndarray]],
     for name, x in clips:
         x64 = np.asarray(x, np.float64)
         y, b = reconstruct(sat, x), lowpass(x64, sample_rate)
-        rows.append(ReconstructionRow(name, len(x) / sample_rate, logmel_mse(x64, y, sample_rate), snr_db(x64, y),
-                                      logmel_mse(x64, b, sample_rate), snr_db(x64, b)))
+        rows.append(ReconstructionRow(name, len(x) / sample_rate, logmel_mse(x64, y, sample_rate),
+                                      snr_db(x64, y), logmel_mse(x64, b, sample_rate), snr_db(x64, b)))
     return rows
 
 
 def table_markdown(rows: list[ReconstructionRow]) -> str:
     """The rows and their means as a Markdown table."""
-    lines = ["| held-out file | seconds | tokenizer log-mel MSE | 2 kHz low-pass log-mel MSE | tokenizer SNR dB "
-             "| low-pass SNR dB |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| held-out file | seconds | tokenizer log-mel MSE | 2 kHz low-pass log-mel MSE "
+             "| tokenizer SNR dB | low-pass SNR dB |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| `{r.name}` | {r.seconds:.2f} | {r.sat_logmel_mse:.3f} | {r.lowpass_logmel_mse:.3f} "
                      f"| {r.sat_snr_db:.2f} | {r.lowpass_snr_db:.2f} |")

@@ -1,6 +1,7 @@
-"""Tokenizer (SAT) training step: L1 + multi-resolution STFT reconstruction, commitment loss and EMA codebooks with
-dead-code restarts, through the same multi-scale residual quantization that `SAT.quantize_audio` runs at inference
-(so the tokens the transformer is trained on are the ones the shipped tokenizer gives)."""
+"""Tokenizer (SAT) training step: L1 + multi-resolution STFT reconstruction, commitment loss and EMA
+codebooks with dead-code restarts, through the same multi-scale residual quantization that
+`SAT.quantize_audio` runs at inference (so the tokens the transformer is trained on are the ones the
+shipped tokenizer gives)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ class SATLossConfig:
     stft_weight: float = 1.0
     stft_sizes: tuple[int, ...] = (2048, 1024, 512, 256, 128)
     vq_weight: float = 1.0
-    commit_beta: float = 0.25  # weight of ||sg(f_hat) - z||^2 (pulls the encoder) beside ||f_hat - sg(z)||^2 (phi)
+    commit_beta: float = 0.25  # ||sg(f_hat) - z||^2 (pulls the encoder) beside ||f_hat - sg(z)||^2 (phi)
     ema_decay: float = 0.99
-    dead_fraction: float = 0.01  # a code whose EMA usage is below this fraction of the mean usage is restarted
+    dead_fraction: float = 0.01  # a code used less than this fraction of the mean usage is restarted
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stft_sizes", tuple(self.stft_sizes))
@@ -36,17 +37,18 @@ class SATLossConfig:
                 raise ValueError(f"SATLossConfig.{name} must be >= 0, got {getattr(self, name)}")
 
 
+def _stft_magnitude(x_BN: torch.Tensor, n: int) -> torch.Tensor:
+    """|STFT| (Hann window n, hop n/4, centred), floored at 1e-5, in fp32."""
+    window = torch.hann_window(n, device=x_BN.device)
+    spec = torch.stft(x_BN.float(), n, hop_length=n // 4, window=window, return_complex=True)
+    return spec.abs().clamp_min(1e-5)
+
+
 def multires_stft_loss(x_hat_BN: torch.Tensor, x_BN: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     """Mean over FFT sizes of spectral convergence plus L1 of log magnitudes (Hann, hop n/4), in fp32."""
     total = x_BN.new_zeros((), dtype=torch.float32)
     for n in sizes:
-        window = torch.hann_window(n, device=x_BN.device)
-
-        def mag(x: torch.Tensor) -> torch.Tensor:
-            spec = torch.stft(x.float(), n, hop_length=n // 4, window=window, return_complex=True)
-            return spec.abs().clamp_min(1e-5)
-
-        m_hat, m = mag(x_hat_BN), mag(x_BN)
+        m_hat, m = _stft_magnitude(x_hat_BN, n), _stft_magnitude(x_BN, n)
         convergence = torch.linalg.norm(m - m_hat) / torch.linalg.norm(m).clamp_min(1e-7)
         total = total + convergence + (m.log() - m_hat.log()).abs().mean()
     return total / len(sizes)
@@ -65,13 +67,13 @@ def _init_codebook_(codebook: Codebook, target_NC: torch.Tensor, generator: torc
 @torch.no_grad()
 def ema_update_(codebook: Codebook, target_NC: torch.Tensor, idx_N: torch.Tensor, decay: float,
                 dead_fraction: float, picks_K: torch.Tensor) -> torch.Tensor:
-    """EMA update of one codebook from its assigned targets; restart dead codes from random targets of the batch.
+    """EMA update of one codebook from its assigned targets; dead codes restart from targets of the batch.
 
-    cluster_size <- decay * cluster_size + (1-decay) * counts; embed_avg likewise with the sums of the targets;
-    embed = embed_avg / Laplace-smoothed cluster_size. A code whose cluster_size falls below `dead_fraction` times
-    the mean usage per step (N/K) gets the target `picks_K[code] % N` (random non-negative ints drawn by the
-    caller), with the mean usage as its count. No host sync; returns the number of restarts as a 0-d tensor.
-    """
+    cluster_size <- decay * cluster_size + (1-decay) * counts; embed_avg likewise with the sums of the
+    targets; embed = embed_avg / Laplace-smoothed cluster_size. A code whose cluster_size falls below
+    `dead_fraction` times the mean usage per step (N/K) gets the target `picks_K[code] % N` (random
+    non-negative ints drawn by the caller), with the mean usage as its count. No host sync; returns the
+    number of restarts as a 0-d tensor."""
     K = codebook.embed.shape[0]
     target_NC = target_NC.float()
     counts_K = torch.bincount(idx_N, minlength=K).to(target_NC.dtype)
@@ -104,13 +106,12 @@ def quantize_for_training(quantizer: MultiScaleQuantizer, z_BCT: torch.Tensor, l
                           ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """Multi-scale residual quantization with gradients: `(f_hat_st, vq_loss, tokens, restarts)`.
 
-    The tokens are chosen exactly as `MultiScaleQuantizer.quantize` chooses them (same residual, same nearest
-    search); `f_hat_st` is the straight-through latent (values of f_hat, gradient to z);
-    `vq_loss = mean over scales of beta*||sg(f_hat_s) - z||^2 + ||f_hat_s - sg(z)||^2` with f_hat_s the running
-    sum after scale s (VAR's form). With `update`, once the pass is done, each codebook gets its EMA update
+    The tokens are chosen exactly as `MultiScaleQuantizer.quantize` chooses them (same residual, same
+    nearest search); `f_hat_st` is the straight-through latent (values of f_hat, gradient to z); `vq_loss =
+    mean over scales of beta*||sg(f_hat_s) - z||^2 + ||f_hat_s - sg(z)||^2` with f_hat_s the running sum
+    after scale s (VAR's form). With `update`, once the pass is done, each codebook gets its EMA update
     from the downsampled residuals assigned to it; with `init` each codebook is first filled with random
-    residuals of this batch (the first step of a fresh training run).
-    """
+    residuals of this batch (the first step of a fresh training run)."""
     batch, channels, _ = z_BCT.shape
     z_BCT = z_BCT.float()
     z_ng_BCT = z_BCT.detach()

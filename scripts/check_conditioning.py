@@ -1,5 +1,5 @@
-"""Conditioning check of a model (default: the shipped one): is audio generated from a held-out file's embedding
-nearer to that file than to a randomly chosen other held-out file?
+"""Conditioning check of a model (default: the shipped one): is audio generated from a held-out file's
+embedding nearer to that file than to a randomly chosen other held-out file?
 
 For each held-out file i (aar_patch/train_data.HELD_OUT, never trained on) and each seed, one second is
 generated from i's condition (the `spectral` embedding of the whole file, as the eval pipeline computes it;
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             own_rank_first += int(d_N[i] < others.min())
     share = float(np.mean([c["nearer"] for c in cases]))
     result = {"aar": str(aar_path), "sat": str(sat_path), "held_out_files": n, "seeds": args.seeds,
-              "cases": len(cases), "nearer_than_random_other": share, "nearer_than_each_other": pair_wins / pairs,
+              "cases": len(cases), "nearer_than_random_other": share,
+              "nearer_than_each_other": pair_wins / pairs,
               "own_file_nearest": own_rank_first / len(cases), "cfg": args.cfg,
               "seconds": round(time.monotonic() - t0, 1), "per_case": cases}
     print(f"held-out files: {n}, generations per file: {args.seeds}, cases: {len(cases)}")

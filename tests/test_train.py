@@ -1,5 +1,5 @@
-"""Tests of the default-model training: data selection, the training quantizer, losses, resume, export, and the
-shipped weights."""
+"""Tests of the default-model training: data selection, the training quantizer, losses, resume, export, and
+the shipped weights."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ License: CC0
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """The tiny models' ops are far too small for intra-op threads; on a busy 2-core machine they only spin."""
+    """The tiny models' ops are far too small for intra-op threads; on a busy 2-core machine they only
+    spin."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -85,7 +86,8 @@ def test_cc0_selection_reads_each_files_own_entry(tmp_path):
 def test_held_out_files_and_clips_cut_from_them_are_not_trained_on(tmp_path):
     folder = tmp_path / "audio"
     folder.mkdir()
-    names = [f"{train_data.HELD_OUT[0]}.flac", "kept_one.wav", f"{train_data.HELD_OUT[-1]}.wav", "kept_two.flac"]
+    names = [f"{train_data.HELD_OUT[0]}.flac", "kept_one.wav", f"{train_data.HELD_OUT[-1]}.wav",
+             "kept_two.flac"]
     for name in names:
         (folder / name).write_bytes(b"")
     args = type("Args", (), {"sonic_pi": False, "data": [str(folder), str(REPO / "clips")]})()
@@ -113,7 +115,8 @@ def test_crops_are_seeded_and_short_files_are_zero_padded():
         else:
             row = a1[b, 0].numpy()
             start = int(round(float(row[0]) * 100))
-            np.testing.assert_allclose(row, (np.arange(start, start + 32) / 100).astype(np.float16), atol=1e-3)
+            expected = (np.arange(start, start + 32) / 100).astype(np.float16)
+            np.testing.assert_allclose(row, expected, atol=1e-3)
 
 
 # --- tokenizer training -----------------------------------------------------------------------------------
@@ -128,7 +131,7 @@ def test_training_quantizer_picks_the_inference_tokens():
     before = sat.quantizer.vq.layers[-1]._codebook.embed.clone()
     z.retain_grad()
     f_hat_st, _, tokens, _ = quantize_for_training(sat.quantizer, z, loss_cfg, gen, update=True)
-    assert all(torch.equal(a, b) for a, b in zip(tokens, expected_tokens))
+    assert all(torch.equal(a, b) for a, b in zip(tokens, expected_tokens, strict=True))
     torch.testing.assert_close(f_hat_st, expected_f_hat)  # the decoder sees the quantized latent's values
     f_hat_st.sum().backward()
     torch.testing.assert_close(z.grad, torch.ones_like(z))  # and its gradient goes straight to the encoder
@@ -142,7 +145,8 @@ def test_ema_update_moves_codes_to_their_means_and_restarts_dead_ones():
     codebook.cluster_size.copy_(torch.tensor([1.0, 1.0, 1.0, 0.0]))
     target = torch.tensor([[1.0, 1.0], [3.0, 1.0], [9.0, 1.0], [0.0, 8.0]])
     idx = torch.tensor([0, 0, 1, 2])
-    restarts = ema_update_(codebook, target, idx, decay=0.5, dead_fraction=0.5, picks_K=torch.tensor([7, 6, 5, 4]))
+    restarts = ema_update_(codebook, target, idx, decay=0.5, dead_fraction=0.5,
+                           picks_K=torch.tensor([7, 6, 5, 4]))
     # code 0: size 0.5*1 + 0.5*2 = 1.5, avg 0.5*(0,0) + 0.5*(4,2) = (2,1) -> embed ~ (1.333, 0.667)
     np.testing.assert_allclose(codebook.cluster_size[:3].numpy(), [1.5, 1.0, 1.0])
     np.testing.assert_allclose(codebook.embed[0].numpy(), [2 / 1.5, 1 / 1.5], rtol=1e-4)
@@ -236,9 +240,9 @@ def packed(tmp_path) -> Path:
 
 
 def _train(packed: Path, out: Path, *extra: str) -> None:
-    argv = ["--packed", str(packed), "--out", str(out), "--size", "tiny", "--sat-steps", "4", "--aar-steps", "4",
-            "--sat-batch", "2", "--aar-batch", "2", "--log-every", "1", "--ckpt-every", "3", "--no-progress",
-            "--aar-precompute", "8", "--whiten-cond", *extra]
+    argv = ["--packed", str(packed), "--out", str(out), "--size", "tiny", "--sat-steps", "4",
+            "--aar-steps", "4", "--sat-batch", "2", "--aar-batch", "2", "--log-every", "1",
+            "--ckpt-every", "3", "--no-progress", "--aar-precompute", "8", "--whiten-cond", *extra]
     assert train.main(argv) == 0
 
 
