@@ -183,8 +183,9 @@ def load_packed(folder: Path) -> PackedAudio:
     files = ("audio.npy", "offsets.npy", "cond.npy", "names.json")
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:
-        raise FileNotFoundError(f"{folder} is not a packed training folder (missing {', '.join(missing)}); make "
-                                f"one with `octopus-audio train --sonic-pi --prepare-only --packed {folder}`")
+        raise FileNotFoundError(f"{folder} is not a packed training folder (missing {', '.join(missing)}); "
+                                f"make one with `octopus-audio train --sonic-pi --prepare-only --packed "
+                                f"{folder}`")
     return PackedAudio(np.load(folder / "audio.npy"), np.load(folder / "offsets.npy"),
                        np.load(folder / "cond.npy"), tuple(json.loads((folder / "names.json").read_text())))
 
