@@ -36,16 +36,27 @@ def _sgn(x):
 
 
 @triton.jit
-def _polar_level(r, words, bnd_ptr, BT: tl.constexpr, D: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr,
-                 N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
-    """Level LVL of the polar transform: radii r [BT, 2S] -> angle codes OR-ed into words, radii [BT, S]."""
+def _cat(a, b):
+    """[BT, S] ++ [BT, S] -> [BT, 2S] along the last axis, in registers."""
+    BT: tl.constexpr = a.shape[0]
+    S: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (BT, 2 * S))
+
+
+@triton.jit
+def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr):
+    """Angle codes of levels LVL.. of the polar transform of radii r [BT, 2S], concatenated level by level in
+    stream order and padded with one zero code: [BT, 2S]. Level 0 angles are atan2 mapped to [0, 2 pi)."""
     a, b = tl.split(tl.reshape(r, (BT, S, 2)))
     psi = _atan2(b, a)
     if LVL == 0:
         psi = tl.where(psi < 0, psi + 2 * PI, psi)
-    i_psi = search_sorted(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS)
-    words = words | pack_codes(i_psi, D - (D >> LVL), S, N_BITS, WP, KP)
-    return tl.sqrt_rn(a * a + b * b), words
+    codes = search_sorted(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS)
+    if S == 1:
+        rest = tl.zeros((BT, 1), tl.int32)
+    else:
+        rest = _polar_codes(tl.sqrt_rn(a * a + b * b), bnd_ptr, BT, LVL + 1, S // 2, N_BITS)
+    return _cat(codes, rest)
 
 
 @triton.jit
@@ -142,9 +153,7 @@ def _encode_keys_kernel(
             u_hat = tl.where(comp == 0, tl.gather(hx, j // 3, axis=1),
                              tl.where(comp == 1, tl.gather(hy, j // 3, axis=1), tl.gather(hz, j // 3, axis=1)))
     elif CODEC == POLAR:
-        r = u
-        for lvl in tl.static_range(LOG2D):
-            r, words = _polar_level(r, words, bnd_ptr, BLOCK_T, D, lvl, D >> (lvl + 1), K_BITS, WP, KP)
+        words = pack_codes(_polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS), 0, K_CODES, K_BITS, WP, KP)
     else:
         if K_BITS > 0:
             i_u = search_sorted(u, bnd_ptr, K_BITS)

@@ -130,7 +130,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         v_window = v_window.contiguous()
 
     block_m = 1 if n_rows == 1 else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64)
-    block_n = max(16, min(64, 4096 // d)) if block_m == 1 else (64 if d <= 64 else 32)
+    block_n = max(16, min(32, 4096 // d)) if block_m == 1 else (64 if d <= 64 else 32)
     if _interpreting():  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
     num_warps = 8 if block_m >= 64 else 4

@@ -1,0 +1,424 @@
+"""`octopus-audio bench`: GPU timings of the fused kernels (attention from the compressed cache, encode).
+
+Rows: attention at AAR shapes (2B rows, 16 heads, d=64, 75 queries against 380 compressed + 75 native keys)
+and at long context (1 query, 8k/32k/128k keys, d=64 x 16 heads and d=128 x 32 heads), every kernel codec
+at each bit width, against torch SDPA in bf16 over the same number of native keys and against the library's
+decode-then-SDPA; encode throughput at 64k tokens x 16 heads. Each row: median time (CUDA events through
+triton.testing.do_bench, L2 flushed between runs), GB/s on the bytes the kernel must move (compressed store +
+window + q + out), that rate as a fraction of the measured device-to-device copy bandwidth (bytes read plus
+written), and the speedup over SDPA. Needs only torch, triton, numpy (the device machine has no more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from octopus_audio.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+KERNEL_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+AAR_BATCHES = (1, 64, 512)
+LONG_KEYS = (8192, 32768, 131072)
+LONG_DIMS = ((64, 16), (128, 32))  # (head dim, heads)
+ENCODE_TOKENS, ENCODE_HEADS, ENCODE_DIM = 65536, 16, 64
+_DEVICE = "cuda"  # the benchmark runs on the current CUDA device
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnShape:
+    """One attention problem: `rows` batch rows x `heads` KV heads (no GQA here), `tq` queries per head
+    against `length` compressed + `window` native keys."""
+
+    label: str
+    rows: int
+    heads: int
+    tq: int
+    length: int
+    window: int
+    d: int
+
+
+def attention_shapes(suite: str) -> list[AttnShape]:
+    aar = [AttnShape(f"AAR B={b} (2B={2 * b} rows x 16 h, 75 q x 455 k, d=64)", 2 * b, 16, 75, 380, 75, 64)
+           for b in AAR_BATCHES]
+    long = [AttnShape(f"1 q x {n // 1024}k keys, {h} h, d={d}", 1, h, 1, n - 1, 1, d)
+            for d, h in LONG_DIMS for n in LONG_KEYS]
+    return aar + long
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One benchmark row to produce: kind in {attention, encode-k, encode-v}."""
+
+    kind: str
+    codec: str
+    bits: int
+    shape: AttnShape | None = None
+    directions: str = "unfold"
+
+
+def plan(suite: str, codecs: list[str], bits: list[int]) -> list[Job]:
+    jobs = []
+    for shape in attention_shapes(suite):
+        for name in codecs:
+            for b in bits:
+                jobs.append(Job("attention", name, b, shape))
+                if suite == "quick" and name.startswith("octopus"):
+                    jobs.append(Job("attention", name, b, shape, directions="table"))
+    for name in codecs:
+        for b in bits:
+            jobs.append(Job("encode-k", name, b))
+    for b in bits:
+        jobs.append(Job("encode-v", "values", b))
+    return jobs
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _random_store(shape: AttnShape, codec, bits: int, gen, device):
+    """A compressed store of random packed codes (every bit pattern is a valid code; the decode cost does not
+    depend on the values), gamma ~ 1, and value scales of a unit-range group."""
+    import torch
+
+    from octopus_audio.codecs.base import KeyState
+    from octopus_audio.packing import num_words
+    from octopus_audio.values import ValueState
+
+    b, h, n, d = shape.rows, shape.heads, shape.length, shape.d
+
+    def words(w):
+        return torch.randint(-2**31, 2**31 - 1, (b, h, n, w), generator=gen, device=device, dtype=torch.int32)
+
+    def uniform(lo, hi, *tail, dtype):
+        return (torch.rand(b, h, n, *tail, generator=gen, device=device) * (hi - lo) + lo).to(dtype)
+
+    ks = KeyState(dtype=torch.bfloat16, codes=words(codec.code_words),
+                  gamma=uniform(0.5, 1.5, dtype=torch.bfloat16),
+                  signs=words(num_words(d, 1)) if codec.qjl else None,
+                  gamma_r=uniform(0.05, 0.3, dtype=torch.bfloat16) if codec.qjl else None)
+    vs = ValueState(dtype=torch.bfloat16, codes=words(num_words(d, bits)),
+                    scale=uniform(0.5, 1.5, d // 16, dtype=torch.float16) / (2**bits - 1),
+                    minimum=uniform(-1.0, -0.5, d // 16, dtype=torch.float16))
+    return ks, vs
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _attention_inputs(job: Job, device):
+    import torch
+
+    from octopus_audio import backend
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.kernels import PackedKeys, PackedValues
+    from octopus_audio.values import ValueQuantizer
+
+    s = job.shape
+    gen = torch.Generator(device=device).manual_seed(1234)
+    codec = get_codec(job.codec, job.bits, s.d)
+    quant = ValueQuantizer(job.bits, s.d)
+    ks, vs = _random_store(s, codec, job.bits, gen, device)
+    q = torch.randn(s.rows, s.heads, s.tq, s.d, generator=gen, device=device, dtype=torch.bfloat16)
+    k_win = torch.randn(s.rows, s.heads, s.window, s.d, generator=gen, device=device, dtype=torch.bfloat16)
+    v_win = torch.randn_like(k_win)
+    keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
+    values = PackedValues(vs.codes, vs.scale, vs.minimum, job.bits)
+    kc = backend.kernel_codec(codec, s.heads, device)
+    return codec, quant, ks, vs, q, k_win, v_win, keys, values, kc
+
+
+def _ours_attention(job: Job, inputs):
+    from octopus_audio.kernels import ops
+
+    codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+    return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc,
+                                 octopus_directions=job.directions)
+
+
+def _encode_inputs(job: Job, device):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(99)
+    x = torch.randn(1, ENCODE_HEADS, ENCODE_TOKENS, ENCODE_DIM, generator=gen, device=device)
+    return x.to(torch.bfloat16)
+
+
+def _ours_encode(job: Job, x):
+    from octopus_audio import backend
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.kernels import ops
+
+    if job.kind == "encode-v":
+        return lambda: ops.encode_values(x, job.bits, check_range=False)
+    kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
+    return lambda: ops.encode_keys(x, kc)
+
+
+def warm(job: Job) -> str:
+    """Compile the job's kernels (one run); used by the parallel warm-up workers. Returns an error or ''."""
+    import torch
+
+    try:
+        device = torch.device(_DEVICE)
+        if job.kind == "attention":
+            _ours_attention(job, _attention_inputs(job, device))()
+        else:
+            _ours_encode(job, _encode_inputs(job, device))()
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # reported by the main run, which repeats the job
+        return f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _bench(fn, rep_ms: float) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth(rep_ms: float) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written (1 GiB copied)."""
+    import torch
+
+    src = torch.empty(2**29, dtype=torch.int16, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = _bench(lambda: dst.copy_(src), rep_ms)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def _sdpa_inputs(shape: AttnShape, device):
+    import torch
+
+    n = shape.length + shape.window
+    gen = torch.Generator(device=device).manual_seed(7)
+    bf16 = torch.bfloat16
+    k = torch.randn(shape.rows, shape.heads, n, shape.d, generator=gen, device=device, dtype=bf16)
+    q = torch.randn(shape.rows, shape.heads, shape.tq, shape.d, generator=gen, device=device, dtype=bf16)
+    return q, k, torch.randn_like(k)
+
+
+def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    device = torch.device(_DEVICE)
+    s = job.shape
+    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits,
+           "directions": job.directions if job.codec.startswith("octopus") else ""}
+    if s not in sdpa_ms:
+        q0, k0, v0 = _sdpa_inputs(s, device)
+        sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
+        del q0, k0, v0
+    inputs = _attention_inputs(job, device)
+    codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+    ours = _ours_attention(job, inputs)
+    out = ours()
+    ms = _bench(ours, rep_ms)
+
+    def decode_sdpa():
+        k_all = torch.cat([codec.decode(ks, torch.bfloat16), k_win], 2)
+        v_all = torch.cat([quant.decode(vs, torch.bfloat16), v_win], 2)
+        return F.scaled_dot_product_attention(q, k_all, v_all)
+
+    try:
+        ref = decode_sdpa().float()
+        row["rel_err_vs_decode_sdpa"] = ((out.float() - ref).norm() / ref.norm()).item()
+        del ref
+        row["decode_sdpa_ms"] = _bench(decode_sdpa, max(rep_ms / 4, 10))
+        row["speedup_vs_decode_sdpa"] = row["decode_sdpa_ms"] / ms
+    except torch.OutOfMemoryError:
+        row["note"] = "decode-then-SDPA ran out of GPU memory"
+    moved = (_nbytes(*ks.tensors().values()) + _nbytes(*vs.tensors().values())
+             + _nbytes(k_win, v_win, q) + _nbytes(out))
+    sdpa_bytes = 2 * s.rows * s.heads * (s.length + s.window) * s.d * 2 + 2 * _nbytes(q)
+    row.update({"ms": ms, "sdpa_bf16_ms": sdpa_ms[s], "bytes": moved, "sdpa_bytes": sdpa_bytes,
+                "gbps": moved / (ms * 1e-3) / 1e9, "speedup_vs_sdpa": sdpa_ms[s] / ms,
+                "sdpa_gbps": sdpa_bytes / (sdpa_ms[s] * 1e-3) / 1e9})
+    return row
+
+
+def _encode_row(job: Job, x, rep_ms: float) -> dict:
+    import torch
+
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.values import ValueQuantizer
+
+    row = {"kind": job.kind, "shape": f"{ENCODE_TOKENS // 1024}k tokens x {ENCODE_HEADS} h, d={ENCODE_DIM}",
+           "codec": job.codec, "bits": job.bits}
+    ours = _ours_encode(job, x)
+    out = ours()
+    ms = _bench(ours, rep_ms)
+    if job.kind == "encode-v":
+        quant = ValueQuantizer(job.bits, ENCODE_DIM)
+        ref_fn = lambda: quant.encode_unchecked(x)  # noqa: E731
+        fields = ("codes", "scale", "minimum")
+    else:
+        codec = get_codec(job.codec, job.bits, ENCODE_DIM)
+        ref_fn = lambda: codec.encode_unchecked(x)  # noqa: E731
+        fields = ("codes", "gamma", "signs", "gamma_r")
+    got = {f: getattr(out, f) for f in fields if getattr(out, f) is not None}
+    moved = _nbytes(x, *got.values())
+    row.update({"ms": ms, "bytes": moved, "gbps": moved / (ms * 1e-3) / 1e9})
+    ref = ref_fn()
+    row["matches_reference"] = all(torch.equal(t, getattr(ref, f)) for f, t in got.items())
+    if not row["matches_reference"]:
+        row["code_mismatch_frac"] = (out.codes != ref.codes).float().mean().item()
+    del ref
+    row["reference_ms"] = _bench(ref_fn, max(rep_ms / 4, 10))
+    row["speedup_vs_reference"] = row["reference_ms"] / ms
+    return row
+
+
+def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float) -> list[dict]:
+    """Every job's row (a failing job is recorded with its error and the rest still run)."""
+    import torch
+
+    rows: list[dict] = []
+    sdpa_ms: dict[AttnShape, float] = {}
+    x = None
+    for job in jobs:
+        try:
+            if job.kind == "attention":
+                row = _attention_row(job, rep_ms, sdpa_ms)
+            else:
+                x = _encode_inputs(job, torch.device(_DEVICE)) if x is None else x
+                row = _encode_row(job, x, rep_ms)
+            row["frac_copy_bw"] = row["gbps"] / copy_gbps
+        except Exception as e:
+            row = {"kind": job.kind, "shape": job.shape.label if job.shape else "", "codec": job.codec,
+                   "bits": job.bits, "directions": job.directions, "error": f"{type(e).__name__}: {e}"}
+        torch.cuda.empty_cache()
+        rows.append(row)
+        log.info("%s", row)
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def _fmt(v, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| kind | shape | codec | b | ours ms | SDPA bf16 ms | x vs SDPA | decode+SDPA ms "
+            "| x vs decode+SDPA | MB moved | GB/s | of copy BW | rel err / exact |")
+    lines = [head, "|" + " --- |" * 13]
+    for r in rows:
+        codec = r["codec"] + (f" ({r['directions']})" if r.get("directions") == "table" else "")
+        if "error" in r:
+            lines.append(f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | error: {r['error'][:120]} |"
+                         + " |" * 8)
+            continue
+        if r["kind"] == "attention":
+            check = _fmt(r.get("rel_err_vs_decode_sdpa"), ".1e")
+            lines.append(
+                f"| attention | {r['shape']} | {codec} | {r['bits']} | {r['ms']:.4f} "
+                f"| {r['sdpa_bf16_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} | {_fmt(r.get('decode_sdpa_ms'), '.3f')} "
+                f"| {_fmt(r.get('speedup_vs_decode_sdpa'), '.1f')} | {r['bytes'] / 1e6:.1f} "
+                f"| {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
+        else:
+            check = "exact" if r.get("matches_reference") else f"{r.get('code_mismatch_frac', 0):.1e} differ"
+            lines.append(
+                f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | {r['ms']:.4f} | | "
+                f"| {r['reference_ms']:.3f} (library) | {r['speedup_vs_reference']:.1f} "
+                f"| {r['bytes'] / 1e6:.1f} | {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    """The checkout's commit (OCTOPUS_AUDIO_COMMIT when the tree travelled without its .git)."""
+    if os.environ.get("OCTOPUS_AUDIO_COMMIT"):
+        return os.environ["OCTOPUS_AUDIO_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _warm_all(jobs: list[Job], workers: int) -> dict[Job, str]:
+    """Compile every job's kernels in `workers` processes first (Triton's compiler is single-threaded and
+    holds the GIL; its disk cache then serves the timed run)."""
+    import multiprocessing
+
+    if workers <= 1:
+        return {}
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        return dict(zip(jobs, pool.map(warm, jobs, chunksize=1), strict=True))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="out/bench", help="folder for bench.md and bench.json")
+    parser.add_argument("--suite", choices=("quick", "full"), default="full",
+                        help="quick: b=2 and both octopus direction decodes; full: every codec at --bits")
+    parser.add_argument("--codecs", default="all", help=f"comma list of {', '.join(KERNEL_CODECS)} or all")
+    parser.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
+    parser.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
+    parser.add_argument("--workers", type=int, default=-1,
+                        help="processes compiling the kernels in parallel first (-1: one per core, at most 16)")
+    parser.add_argument("--no-attention", action="store_true", help="skip the attention rows")
+    parser.add_argument("--no-encode", action="store_true", help="skip the encode rows")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("the benchmark needs a CUDA GPU, and torch sees none on this machine.")
+    codecs = list(KERNEL_CODECS) if args.codecs == "all" else [c.strip() for c in args.codecs.split(",")]
+    bad = [c for c in codecs if c not in KERNEL_CODECS]
+    if bad:
+        raise UsageError(f"unknown codec(s) {', '.join(bad)}; allowed: {', '.join(KERNEL_CODECS)} or all")
+    try:
+        bits = [int(b) for b in args.bits.split(",")]
+    except ValueError:
+        raise UsageError(f"--bits must be a comma list of integers, got {args.bits!r}") from None
+    if args.suite == "quick":
+        bits = bits[:1]
+    jobs = plan(args.suite, codecs, bits)
+    if args.no_attention:
+        jobs = [j for j in jobs if j.kind != "attention"]
+    if args.no_encode:
+        jobs = [j for j in jobs if j.kind == "attention"]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    workers = min(16, os.cpu_count() or 1) if args.workers < 0 else args.workers
+    warm_errors = {j: e for j, e in _warm_all(jobs, workers).items() if e}
+    t_warm = time.time() - t0
+    copy_gbps = copy_bandwidth(args.rep_ms)
+    rows = run_rows(jobs, args.rep_ms, copy_gbps)
+    import triton
+
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": _commit(), "command": "octopus-audio bench " + " ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                if k in ("suite", "codecs", "bits", "rep_ms")),
+            "copy_gbps": copy_gbps, "warm_up_s": round(t_warm, 1), "total_s": round(time.time() - t0, 1),
+            "warm_up_errors": {f"{j.kind} {j.codec} b={j.bits} {j.shape.label if j.shape else ''}": e
+                               for j, e in warm_errors.items()}}
+    md = (f"date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; "
+          f"commit {meta['commit']}\n\ncommand: `{meta['command']}`\n\ndevice-to-device copy: "
+          f"{copy_gbps:.0f} GB/s (read + write)\n\n" + table(rows) + "\n")
+    (out_dir / "bench.md").write_text(md)
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(md)
+    print(f"warm-up {t_warm:.0f} s, total {meta['total_s']:.0f} s; {len(warm_errors)} warm-up errors")
+    return 0
