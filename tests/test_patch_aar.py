@@ -73,17 +73,27 @@ def test_every_codec_generates_end_to_end_deterministically(golden, codec, bits)
     assert t.store_ratio > 16 / (bits + 2.5)  # K and V each at most ~b+2 bits per coordinate with side fields
 
 
-def _reference_attend(codec, bits, seed, units, q_BHLD, scale):
-    """Decode-then-attend from the public codec API: units[:-1] encoded and decoded, units[-1] native."""
-    key_codec = octopus_audio.get_codec(codec, bits, q_BHLD.shape[-1], seed=seed)
-    value_q = octopus_audio.ValueQuantizer(bits, q_BHLD.shape[-1], 16)
-    ks, vs = [], []
-    for k, v in units[:-1]:
-        ks.append(key_codec.decode(key_codec.encode(k)).float())
-        vs.append(value_q.decode(value_q.encode(v)).float())
-    ks.append(units[-1][0].float())
-    vs.append(units[-1][1].float())
-    return F.scaled_dot_product_attention(q_BHLD.float(), torch.cat(ks, 2), torch.cat(vs, 2), scale=scale)
+class ReferenceCache:
+    """Decode-then-attend from the public codec API: every unit but the newest encoded and decoded (once),
+    the newest native, one fp32 SDPA over all of them."""
+
+    def __init__(self, codec: str, bits: int, head_dim: int, seed: int) -> None:
+        self.key_codec = octopus_audio.get_codec(codec, bits, head_dim, seed=seed)
+        self.value_q = octopus_audio.ValueQuantizer(bits, head_dim, 16)
+        self.decoded: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.newest: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.newest is not None:
+            k_old, v_old = self.newest
+            self.decoded.append((self.key_codec.decode(self.key_codec.encode(k_old)).float(),
+                                 self.value_q.decode(self.value_q.encode(v_old)).float()))
+        self.newest = (k.clone(), v.clone())
+
+    def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        ks = [k for k, _ in self.decoded] + [self.newest[0].float()]
+        vs = [v for _, v in self.decoded] + [self.newest[1].float()]
+        return F.scaled_dot_product_attention(q.float(), torch.cat(ks, 2), torch.cat(vs, 2), scale=scale)
 
 
 @pytest.mark.parametrize("codec", ["octopus", "octopus-qjl", "polarquant"])
@@ -92,17 +102,17 @@ def test_one_layer_attends_like_decode_then_attend_at_every_scale(golden, codec)
     bits, seed, layer = 2, 9, 1
     with patch_aar(pipe, codec, bits, seed=seed) as handle:
         cache = handle.caches[layer]
-        units, errors = [], []
+        reference = ReferenceCache(codec, bits, 64, layer_seed(seed, layer))
+        errors = []
         append, attend = cache.append, cache.attend
 
         def recording_append(k, v):
-            units.append((k.clone(), v.clone()))
+            reference.append(k, v)
             append(k, v)
 
         def checking_attend(q, scale):
             out = attend(q, scale)
-            ref = _reference_attend(codec, bits, layer_seed(seed, layer), units, q, scale)
-            errors.append(float((out.float() - ref).abs().max()))
+            errors.append(float((out.float() - reference.attend(q, scale)).abs().max()))
             return out
 
         cache.append, cache.attend = recording_append, checking_attend
