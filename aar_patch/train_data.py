@@ -86,6 +86,7 @@ def install_sonic_pi(dest: Path) -> tuple[Path, Path]:
         if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
             raise RuntimeError("sonic-pi-samples is not installed and this system has no apt-get/dpkg to "
                                "fetch it; install the Debian package or pass a folder of audio with --data")
+        root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(["apt-get", "download", SONIC_PI_PACKAGE], cwd=tmp, check=True)
             (deb,) = Path(tmp).glob("sonic-pi-samples_*.deb")
