@@ -122,7 +122,7 @@ def load_aar(aar_path: str | PathLike | None, sat_path: str | PathLike | None,
              device: str | torch.device = "cpu") -> AARPipeline:
     """Load a transformer and its tokenizer as one `AARPipeline` (fp32, eval mode) on `device`.
 
-    `load_aar(None, None)` is meant to load the shipped default model (not shipped yet).
+    `load_aar(None, None)` loads the shipped default model (MODEL_CARD.md).
     """
     if aar_path is None and sat_path is None:
         return _load_default(device)
@@ -143,5 +143,12 @@ def load_aar(aar_path: str | PathLike | None, sat_path: str | PathLike | None,
 
 
 def _load_default(device: str | torch.device) -> AARPipeline:
-    """Hook for the shipped default model (issue: default model); until it exists, say what to pass."""
-    raise UsageError("no checkpoint given and no default model shipped yet; pass --aar and --sat")
+    """The shipped default model: a small AAR-architecture model trained on CC0 audio (MODEL_CARD.md)."""
+    from .default_model import default_paths
+
+    try:
+        aar_path, sat_path = default_paths()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+    log.info("no checkpoint given: loading the embedded default model from %s", aar_path.parent)
+    return load_aar(aar_path, sat_path, device)

@@ -122,8 +122,14 @@ def test_files_of_another_kind(tmp_path, obj, message):
         load_aar_transformer(save(tmp_path, obj))
 
 
-def test_pipeline_needs_both_files_and_default_hook_says_so(tmp_path):
-    with pytest.raises(UsageError, match="no default model shipped yet; pass --aar and --sat"):
+def test_pipeline_needs_both_files_or_neither_for_the_default(tmp_path, monkeypatch):
+    pipe = load_aar(None, None)  # the embedded default model (MODEL_CARD.md)
+    config = pipe.aar.config
+    assert config.embed_dim // config.num_heads == 64 and tuple(pipe.sat.patch_nums) == config.patch_nums
+    import octopus_audio.aar_patch.default_model as default_model
+
+    monkeypatch.setattr(default_model, "default_model_dir", lambda: tmp_path / "absent")
+    with pytest.raises(UsageError, match="default model's weights are missing"):
         load_aar(None, None)
     with pytest.raises(UsageError, match="--aar was given without --sat"):
         load_aar(tmp_path / "a.pth", None)
