@@ -1,4 +1,4 @@
-"""Triton bit-field helpers: read and write n-bit codes in the little-endian int32 word streams of formats.md."""
+"""Bit-field helpers: read and write n-bit codes in the little-endian int32 word streams (formats.md)."""
 
 import triton
 import triton.language as tl
@@ -24,6 +24,39 @@ def unpack_codes(row_ptr, j, valid, N_BITS: tl.constexpr):
         # (hi << 1) << (31 - shift) == hi << (32 - shift) without a 32-bit shift when shift == 0
         val = val | ((hi << 1) << (31 - shift))
     return (val & ((1 << N_BITS) - 1)).to(tl.int32)
+
+
+@triton.jit
+def load_words(rows_ptr, row_ok, N_WORDS: tl.constexpr, WP: tl.constexpr):
+    """The N_WORDS words of each row at rows_ptr [BN, 1] as one contiguous tile [BN, WP] (uint32, 0 pad)."""
+    w = tl.arange(0, WP)[None, :]
+    return tl.load(rows_ptr + w, mask=row_ok & (w < N_WORDS), other=0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def cut_codes(words, j, N_BITS: tl.constexpr):
+    """Codes number j [1, S] of N_BITS bits from each row of a word tile [BN, WP], in registers (tl.gather).
+
+    Expands by shifts alone when the codes are whole words' worth in order (j = 0..S-1, N_BITS | 32, S*N_BITS
+    = 32*WP); otherwise each code gathers its word (and the next, where it straddles).
+    """
+    BN: tl.constexpr = words.shape[0]
+    WP: tl.constexpr = words.shape[1]
+    S: tl.constexpr = j.shape[1]
+    if (32 % N_BITS == 0) and (S * N_BITS == WP * 32):
+        PER: tl.constexpr = 32 // N_BITS
+        shift = (tl.arange(0, PER) * N_BITS).to(tl.uint32)
+        codes = tl.reshape((words[:, :, None] >> shift[None, None, :]) & ((1 << N_BITS) - 1), (BN, S))
+    else:
+        bit = j * N_BITS
+        word = tl.minimum(bit >> 5, WP - 1)
+        sh = (bit & 31).to(tl.uint32)
+        codes = tl.gather(words, tl.broadcast_to(word, (BN, S)), axis=1) >> sh
+        if 32 % N_BITS != 0:
+            hi = tl.gather(words, tl.broadcast_to(tl.minimum(word + 1, WP - 1), (BN, S)), axis=1)
+            codes = codes | tl.where((bit & 31) + N_BITS > 32, (hi << 1) << (31 - sh), 0)
+        codes = codes & ((1 << N_BITS) - 1)
+    return codes.to(tl.int32)
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .bits import unpack_codes
+from .bits import cut_codes, load_words, unpack_codes
 
 # tl.constexpr codec ids (spec.KERNEL_CODECS order)
 TQ_MSE = tl.constexpr(0)
@@ -14,18 +14,32 @@ OCTOPUS_QJL = tl.constexpr(4)
 
 
 @triton.jit
-def turbo_unit(rows_ptr, row_ok, cent_ptr, D: tl.constexpr, N_BITS: tl.constexpr):
+def _codes(rows_ptr, row_ok, j, N_BITS: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr,
+           TILE: tl.constexpr):
+    """Codes j [1, S] of each row: from one contiguous word tile cut in registers (TILE), or one gathered load
+    per code."""
+    if TILE:
+        return cut_codes(load_words(rows_ptr, row_ok, N_WORDS, WP), j, N_BITS)
+    else:
+        return unpack_codes(rows_ptr, j, row_ok, N_BITS)
+
+
+@triton.jit
+def turbo_unit(rows_ptr, row_ok, cent_ptr, D: tl.constexpr, N_BITS: tl.constexpr, N_WORDS: tl.constexpr,
+               WP: tl.constexpr, TILE: tl.constexpr):
     """turboquant: u_hat [BN, D] = C_coord[code_j], one centroid lookup per coordinate."""
-    j = tl.arange(0, D)[None, :]
-    codes = unpack_codes(rows_ptr, j, row_ok, N_BITS)
+    codes = _codes(rows_ptr, row_ok, tl.arange(0, D)[None, :], N_BITS, N_WORDS, WP, TILE)
     return tl.load(cent_ptr + codes)
 
 
 @triton.jit
-def _polar_level(rows_ptr, row_ok, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.constexpr, LVL: tl.constexpr,
-                 S: tl.constexpr, N_BITS: tl.constexpr):
+def _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.constexpr,
+                 LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr, TILE: tl.constexpr):
     j = (D - (D >> LVL)) + tl.arange(0, S)[None, :]
-    idx = unpack_codes(rows_ptr, j, row_ok, N_BITS) + LVL * (1 << N_BITS)
+    if TILE:
+        idx = cut_codes(words, j, N_BITS) + LVL * (1 << N_BITS)
+    else:
+        idx = unpack_codes(rows_ptr, j, row_ok, N_BITS) + LVL * (1 << N_BITS)
     c = tl.load(cos_ptr + idx)
     s = tl.load(sin_ptr + idx)
     return tl.reshape(tl.join(r * c, r * s), (BN, 2 * S))
@@ -33,21 +47,27 @@ def _polar_level(rows_ptr, row_ok, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.
 
 @triton.jit
 def polar_unit(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
-               N_BITS: tl.constexpr):
+               N_BITS: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
     """polarquant: u_hat [BN, D], decoded top-down from radius 1 with per-level cos/sin tables.
 
     Level lvl (0-based) holds D >> (lvl+1) angles starting at code D - (D >> lvl); each turns a radius r into
     the pair (r cos psi, r sin psi), and pairs interleave into the next level's radii.
     """
+    if TILE:
+        words = load_words(rows_ptr, row_ok, N_WORDS, WP)
+    else:
+        words = rows_ptr
     r = tl.full((BN, 1), 1.0, tl.float32)
     for lvl in tl.static_range(LOG2D - 1, -1, -1):
-        r = _polar_level(rows_ptr, row_ok, cos_ptr, sin_ptr, r, BN, D, lvl, D >> (lvl + 1), N_BITS)
+        r = _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN, D, lvl, D >> (lvl + 1), N_BITS,
+                         TILE)
     return r
 
 
 @triton.jit
 def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
-                     N_BITS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr):
+                     N_BITS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
+                     N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
     """octopus: the triplets t_hat = C_rho[i_rho] * n_hat as three component tiles [BN, LP] (x, y, z).
 
     DIR_TABLE: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
@@ -57,7 +77,7 @@ def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl
     """
     i = tl.arange(0, LP)[None, :]
     live = row_ok & (i < L)
-    codes = unpack_codes(rows_ptr, i, live, N_BITS)
+    codes = tl.where(live, _codes(rows_ptr, row_ok if TILE else live, i, N_BITS, N_WORDS, WP, TILE), 0)
     rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0)
     if DIR_TABLE:
         d3 = (codes >> B_RHO) * 3
@@ -79,19 +99,21 @@ def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl
 
 
 @triton.jit
-def qjl_signs(rows_ptr, row_ok, D: tl.constexpr):
+def qjl_signs(rows_ptr, row_ok, D: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
     """QJL: sigma [BN, D] as +-1.0 (stored bit 1 for +1)."""
-    j = tl.arange(0, D)[None, :]
-    return unpack_codes(rows_ptr, j, row_ok, 1).to(tl.float32) * 2.0 - 1.0
+    bits = _codes(rows_ptr, row_ok, tl.arange(0, D)[None, :], 1, N_WORDS, WP, TILE)
+    return bits.to(tl.float32) * 2.0 - 1.0
 
 
 @triton.jit
 def value_tile(codes_ptr, scale_ptr, min_ptr, rows, row_ok, BN: tl.constexpr, D: tl.constexpr,
-               GROUP: tl.constexpr, N_BITS: tl.constexpr, N_WORDS: tl.constexpr):
+               GROUP: tl.constexpr, N_BITS: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr,
+               TILE: tl.constexpr):
     """Group dequantization: v_hat [BN, D] = code * scale + minimum, per group of GROUP channels."""
     G: tl.constexpr = D // GROUP
     j = tl.arange(0, D)[None, :]
-    codes = unpack_codes(codes_ptr + rows[:, None] * N_WORDS, j, row_ok[:, None], N_BITS).to(tl.float32)
+    codes = _codes(codes_ptr + rows[:, None] * N_WORDS, row_ok[:, None], j, N_BITS, N_WORDS, WP, TILE)
+    codes = codes.to(tl.float32)
     gcol = rows[:, None] * G + tl.arange(0, G)[None, :]
     sc = tl.load(scale_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)
     mn = tl.load(min_ptr + gcol, mask=row_ok[:, None], other=0.0).to(tl.float32)

@@ -73,7 +73,8 @@ def _encode_keys_kernel(
 ):
     """Rows [BLOCK_T] of K [n_rows, D] (row r is token r % T of head (r // T) % H) -> codes, gamma, QJL.
 
-    gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
+    gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16);
+    u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
     matmul with the +-1 Hadamard matrix: in fp32 IEEE, or (DOT_NATIVE, 16-bit inputs) in the input dtype with
     fp32 accumulation, where +-1 products are exact. Then per codec: codebook search against boundaries
     (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus);
@@ -150,8 +151,9 @@ def _encode_keys_kernel(
             hz = rh * tl.load(dir_ptr + best_dir * 3 + 2)
             j = tl.zeros((BLOCK_T, D), tl.int32) + dcol
             comp = j % 3
-            u_hat = tl.where(comp == 0, tl.gather(hx, j // 3, axis=1),
-                             tl.where(comp == 1, tl.gather(hy, j // 3, axis=1), tl.gather(hz, j // 3, axis=1)))
+            trip = j // 3
+            u_hat = tl.where(comp == 0, tl.gather(hx, trip, axis=1),
+                             tl.where(comp == 1, tl.gather(hy, trip, axis=1), tl.gather(hz, trip, axis=1)))
     elif CODEC == POLAR:
         words = pack_codes(_polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS), 0, K_CODES, K_BITS, WP, KP)
     else:
@@ -180,8 +182,9 @@ def _encode_keys_kernel(
 def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
                           D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
                           WP: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Rows of V [n_rows, D] -> per group of GROUP channels: mn = fp16(min), scale = fp16(min((max-min)/(2^b-1),
-    65504)) (1 where that is 0), code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
+    """Rows of V [n_rows, D] -> per group of GROUP channels: mn = fp16(min),
+    scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
+    code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
     G: tl.constexpr = D // GROUP
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_rows

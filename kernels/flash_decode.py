@@ -1,4 +1,4 @@
-"""Split-K flash-decoding attention over the compressed K/V store plus the native window, and the LSE merge."""
+"""Split-K flash-decoding attention over the compressed K/V store plus the native window; the LSE merge."""
 
 import triton
 import triton.language as tl
@@ -18,7 +18,7 @@ from .codec_decode import (
 
 @triton.jit
 def _mm_nt(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """a [M, K] @ b[N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) fp32 FMAs and a row sum."""
+    """a [M, K] @ b[N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) FMAs and a row sum."""
     if USE_DOT:
         return tl.dot(a, tl.trans(b), input_precision=PREC)
     else:
@@ -36,7 +36,7 @@ def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _store_out(ptr, o, mask):
-    """Store fp32 o in ptr's dtype, bf16 rounded to nearest even (the CPU interpreter's own cast truncates)."""
+    """Store fp32 o in ptr's dtype, bf16 rounded to nearest even (the CPU interpreter's cast truncates)."""
     if ptr.dtype.element_ty == tl.bfloat16:
         o = bf16_value(o)
     tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)
@@ -64,9 +64,12 @@ def _attn_fwd_kernel(
     H, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
     qk_scale, qjl_coef,
     CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
-    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+    B_RHO: tl.constexpr,
     DIR_TABLE: tl.constexpr,
-    HAS_QJL: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
+    K_WP: tl.constexpr, HAS_QJL: tl.constexpr, S_WP: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
@@ -118,22 +121,24 @@ def _attn_fwd_kernel(
         gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
         if IS_OCT:
             kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
-                                          B_DIR, B_RHO, DIR_TABLE)
+                                          B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
             s = _mm_nt(qx, kx, USE_DOT, PREC) + _mm_nt(qy, ky, USE_DOT, PREC) + _mm_nt(qz, kz, USE_DOT, PREC)
         elif CODEC == POLAR:
-            u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS)
+            u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
+                           K_WP, TILE)
             s = _mm_nt(qr, u, USE_DOT, PREC)
         elif K_BITS > 0:
-            u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS)
+            u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
             s = _mm_nt(qr, u, USE_DOT, PREC)
         else:
             s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         if HAS_QJL:
-            sigma = qjl_signs(ks_ptr + krow[:, None] * ((D + 31) // 32), n_ok[:, None], D)
+            s_words = (D + 31) // 32
+            sigma = qjl_signs(ks_ptr + krow[:, None] * s_words, n_ok[:, None], D, s_words, S_WP, TILE)
             g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
             s = s + _mm_nt(qj, sigma, USE_DOT, PREC) * (qjl_coef * g_r)[None, :]
         s = tl.where(n_ok[None, :], s * (gamma * qk_scale)[None, :], float("-inf"))
-        v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS)
+        v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, TILE)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC)
 
     # native window: the last split's tail

@@ -1,4 +1,4 @@
-"""Plain PyTorch reference of the kernels, taking the same arguments as the launchers in ops.py (formats.md)."""
+"""Plain PyTorch reference of the kernels, with the same arguments as the launchers in ops.py (formats.md)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,8 @@ def encode_keys(k_BHTD: torch.Tensor, codec: KernelCodec) -> PackedKeys:
                       None if gamma_r is None else gamma_r.to(dev))
 
 
-def encode_values(v_BHTD: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True) -> PackedValues:
+def encode_values(v_BHTD: torch.Tensor, bits: int, group: int = V_GROUP,
+                  check_range: bool = True) -> PackedValues:
     """V [B, H, T, d] -> PackedValues (groups of `group` channels, fp16 scale and minimum)."""
     del check_range
     vf = v_BHTD.detach().cpu().float()

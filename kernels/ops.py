@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -20,6 +21,54 @@ OCTOPUS_DIRECTIONS = "unfold"
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _check_pow2(name: str, value: int | None, low: int, high: int) -> None:
+    if value is not None and (value < low or value > high or value & (value - 1)):
+        raise ValueError(f"{name} must be a power of two in [{low}, {high}], got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnConfig:
+    """Launch configuration of the attention kernel; a None field takes the heuristic of `attention`.
+
+    block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
+    block_n: keys per step; num_warps, num_stages (software pipelining of the loads; 1: none);
+    programs_per_sm: the split-K count aims at this many programs per multiprocessor; tile_words: load each
+    key's code words as one contiguous tile and cut codes in registers (True) or gather one load per code.
+    """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    programs_per_sm: int | None = None
+    tile_words: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (None, 1):
+            _check_pow2("block_m", self.block_m, 16, 256)
+        _check_pow2("block_n", self.block_n, 16, 256)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeConfig:
+    """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages."""
+
+    block_t: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_pow2("block_t", self.block_t, 16, 512)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
 
 
 @functools.lru_cache(maxsize=16)
@@ -43,7 +92,8 @@ def _octopus_lp(codec: KernelCodec) -> int:
     return max(16, _pow2(codec.key_codes))
 
 
-def _key_tables(codec: KernelCodec, device: torch.device, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _key_tables(codec: KernelCodec, device: torch.device,
+                dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the direction
     table or the xi centroids, and C_rho (octopus)."""
     if codec.name.startswith("octopus"):
@@ -77,14 +127,15 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
               scale: float | None = None, num_splits: int | None = None,
-              octopus_directions: str = OCTOPUS_DIRECTIONS) -> torch.Tensor:
+              octopus_directions: str = OCTOPUS_DIRECTIONS, config: AttnConfig | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
 
     q [B, Hq, Tq, d] (any float dtype); `keys`/`values` buffers [B, H, Tcap, ...] of which the first
     `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window). Hq = G*H,
     query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
     `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
-    "unfold" (decode n_hat from the xi centroids in registers) or "table" (look it up in D).
+    "unfold" (decode n_hat from the xi centroids in registers) or "table" (look it up in D). `config`
+    overrides the launch heuristic (AttnConfig).
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -116,7 +167,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if codec.name.startswith("octopus"):
         lp, length_t = _octopus_lp(codec), codec.key_codes
         trip = torch.nn.functional.pad(q_rot, (0, 3 * length_t - d)).reshape(b, h, n_rows, length_t, 3)
-        q_rot = torch.nn.functional.pad(trip.transpose(-1, -2), (0, lp - length_t)).reshape(b, h, n_rows, 3 * lp)
+        q_rot = torch.nn.functional.pad(trip.transpose(-1, -2), (0, lp - length_t))
+        q_rot = q_rot.reshape(b, h, n_rows, 3 * lp)
     q_rot = q_rot.contiguous()
     if octopus_directions not in ("unfold", "table"):
         raise ValueError(f"octopus_directions must be 'unfold' or 'table', got {octopus_directions!r}")
@@ -129,15 +181,18 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
 
-    block_m = 1 if n_rows == 1 else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64)
-    block_n = max(16, min(32, 4096 // d)) if block_m == 1 else (64 if d <= 64 else 32)
-    if _interpreting():  # per-op cost on the CPU: fewer, larger key blocks
+    cfg = config or AttnConfig()
+    wide = d <= 64 and not codec.has_qjl and not codec.name.startswith("octopus")  # fewer dot operands
+    block_m = cfg.block_m or min(max(16, _pow2(n_rows)), 128 if wide else 64)
+    block_n = cfg.block_n or (64 if d <= 64 else 32)
+    if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
-    num_warps = 8 if block_m >= 64 else 4
+    num_warps = cfg.num_warps or (8 if block_m >= 128 else 4)
+    num_stages = cfg.num_stages or 1
     n_mblocks = triton.cdiv(n_rows, block_m)
     programs = b * h * n_mblocks
     if num_splits is None:
-        want = triton.cdiv(2 * _sm_count(dev), programs)
+        want = triton.cdiv((cfg.programs_per_sm or 8) * _sm_count(dev), programs)
         num_splits = max(1, min(want, triton.cdiv(length, 4 * block_n)))
     num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
     chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
@@ -166,10 +221,12 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         CODEC=CODEC_IDS[codec.name], D=d, LP=lp, LOG2D=int(math.log2(d)),
         K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_DIR=codec.b_dir,
         B_RHO=codec.b_rho, DIR_TABLE=octopus_directions == "table",
-        HAS_QJL=codec.has_qjl, V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+        K_WP=_pow2(max(codec.key_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)),
+        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+        V_WP=_pow2(values.codes.shape[-1]), TILE=cfg.tile_words if cfg.tile_words is not None else True,
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q_BHTD.dtype == torch.float32 else "tf32",
-        num_warps=num_warps,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if not direct:
         block_r = 32
@@ -193,13 +250,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _encode_rows(d: int) -> int:
-    """Rows per encode program: 32 (d <= 64) or 16 keeps the octopus/QJL tiles in registers on the GPU; the
-    CPU interpreter pays per op, not per element, so it takes 128."""
-    return 128 if _interpreting() else (32 if d <= 64 else 16)
+def _encode_launch(d: int, config: EncodeConfig | None) -> tuple[int, dict]:
+    """(rows per program, launch options). Default 32 rows (d <= 64) or 16 keeps the octopus/QJL tiles in
+    registers on the GPU; the CPU interpreter pays per op, not per element, so it takes 128."""
+    cfg = config or EncodeConfig()
+    block_t = cfg.block_t or (128 if _interpreting() else (32 if d <= 64 else 16))
+    return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
+                     "enable_fp_fusion": False}
 
 
-def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
+def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
     """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
     bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
     rounding of a decision boundary.
@@ -231,7 +291,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = torch.zeros(1, device=dev, dtype=torch.float32)
     octo = codec.name.startswith("octopus")
-    block_t = _encode_rows(d)
+    block_t, launch = _encode_launch(d, config)
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
         kc, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
@@ -244,13 +304,13 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
         K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
         B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
         HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
-        DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t,
-        num_warps=4, enable_fp_fusion=False,
+        DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t, **launch,
     )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 
-def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True) -> PackedValues:
+def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True,
+                  config: EncodeConfig | None = None) -> PackedValues:
     """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]
     int32, `scale`/`minimum` [..., H, T, d/group] fp16. `check_range=False` skips the range check (one host
     sync) for callers that checked already."""
@@ -270,8 +330,8 @@ def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range:
     codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
     scale = torch.empty(*lead, d // group, device=v.device, dtype=torch.float16)
     minimum = torch.empty_like(scale)
-    block_t = _encode_rows(d)
+    block_t, launch = _encode_launch(d, config)
     _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
         vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
-        BLOCK_T=block_t, num_warps=4, enable_fp_fusion=False)
+        BLOCK_T=block_t, **launch)
     return PackedValues(codes, scale, minimum, bits, group)

@@ -1,4 +1,4 @@
-"""What the kernels need to know about a key codec (tables, rotations, bit layout) and the packed-state tensors."""
+"""What the kernels know of a key codec (tables, rotations, bit layout), and the packed-state tensors."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ class KernelCodec:
             raise ValueError(f"kernel codec {self.name!r} is not one of {', '.join(KERNEL_CODECS)}")
         d = self.head_dim
         if d & (d - 1) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"the fused kernels take head_dim a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], "
-                             f"got {d}")
+            raise ValueError(f"the fused kernels take head_dim a power of two in "
+                             f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
         if not 1 <= self.bits <= 8:
             raise ValueError(f"bits must be in 1..8, got {self.bits}")
         if self.rotation_signs.ndim != 2 or self.rotation_signs.shape[1] != d:
@@ -108,8 +108,9 @@ class KernelCodec:
         return -(-self.key_codes * self.key_code_bits // 32)
 
     def to(self, device: torch.device) -> KernelCodec:
-        """This codec with its tables on `device` (itself when they are there already)."""
-        if self.rotation_signs.device == torch.device(device):
+        """This codec with all its tables on `device` (itself when they are all there already)."""
+        device = torch.device(device)
+        if all(getattr(self, f) is None or getattr(self, f).device == device for f in _TENSOR_FIELDS):
             return self
         moved = {f: None if getattr(self, f) is None else getattr(self, f).to(device) for f in _TENSOR_FIELDS}
         return KernelCodec(self.name, self.head_dim, self.bits, b_dir=self.b_dir, b_rho=self.b_rho, **moved)

@@ -57,28 +57,62 @@ def attention_shapes(suite: str) -> list[AttnShape]:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One benchmark row to produce: kind in {attention, encode-k, encode-v}."""
+    """One benchmark row to produce: kind in {attention, encode-k, encode-v}; config: an AttnConfig or
+    EncodeConfig (None: the launchers' heuristics)."""
 
     kind: str
     codec: str
     bits: int
     shape: AttnShape | None = None
     directions: str = "unfold"
+    config: object = None
 
 
-def plan(suite: str, codecs: list[str], bits: list[int]) -> list[Job]:
+def shape_class(shape: AttnShape) -> str:
+    """The tuning class of an attention shape: one launch configuration serves each class."""
+    return "aar" if shape.tq > 1 else f"long-d{shape.d}"
+
+
+def tuning_jobs() -> dict[str, list[Job]]:
+    """Candidate launch configurations per class, timed on octopus b=2 (the codec the targets name)."""
+    from octopus_audio.kernels import AttnConfig, EncodeConfig
+
+    aar = AttnShape("tune AAR B=64", 128, 16, 75, 380, 75, 64)
+    aar_cfgs = [AttnConfig(128, 64, 8, 1, tile_words=t) for t in (True, False)] + [
+        AttnConfig(64, 64, 4, 1), AttnConfig(64, 32, 4, 1), AttnConfig(128, 32, 8, 1),
+        AttnConfig(128, 64, 4, 1),
+        AttnConfig(128, 64, 8, 2)]
+    long_cfgs = [AttnConfig(16, 32, 4, 1, 8, t) for t in (True, False)] + [
+        AttnConfig(16, 64, 4, 1, 8), AttnConfig(16, 32, 8, 1, 8), AttnConfig(16, 64, 8, 1, 16),
+        AttnConfig(16, 32, 4, 1, 32), AttnConfig(1, 32, 4, 1, 8), AttnConfig(16, 16, 4, 1, 16),
+        AttnConfig(16, 32, 4, 2, 8)]
+    jobs = {"aar": [Job("attention", "octopus", 2, aar, config=c) for c in aar_cfgs]}
+    for d, h in LONG_DIMS:
+        shape = AttnShape(f"tune 1 q x 128k, d={d}", 1, h, 1, LONG_KEYS[-1] - 1, 1, d)
+        jobs[f"long-d{d}"] = [Job("attention", "octopus", 2, shape, config=c) for c in long_cfgs]
+    enc_cfgs = [EncodeConfig(32, 4, 1), EncodeConfig(16, 4, 1), EncodeConfig(64, 4, 1),
+                EncodeConfig(64, 8, 1),
+                EncodeConfig(128, 8, 1)]
+    jobs["encode-k"] = [Job("encode-k", "octopus", 2, config=c) for c in enc_cfgs]
+    jobs["encode-v"] = [Job("encode-v", "values", 2, config=c) for c in enc_cfgs]
+    return jobs
+
+
+def plan(suite: str, codecs: list[str], bits: list[int], chosen: dict[str, object]) -> list[Job]:
+    """The rows of a suite, each with its class's chosen launch configuration."""
     jobs = []
     for shape in attention_shapes(suite):
+        cfg = chosen.get(shape_class(shape))
         for name in codecs:
             for b in bits:
-                jobs.append(Job("attention", name, b, shape))
-                if suite == "quick" and name.startswith("octopus"):
-                    jobs.append(Job("attention", name, b, shape, directions="table"))
+                jobs.append(Job("attention", name, b, shape, config=cfg))
+                if name == "octopus" and b == 2 and (suite == "quick" or shape.tq == 1):
+                    jobs.append(Job("attention", name, b, shape, directions="table", config=cfg))
     for name in codecs:
         for b in bits:
-            jobs.append(Job("encode-k", name, b))
+            jobs.append(Job("encode-k", name, b, config=chosen.get("encode-k")))
     for b in bits:
-        jobs.append(Job("encode-v", "values", b))
+        jobs.append(Job("encode-v", "values", b, config=chosen.get("encode-v")))
     return jobs
 
 
@@ -143,7 +177,7 @@ def _ours_attention(job: Job, inputs):
 
     codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
     return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc,
-                                 octopus_directions=job.directions)
+                                 octopus_directions=job.directions, config=job.config)
 
 
 def _encode_inputs(job: Job, device):
@@ -160,9 +194,9 @@ def _ours_encode(job: Job, x):
     from octopus_audio.kernels import ops
 
     if job.kind == "encode-v":
-        return lambda: ops.encode_values(x, job.bits, check_range=False)
+        return lambda: ops.encode_values(x, job.bits, check_range=False, config=job.config)
     kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
-    return lambda: ops.encode_keys(x, kc)
+    return lambda: ops.encode_keys(x, kc, config=job.config)
 
 
 def warm(job: Job) -> str:
@@ -283,8 +317,36 @@ def _encode_row(job: Job, x, rep_ms: float) -> dict:
     return row
 
 
-def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float) -> list[dict]:
-    """Every job's row (a failing job is recorded with its error and the rest still run)."""
+def tune(candidates: dict[str, list[Job]], rep_ms: float) -> tuple[dict[str, object], list[dict]]:
+    """Time each class's candidates (ours only) and keep the fastest configuration per class."""
+    import torch
+
+    chosen, report = {}, []
+    for cls, jobs in candidates.items():
+        best = None
+        for job in jobs:
+            try:
+                if job.kind == "attention":
+                    fn = _ours_attention(job, _attention_inputs(job, torch.device(_DEVICE)))
+                else:
+                    fn = _ours_encode(job, _encode_inputs(job, torch.device(_DEVICE)))
+                fn()
+                ms = _bench(fn, rep_ms)
+            except Exception as e:
+                report.append({"class": cls, "config": repr(job.config), "error": f"{type(e).__name__}: {e}"})
+                continue
+            report.append({"class": cls, "config": repr(job.config), "ms": ms})
+            if best is None or ms < best[0]:
+                best = (ms, job.config)
+            torch.cuda.empty_cache()
+        if best is not None:
+            chosen[cls] = best[1]
+    return chosen, report
+
+
+def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | None = None) -> list[dict]:
+    """Every job's row (a failing job is recorded with its error and the rest still run); the rows so far are
+    rewritten to `partial` after each one."""
     import torch
 
     rows: list[dict] = []
@@ -304,6 +366,8 @@ def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float) -> list[dict]:
         torch.cuda.empty_cache()
         rows.append(row)
         log.info("%s", row)
+        if partial is not None:
+            partial.write_text(json.dumps(rows, indent=1, default=str))
     return rows
 
 
@@ -328,7 +392,8 @@ def table(rows: list[dict]) -> str:
             check = _fmt(r.get("rel_err_vs_decode_sdpa"), ".1e")
             lines.append(
                 f"| attention | {r['shape']} | {codec} | {r['bits']} | {r['ms']:.4f} "
-                f"| {r['sdpa_bf16_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} | {_fmt(r.get('decode_sdpa_ms'), '.3f')} "
+                f"| {r['sdpa_bf16_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} "
+                f"| {_fmt(r.get('decode_sdpa_ms'), '.3f')} "
                 f"| {_fmt(r.get('speedup_vs_decode_sdpa'), '.1f')} | {r['bytes'] / 1e6:.1f} "
                 f"| {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
         else:
@@ -370,7 +435,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
     parser.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
     parser.add_argument("--workers", type=int, default=-1,
-                        help="processes compiling the kernels in parallel first (-1: one per core, at most 16)")
+                        help="processes compiling the kernels in parallel first (-1: one a core, at most 16)")
+    parser.add_argument("--tune", action="store_true",
+                        help="first time a few launch configurations per shape class and use the fastest")
     parser.add_argument("--no-attention", action="store_true", help="skip the attention rows")
     parser.add_argument("--no-encode", action="store_true", help="skip the encode rows")
 
@@ -390,33 +457,44 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bits must be a comma list of integers, got {args.bits!r}") from None
     if args.suite == "quick":
         bits = bits[:1]
-    jobs = plan(args.suite, codecs, bits)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    workers = min(16, os.cpu_count() or 1) if args.workers < 0 else args.workers
+    chosen, tuning = {}, []
+    if args.tune:
+        candidates = tuning_jobs()
+        _warm_all([j for js in candidates.values() for j in js], workers)
+        chosen, tuning = tune(candidates, args.rep_ms)
+    jobs = plan(args.suite, codecs, bits, chosen)
     if args.no_attention:
         jobs = [j for j in jobs if j.kind != "attention"]
     if args.no_encode:
         jobs = [j for j in jobs if j.kind == "attention"]
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    t0 = time.time()
-    workers = min(16, os.cpu_count() or 1) if args.workers < 0 else args.workers
     warm_errors = {j: e for j, e in _warm_all(jobs, workers).items() if e}
     t_warm = time.time() - t0
     copy_gbps = copy_bandwidth(args.rep_ms)
-    rows = run_rows(jobs, args.rep_ms, copy_gbps)
+    (out_dir / "tuning.json").write_text(json.dumps({"chosen": {k: repr(v) for k, v in chosen.items()},
+                                                     "tuning": tuning}, indent=1))
+    rows = run_rows(jobs, args.rep_ms, copy_gbps, partial=out_dir / "rows_partial.json")
     import triton
 
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": _commit(), "command": "octopus-audio bench " + " ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                if k in ("suite", "codecs", "bits", "rep_ms")),
+                if k in ("suite", "codecs", "bits", "rep_ms")) + (" --tune" if args.tune else ""),
             "copy_gbps": copy_gbps, "warm_up_s": round(t_warm, 1), "total_s": round(time.time() - t0, 1),
+            "chosen_configs": {k: repr(v) for k, v in chosen.items()}, "tuning": tuning,
             "warm_up_errors": {f"{j.kind} {j.codec} b={j.bits} {j.shape.label if j.shape else ''}": e
                                for j, e in warm_errors.items()}}
+    tune_md = "".join(f"| {t['class']} | {t['config']} | {_fmt(t.get('ms'), '.4f')} | {t.get('error', '')} "
+                      "|\n" for t in tuning)
     md = (f"date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; "
           f"commit {meta['commit']}\n\ncommand: `{meta['command']}`\n\ndevice-to-device copy: "
-          f"{copy_gbps:.0f} GB/s (read + write)\n\n" + table(rows) + "\n")
+          f"{copy_gbps:.0f} GB/s (read + write)\n\n" + table(rows)
+          + "\n\nlaunch configurations tried (octopus b=2; the fastest per class is used above):\n\n"
+          "| class | config | ms | error |\n| --- | --- | --- | --- |\n" + tune_md)
     (out_dir / "bench.md").write_text(md)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     print(md)

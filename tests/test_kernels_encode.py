@@ -28,9 +28,9 @@ MAX_MISMATCH = 1e-4  # indices whose input lies within fp32 rounding of a decisi
 
 
 def _blas_interpreter_dot() -> None:
-    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which numpy
-    skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the same fp32
-    dot through BLAS."""
+    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
+    numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the
+    same fp32 dot through BLAS."""
     import numpy as np
     from triton.runtime import interpreter
 
@@ -115,17 +115,18 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert got.signs is None and got.gamma_r is None
 
 
-VALUE_CASES = [(1, 64, torch.float32), (2, 128, torch.bfloat16), (3, 64, torch.float16), (4, 128, torch.float32),
-               (8, 64, torch.float32)]
+VALUE_CASES = [(1, 64, torch.float32), (2, 128, torch.bfloat16), (3, 64, torch.float16),
+               (4, 128, torch.float32), (8, 64, torch.float32)]
 
 
-@pytest.mark.parametrize("bits,d,dtype", VALUE_CASES, ids=[f"b{b}-d{d}-{str(t)[6:]}" for b, d, t in VALUE_CASES])
+@pytest.mark.parametrize("bits,d,dtype", VALUE_CASES,
+                         ids=[f"b{b}-d{d}-{str(t)[6:]}" for b, d, t in VALUE_CASES])
 def test_encode_values_matches_quantizer(bits, d, dtype):
     g = torch.Generator().manual_seed(bits)
     v = (torch.randn(2, 3, 45, d, generator=g) * 4).to(dtype)
     v[0, 0, 0, :16] = 1.5  # constant group: scale 1
     v[0, 0, 1, :16] = 1000.0 + torch.arange(16) * 1e-3  # range below fp16 resolution: scale rounds to 0 -> 1
-    v[1, 2, 3, 16:32] = torch.linspace(-65280, 65280, 16)  # about the widest range fp16 allows (b=1: scale clamps)
+    v[1, 2, 3, 16:32] = torch.linspace(-65280, 65280, 16)  # about the widest fp16 range (b=1: scale clamps)
     v = v.to(DEVICE)
     got = kernel_ops().encode_values(v, bits)
     want = ValueQuantizer(bits, d).encode(v.cpu())
