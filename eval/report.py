@@ -139,21 +139,27 @@ def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
 
 
 def spectrogram_png(wav_path: Path, png_path: Path, ref_db: float | None = None, frames: int = 200) -> float:
-    """Log-power spectrogram image (low frequencies at the bottom, 80 dB range), written with `imsave`.
+    """Log-power spectrogram thumbnail: 129 frequency rows (n_fft 256, low at the bottom), about `frames`
+    columns, 80 dB range, magma colours, stored as an 8-bit palette PNG (a few kB to tens of kB).
 
     Returns the image's 0 dB level, so a clip's codec images can share the reference's scale (`ref_db`).
     """
     import soundfile
-    from matplotlib.image import imsave
+    from matplotlib import colormaps
+    from PIL import Image
 
     from octopus_audio.eval.audio_pair import stft_frames
 
     audio, _ = soundfile.read(str(wav_path), dtype="float64", always_2d=True)
     x = audio.mean(axis=1)
-    hop = max(128, x.size // frames)
-    power_db = 10.0 * np.log10(np.abs(stft_frames(x, 512, hop)) ** 2 + 1e-10)
+    hop = max(64, x.size // frames)
+    power_db = 10.0 * np.log10(np.abs(stft_frames(x, 256, hop)) ** 2 + 1e-10)
     top = float(power_db.max()) if ref_db is None else ref_db
-    imsave(png_path, power_db.T[::-1], cmap="magma", vmin=top - 80.0, vmax=top, metadata={"Software": None})
+    index = np.clip(np.round((power_db.T[::-1] - (top - 80.0)) * (255.0 / 80.0)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(np.ascontiguousarray(index), mode="P")
+    lut = (colormaps["magma"](np.arange(256) / 255.0)[:, :3] * 255.0 + 0.5).astype(np.uint8)
+    image.putpalette(lut.reshape(-1).tolist())
+    image.save(png_path, optimize=True)
     return top
 
 
