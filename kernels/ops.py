@@ -181,13 +181,18 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
 
+    # Defaults from the H200 sweep (benchmarks/results/kernels_2026-11-29.md, octopus b=2): one query row
+    # -> no tensor cores, 32 keys a step, 4 warps, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
+    # against 1.81-3.94 ms for the 16-row tensor-core variants); a block of queries -> up to 128 rows,
+    # 64 keys a step, 4 warps (0.70 ms at AAR B=64 against 0.76-1.54 ms); no load pipelining (num_stages 2
+    # doubled the time: the loads are gathers).
     cfg = config or AttnConfig()
-    wide = d <= 64 and not codec.has_qjl and not codec.name.startswith("octopus")  # fewer dot operands
-    block_m = cfg.block_m or min(max(16, _pow2(n_rows)), 128 if wide else 64)
-    block_n = cfg.block_n or (64 if d <= 64 else 32)
+    single = n_rows == 1
+    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
+    block_n = cfg.block_n or (32 if single or d > 64 else 64)
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
-    num_warps = cfg.num_warps or (8 if block_m >= 128 else 4)
+    num_warps = cfg.num_warps or 4
     num_stages = cfg.num_stages or 1
     n_mblocks = triton.cdiv(n_rows, block_m)
     programs = b * h * n_mblocks
@@ -250,11 +255,12 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _encode_launch(d: int, config: EncodeConfig | None) -> tuple[int, dict]:
-    """(rows per program, launch options). Default 32 rows (d <= 64) or 16 keeps the octopus/QJL tiles in
-    registers on the GPU; the CPU interpreter pays per op, not per element, so it takes 128."""
+def _encode_launch(d: int, config: EncodeConfig | None, keys: bool) -> tuple[int, dict]:
+    """(rows per program, launch options). Defaults from the H200 sweep at 64k tokens x 16 heads, d=64:
+    16 rows for keys (octopus b=2 1.08 ms against 1.91-2.14 ms for 32-128 rows), 32 for values (0.186 ms,
+    all sizes within 20%). The CPU interpreter pays per op, not per element, so it takes 128."""
     cfg = config or EncodeConfig()
-    block_t = cfg.block_t or (128 if _interpreting() else (32 if d <= 64 else 16))
+    block_t = cfg.block_t or (128 if _interpreting() else (16 if keys or d > 64 else 32))
     return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
                      "enable_fp_fusion": False}
 
@@ -291,7 +297,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = torch.zeros(1, device=dev, dtype=torch.float32)
     octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config)
+    block_t, launch = _encode_launch(d, config, keys=True)
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
         kc, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
@@ -330,7 +336,7 @@ def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range:
     codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
     scale = torch.empty(*lead, d // group, device=v.device, dtype=torch.float16)
     minimum = torch.empty_like(scale)
-    block_t, launch = _encode_launch(d, config)
+    block_t, launch = _encode_launch(d, config, keys=False)
     _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
         vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
         BLOCK_T=block_t, **launch)
