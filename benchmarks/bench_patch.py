@@ -27,24 +27,6 @@ from octopus_audio.aar_patch.sat import SAT, SATConfig
 GIB = 2.0**30
 
 
-def move_every_kernel_table() -> None:
-    """Workaround, reported to the lead: `KernelCodec.to` returns the codec unchanged when its rotation signs
-    are already on the device, which leaves the octopus xi/rho tables (from the codebook files) on the CPU and
-    makes the attention kernel fail on CUDA. This moves every table; it changes no numerics."""
-    from octopus_audio.kernels import spec
-
-    def to(self, device):
-        device = torch.device(device)
-        fields = {f: getattr(self, f) for f in spec._TENSOR_FIELDS}
-        if all(t is None or t.device == device for t in fields.values()):
-            return self
-        moved = {f: None if t is None else t.to(device) for f, t in fields.items()}
-        return spec.KernelCodec(self.name, self.head_dim, self.bits, b_dir=self.b_dir, b_rho=self.b_rho,
-                                **moved)
-
-    spec.KernelCodec.to = to
-
-
 def build_pipeline(small: bool, device: str) -> AARPipeline:
     config = AARConfig(depth=2, embed_dim=128, num_heads=2) if small else AARConfig()
     with torch.device(device):  # built (and randomly initialised) where it runs
@@ -195,8 +177,6 @@ def main() -> None:
     args = p.parse_args()
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.device == "cuda":
-        move_every_kernel_table()
     pipe = build_pipeline(args.small, args.device)
     timer = DecodeTimer(pipe, args.device)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
