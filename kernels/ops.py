@@ -19,6 +19,18 @@ LOG2E = 1.4426950408889634
 OCTOPUS_DIRECTIONS = "unfold"
 
 
+def _outside_autocast(fn):
+    """The launchers' torch math (query rotation, layouts) must stay fp32 under a caller's autocast: an
+    autocast matmul would hand the kernels bf16 rotated queries beside fp32 decoded keys."""
+
+    @functools.wraps(fn)
+    def launcher(*args, **kwargs):
+        with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+            return fn(*args, **kwargs)
+
+    return launcher
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -124,6 +136,7 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
     return t_cap
 
 
+@_outside_autocast
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
               scale: float | None = None, num_splits: int | None = None,
@@ -265,6 +278,7 @@ def _encode_launch(d: int, config: EncodeConfig | None, keys: bool) -> tuple[int
                      "enable_fp_fusion": False}
 
 
+@_outside_autocast
 def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
     """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
     bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
@@ -315,6 +329,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 
+@_outside_autocast
 def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True,
                   config: EncodeConfig | None = None) -> PackedValues:
     """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]

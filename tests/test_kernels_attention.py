@@ -221,3 +221,20 @@ def test_attention_rejects_bad_inputs():
     bad = PackedKeys(keys.codes, keys.gamma.float())
     with pytest.raises(ValueError, match="keys.gamma"):
         ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
+
+
+def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
+    """The AAR fast path calls attention inside bf16 autocast: the launchers' torch math must stay fp32."""
+    kernel_ops()
+    torch.manual_seed(1)
+    cache = CompressedKVCache("octopus", 2, 64, window=1, seed=5)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    for n in (2, 3):
+        k, v = _to(DEVICE, torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64))
+        cache.append(k.bfloat16(), v.bfloat16())
+    q = torch.randn(1, 2, 17, 64).to(DEVICE).bfloat16()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = cache.attend(q, 0.125)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    assert out.dtype == torch.bfloat16
+    assert_close(out, cache.attend(q, 0.125), TOL[torch.bfloat16])
