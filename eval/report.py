@@ -17,14 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
-from octopus_audio.eval.metrics import METRICS
+from octopus_audio.eval.fidelity import FIDELITY_METRICS
+from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
 from octopus_audio.eval.runner import wav_name
 
 log = logging.getLogger(__name__)
 
+# every number an ok row holds under "metrics": the sampled output's four, then the two teacher-forced ones
+METRICS = AUDIO_METRICS + FIDELITY_METRICS
 KV_FIELDS = (("ratio", "KV ratio"), ("k_bits", "K bits/coord"), ("v_bits", "V bits/coord"))
 _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "latent_cos": "{:.4f}",
-            "ratio": "{:.2f}", "k_bits": "{:.2f}", "v_bits": "{:.2f}"}
+            "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits": "{:.2f}",
+            "v_bits": "{:.2f}"}
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -69,6 +73,12 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
              "clip, condition and seed. LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
              "is better. KV ratio: fp16 cache bytes / compressed cache bytes; bits/coord: stored bits per K "
              "or V coordinate (side fields included).", "",
+             "TF top-1 agreement and TF KL are teacher-forced: the model under the codec is fed the "
+             "reference's own tokens at every scale (the same inputs as the reference) and its guided "
+             "next-token distributions are compared with the reference's (top-1: fraction of positions "
+             "whose most likely token is the same, higher is better; KL(reference || codec) in nats per "
+             "token, lower is better), which isolates the codec's error from the divergence of sampling "
+             "after one flipped token.", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for g in groups:
         cells = [g["codec"], _bits_label(g["bits"]),
@@ -217,7 +227,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
                 continue
             mt = row["metrics"]
             note = (f"LSD {_fmt('lsd_db', mt['lsd_db'])} dB, SNR {_fmt('snr_db', mt['snr_db'])} dB, "
-                    f"cos {_fmt('latent_cos', mt['latent_cos'])}")
+                    f"cos {_fmt('latent_cos', mt['latent_cos'])}; TF top-1 {_fmt('tf_top1', mt['tf_top1'])}, "
+                    f"KL {_fmt('tf_kl_nats', mt['tf_kl_nats'])}")
             cells.append("<td>" + _cell(label, name, name[:-4] + ".png", out_dir, note) + "</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p)}'>" for p in plots)
@@ -225,7 +236,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
             f"<style>{_CSS}</style></head><body>\n<h1>octopus-audio eval</h1>\n<ul>{meta_items}</ul>\n"
             "<p>Files: <a href='results.json'>results.json</a>, <a href='table.csv'>table.csv</a>, "
             "<a href='table.md'>table.md</a>, <a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
-            "range, a clip's codec images on its reference's scale.</p>\n"
+            "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
+            "model fed the reference's tokens): top-1 agreement and KL in nats per token.</p>\n"
             + "\n".join(summary) + f"\n<div class='plots'>{plot_imgs}</div>\n"
             "<div class='clips'><table>" + head + "\n" + "\n".join(body) + "</table></div>\n</body></html>\n")
 

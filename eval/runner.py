@@ -6,8 +6,14 @@ generate is recorded with its error and the run goes on. Under `torchrun` the cl
 processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
 writes the report.
 
-The model sits behind a small backend interface (`generate(cond, seed)`, `compressed(codec, bits)`) so tests
-can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate` / `compressed_kv` to it.
+Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
+(eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
+distributions are compared with the reference's on the same inputs, free of sampling divergence. The
+reference's tokens are saved with it (`refs/<clip>.npz`), so a resumed run computes them without generating.
+
+The model sits behind a small backend interface (`generate(cond, seed)`, `teacher_forced(cond, tokens)`,
+`compressed(codec, bits)`) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
+`compressed_kv` and `eval.fidelity.teacher_forced_probs` to it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -98,14 +104,25 @@ class EvalConfig:
         return d
 
 
+class Generated(NamedTuple):
+    """One generation: audio (T,) float32, latent fhat float32 (any shape), tokens per scale [(pn,) int64]."""
+
+    audio: np.ndarray
+    fhat: np.ndarray
+    tokens: list[np.ndarray]
+
+
 class Backend(Protocol):
     """What the runner needs from a model; `name` identifies it in reports."""
 
     name: str
     sample_rate: int
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """One generation for a (512,) condition: (audio (T,) float32, latent fhat float32 of any shape)."""
+    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
+        """One generation for a (512,) condition."""
+
+    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
+        """Per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens` forced."""
 
     def compressed(self, codec: str, bits: int | None) -> contextlib.AbstractContextManager:
         """A context inside which `generate` runs under the codec; its value has `stats()`."""
@@ -138,8 +155,11 @@ class LazyBackend:
                                    f"{self.sample_rate} Hz")
         return self._backend
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
         return self.backend.generate(cond_D, seed)
+
+    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
+        return self.backend.teacher_forced(cond_D, tokens)
 
     def compressed(self, codec: str, bits: int | None):
         return self.backend.compressed(codec, bits)
@@ -155,12 +175,15 @@ class _Unpatched:
 class AARBackend:
     """`octopus_audio.aar_patch` behind the runner's interface.
 
-    B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn` /
-    `compressed_kv_fn` default to the package's `generate` / `compressed_kv` (tests inject fakes).
+    B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn`,
+    `compressed_kv_fn` and `teacher_forced_fn` default to the package's `generate`, `compressed_kv` and
+    `eval.fidelity.teacher_forced_probs` (tests inject fakes). Generation runs at `generate`'s default
+    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
     """
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
-                 generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None) -> None:
+                 generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
+                 teacher_forced_fn: Callable | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
         self.pipe = pipe
@@ -170,16 +193,33 @@ class AARBackend:
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
         self._compressed_kv = compressed_kv_fn or getattr(aar_patch, "compressed_kv", None)
+        if teacher_forced_fn is None:
+            from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
+        self._teacher_forced = teacher_forced_fn
         require_patch(config, self._compressed_kv)
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    def _cond(self, cond_D: np.ndarray):
         import torch
 
-        cond_BD = torch.from_numpy(np.asarray(cond_D, dtype=np.float32)[None, :]).to(self.device)
+        return torch.from_numpy(np.asarray(cond_D, dtype=np.float32)[None, :]).to(self.device)
+
+    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
+        import torch
+
         c = self.config
         with torch.inference_mode():
-            g = self._generate(self.pipe, cond_BD, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p, seed=seed)
-        return g.audio[0].reshape(-1).float().cpu().numpy(), g.fhat[0].float().cpu().numpy()
+            g = self._generate(self.pipe, self._cond(cond_D), cfg=c.cfg, top_k=c.top_k, top_p=c.top_p,
+                               seed=seed)
+        return Generated(g.audio[0].reshape(-1).float().cpu().numpy(), g.fhat[0].float().cpu().numpy(),
+                         [t[0].to(torch.int64).cpu().numpy() for t in g.tokens])
+
+    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
+        import torch
+
+        tokens_1l = [torch.from_numpy(np.asarray(t, dtype=np.int64)[None, :]).to(self.device) for t in tokens]
+        with torch.inference_mode():
+            probs = self._teacher_forced(self.pipe, self._cond(cond_D), tokens_1l, cfg=self.config.cfg)
+        return [p.float().cpu() for p in probs]
 
     def compressed(self, codec: str, bits: int | None):
         c = self.config
@@ -299,38 +339,65 @@ def write_wav(path: Path, audio_T: np.ndarray, sample_rate: int) -> None:
     os.replace(tmp, path)
 
 
-def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int):
-    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it."""
+def _as_generated(g: Generated) -> Generated:
+    return Generated(np.asarray(g.audio, dtype=np.float32), np.asarray(g.fhat, dtype=np.float32),
+                     [np.asarray(t, dtype=np.int64).reshape(-1) for t in g.tokens])
+
+
+def _load_reference(path: Path, cond_D: np.ndarray) -> Generated | None:
+    """The saved reference if it was made with this condition and holds its tokens; None (logged) if not."""
+    with np.load(path) as saved:
+        if saved["cond"].shape != cond_D.shape or not np.array_equal(saved["cond"], cond_D):
+            log.warning("%s was made with another condition; generating the reference again", path)
+            return None
+        if "tokens" not in saved:
+            log.warning("%s has no tokens (an older run); generating the reference again", path)
+            return None
+        tokens = np.split(saved["tokens"], np.cumsum(saved["token_sizes"])[:-1])
+        return Generated(saved["audio"], saved["fhat"], tokens)
+
+
+def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int) -> Generated:
+    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it.
+
+    The npz holds audio, fhat, the condition and the tokens (all scales concatenated, with `token_sizes`).
+    """
     path = out_dir / "refs" / f"{ref.clip_id}.npz"
     wav = out_dir / "wav" / wav_name(ref.clip_id, "reference", None)
     if path.is_file():
-        with np.load(path) as saved:
-            if saved["cond"].shape == cond_D.shape and np.array_equal(saved["cond"], cond_D):
-                audio, fhat = saved["audio"], saved["fhat"]
-                if not wav.is_file():
-                    write_wav(wav, audio, backend.sample_rate)
-                return audio, fhat
-        log.warning("%s was made with another condition; generating the reference again", path)
-    audio, fhat = backend.generate(cond_D, seed)
-    audio, fhat = np.asarray(audio, dtype=np.float32), np.asarray(fhat, dtype=np.float32)
+        saved = _load_reference(path, cond_D)
+        if saved is not None:
+            if not wav.is_file():
+                write_wav(wav, saved.audio, backend.sample_rate)
+            return saved
+    out = _as_generated(backend.generate(cond_D, seed))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, audio=audio, fhat=fhat, cond=cond_D)
+    np.savez(tmp, audio=out.audio, fhat=out.fhat, cond=cond_D, tokens=np.concatenate(out.tokens),
+             token_sizes=np.array([t.size for t in out.tokens], dtype=np.int64))
     os.replace(tmp, path)
-    write_wav(wav, audio, backend.sample_rate)
-    return audio, fhat
+    write_wav(wav, out.audio, backend.sample_rate)
+    return out
 
 
 def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path, config: EvalConfig,
              backend: Backend, conditioner, emit: Callable[[dict], None]) -> None:
-    """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row."""
+    """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row.
+
+    An ok row records its wall time (`seconds`, generation + teacher forcing + metrics) and the intra-op
+    thread count it ran with (`threads`); neither reaches the report.
+    """
+    import torch
+
+    from octopus_audio.eval.fidelity import fidelity_row
+
     base = {"clip": ref.clip_id, "origin": ref.origin}
 
     def fail(jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", ref.clip_id, stage, _error_text(e))
         for codec, bits in jobs:
             emit({**base, "codec": codec, "bits": bits, "status": "error", "stage": stage,
-                  "error": _error_text(e), "metrics": None, "kv": None, "seconds": None})
+                  "error": _error_text(e), "metrics": None, "kv": None, "seconds": None, "threads": None})
 
     try:
         clip = decode(ref)
@@ -345,27 +412,36 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
     except Exception as e:
         return fail(todo, "condition", e)
     try:
-        ref_audio, ref_fhat = _reference(out_dir, ref, cond_D, backend, config.seed)
+        reference = _reference(out_dir, ref, cond_D, backend, config.seed)
     except Exception as e:
         return fail(todo, "reference", e)
+    try:  # the unpatched model on the reference's own tokens: what every codec is compared with
+        probs_ref = backend.teacher_forced(cond_D, reference.tokens)
+    except Exception as e:
+        return fail(todo, "fidelity", e)
     for codec, bits in todo:
         start = time.perf_counter()
+        stage = "generate"
         try:
             with backend.compressed(codec, bits) as handle:
-                audio, fhat = backend.generate(cond_D, config.seed)
+                out = _as_generated(backend.generate(cond_D, config.seed))
                 kv = kv_summary(handle.stats())
+                stage = "fidelity"
+                probs_hat = backend.teacher_forced(cond_D, reference.tokens)
         except Exception as e:
-            fail([(codec, bits)], "generate", e)
+            fail([(codec, bits)], stage, e)
             continue
-        audio, fhat = np.asarray(audio, dtype=np.float32), np.asarray(fhat, dtype=np.float32)
         try:
-            metrics = compute_metrics(ref_audio, audio, ref_fhat, fhat, backend.sample_rate)
+            metrics = {**compute_metrics(reference.audio, out.audio, reference.fhat, out.fhat,
+                                         backend.sample_rate),
+                       **fidelity_row(probs_ref, probs_hat)}
         except Exception as e:
             fail([(codec, bits)], "metrics", e)
             continue
-        write_wav(out_dir / "wav" / wav_name(ref.clip_id, codec, bits), audio, backend.sample_rate)
+        write_wav(out_dir / "wav" / wav_name(ref.clip_id, codec, bits), out.audio, backend.sample_rate)
         emit({**base, "codec": codec, "bits": bits, "status": "ok", "stage": None, "error": None,
-              "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3)})
+              "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3),
+              "threads": torch.get_num_threads()})
 
 
 # distributed ---------------------------------------------------------------------------------------------
@@ -441,6 +517,13 @@ def _check_settings(out_dir: Path, settings: dict) -> None:
         path.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
 
 
+def precision_settings(device: str) -> dict[str, str]:
+    """How each number is computed on `device`: generation at `aar_patch.generate`'s default precision for
+    the device (bf16-autocast blocks on CUDA, fp32 elsewhere), teacher forcing always in fp32."""
+    return {"generation_precision": "bf16-autocast" if device.startswith("cuda") else "fp32",
+            "teacher_forced_precision": "fp32"}
+
+
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
              device: str = "cpu", progress: bool = True) -> dict | None:
@@ -458,7 +541,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
     try:
         backend = make_backend(device)
         settings = {**config.identity(), "model": backend.name, "conditioner": conditioner.name,
-                    "sample_rate": backend.sample_rate}
+                    "sample_rate": backend.sample_rate, **precision_settings(device)}
         if info.rank == 0:
             _check_settings(out_dir, settings)
         group.barrier()
@@ -477,6 +560,10 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             writer.write(row)
             bar.update(1)
 
+        import torch
+
+        log.info("rank %d on %s: %d intra-op threads (--threads, or torch's default: OMP_NUM_THREADS=%s)",
+                 info.rank, device, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "unset"))
         start = time.perf_counter()
         try:
             for ref in mine:
@@ -486,8 +573,8 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         finally:
             bar.close()
             writer.close()
-        log.info("rank %d: %d clips, %d rows run, %.1f s", info.rank, len(mine), total - finished,
-                 time.perf_counter() - start)
+        log.info("rank %d: %d clips, %d rows run, %.1f s with %d intra-op threads", info.rank, len(mine),
+                 total - finished, time.perf_counter() - start, torch.get_num_threads())
         group.barrier()
         results = _finish(out_dir, refs, jobs, settings, meta or {}) if info.rank == 0 else None
         group.barrier()

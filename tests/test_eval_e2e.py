@@ -22,9 +22,6 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
     golden_or_skip()
     torch = pytest.importorskip("torch")
     pytest.importorskip("soundfile")
-    import soundfile as sf
-
-    import octopus_audio.aar_patch as aar_patch
     from octopus_audio.cli import main
 
     clips = tmp_path / "clips"
@@ -33,9 +30,26 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["eval", "--clips", str(clips), "--n", "1", "--codecs", "none,octopus", "--bits", "2",
             "--aar", str(GOLDEN / "aar.pth"), "--sat", str(GOLDEN / "sat_release.pt"), "--clap", "spectral",
-            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--device", "cpu"]
-    assert main(args) == 0
-    printed = capsys.readouterr().out
+            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--device", "cpu",
+            "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert main(args) == 0
+        assert torch.get_num_threads() == 1
+        check_run(out, args, capsys.readouterr().out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_run(out: Path, args: list[str], printed: str) -> None:
+    """The report of the run above; the reference regenerated here at the run's thread count (1): the
+    tokenizer's decoder rounds differently with another count."""
+    import soundfile as sf
+    import torch
+
+    import octopus_audio.aar_patch as aar_patch
+    from octopus_audio.cli import main
+
     assert "| octopus | 2 | 1 |" in printed and "index.html" in printed
 
     results = json.loads((out / "results.json").read_text())
@@ -46,9 +60,15 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
     none = groups[("none", None)]["metrics"]
     # the patch with codec none reproduces the unpatched reference bit for bit
     assert (none["lsd_db"]["mean"], none["snr_db"]["mean"], none["latent_cos"]["mean"]) == (0.0, 120.0, 1.0)
+    assert (none["tf_top1"]["mean"], none["tf_kl_nats"]["mean"]) == (1.0, 0.0)  # teacher-forced too
     octo = groups[("octopus", 2)]
     assert octo["clips_ok"] == 1 and octo["ratio"]["mean"] > 1.0 and octo["k_bits"]["mean"] < 16.0
     assert octo["metrics"]["snr_db"]["mean"] < 120.0
+    top1, kl = octo["metrics"]["tf_top1"]["mean"], octo["metrics"]["tf_kl_nats"]["mean"]
+    assert 0.0 <= top1 <= 1.0 and 0.0 < kl < float("inf")
+    assert results["meta"]["teacher_forced_precision"] == "fp32"
+    assert results["meta"]["generation_precision"] == "fp32"
+    assert "TF top-1 agreement" in printed
 
     names = sorted(p.name for p in (out / "wav").iterdir())
     assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav", "misc_crow__none.wav",
@@ -64,6 +84,8 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
                                  seed=42)
     np.testing.assert_array_equal(gen.fhat[0].numpy(), saved["fhat"])
     np.testing.assert_array_equal(gen.audio[0, 0].numpy(), saved["audio"])
+    np.testing.assert_array_equal(torch.cat(gen.tokens, dim=1)[0].numpy(), saved["tokens"])
+    assert saved["token_sizes"].tolist() == [t.shape[1] for t in gen.tokens]
 
     # rerunning the same command has nothing left to do and rewrites the same report
     before = (out / "results.json").read_text()

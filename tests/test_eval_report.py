@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_eval_runner import FakePipe, make_clips, run_fake
 
-METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos")
+METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "tf_top1", "tf_kl_nats")
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,14 @@ def test_tables_agree_with_the_rows(report_dir):
     md = (report_dir / "table.md").read_text()
     assert md.count("\n| octopus | 2 | 2 (1 failed) |") == 1
     assert "| octopus | 4 | 0 (3 failed) | - |" in md
+    assert "| TF top-1 agreement mean [min, max] | TF KL (nats/token) mean [min, max] |" in md
+    assert "teacher-forced" in md and "isolates the codec's error from the divergence of sampling" in md
+    # codec none through the patch: six exact metrics (LSD, MSE, SNR, cosine, TF top-1, TF KL)
+    assert ("| none | native | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
+            "120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | 1.0000 [1.0000, 1.0000] | "
+            "0.00000 [0.00000, 0.00000] |") in md
+    tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
+    assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
     assert len(results["failures"]) == 5 + 2  # the broken clip's 5 rows, octopus b4 on 2 clips
     for name in METRIC_KEYS:
         assert (report_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -195,13 +203,15 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     found = check_page(page, tmp_path / "profile", screenshot=shot)
     print(f"\nlistening-page screenshot: {shot}")
     assert found["errors"] == []
-    assert len(found["images"]) == 4 + 2 * 6 and all(i["ok"] for i in found["images"]), found["images"]
+    images = found["images"]
+    assert len(images) == len(METRIC_KEYS) + 2 * 6 and all(i["ok"] for i in images), images
     assert len(found["audio"]) == 2 * 6 and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
     assert durations["wav/clip0__00_input.wav"] == pytest.approx(10.0)
     assert durations["wav/clip1__turboquant-mse_b4.wav"] == pytest.approx(0.25)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "injected generation failure" in page.read_text()
+    assert "cos 1.0000; TF top-1 1.0000, KL 0.00000" in page.read_text()  # a codec-none cell
 
     # the check notices missing files: a copy of the report with one image and one WAV gone
     broken = tmp_path / "broken"

@@ -1,5 +1,6 @@
 """The eval runner with a fake AAR pipeline injected: resume after an interrupt, recorded failures, torchrun
-sharding, settings checks. The fakes here are also used by test_eval_report.py and the torchrun child."""
+sharding, settings checks, teacher-forced fidelity on the saved reference tokens. The fakes here are also used
+by test_eval_report.py and the torchrun child."""
 
 import contextlib
 import json
@@ -20,21 +21,29 @@ torch = pytest.importorskip("torch")
 
 CODECS = ("none", "octopus", "turboquant-mse")
 BITS = (2, 4)
+FAKE_PATCH_NUMS = (1, 4, 16)  # scales of the fake model
+FAKE_VOCAB = 16
 
 
 class FakeGeneration:
-    def __init__(self, audio, fhat):
-        self.tokens, self.audio, self.fhat = [], audio, fhat
+    def __init__(self, tokens, audio, fhat):
+        self.tokens, self.audio, self.fhat = tokens, audio, fhat
 
 
 class FakePipe:
-    """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec."""
+    """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec;
+    remembers the tokens each teacher-forced pass was given."""
 
     def __init__(self, interrupt_at=None, fail_codec=None):
         self.active = None
         self.calls = 0
         self.interrupt_at = interrupt_at
         self.fail_codec = fail_codec
+        self.forced = []  # (active codec, tokens as tuples)
+
+
+def _cond_key(cond_BD) -> int:
+    return int(abs(float(cond_BD.sum())) * 1e6) % 100_000
 
 
 def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
@@ -44,15 +53,36 @@ def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
         raise KeyboardInterrupt
     if pipe.active is not None and pipe.active == pipe.fail_codec:
         raise RuntimeError("injected generation failure")
-    key = int(abs(float(cond_BD.sum())) * 1e6) % 100_000
+    key = _cond_key(cond_BD)
     base = np.random.default_rng([seed, key]).standard_normal(6000 + 128 * 75)
+    tokens = np.random.default_rng([seed, key, 1]).integers(0, FAKE_VOCAB, sum(FAKE_PATCH_NUMS))
     if pipe.active is not None and pipe.active[0] != "none":
         codec, bits = pipe.active
         noise = np.random.default_rng([seed, key, len(codec), bits]).standard_normal(base.size)
         base = base + noise * 2.0 ** -bits * (1.0 + 0.5 * (codec == "turboquant-mse"))
+        tokens = (tokens + 1) % FAKE_VOCAB  # sampling diverged: no token of the reference survives
     audio = torch.from_numpy(0.1 * base[:6000]).float().reshape(1, 1, -1)
     fhat = torch.from_numpy(base[6000:]).float().reshape(1, 128, 75)
-    return FakeGeneration(audio, fhat)
+    splits = np.split(tokens, np.cumsum(FAKE_PATCH_NUMS)[:-1])
+    return FakeGeneration([torch.from_numpy(t).reshape(1, -1) for t in splits], audio, fhat)
+
+
+def fake_teacher_forced(pipe, cond_BD, tokens, cfg):
+    """Per scale (1, pn, V) softmax of logits fixed by (condition, forced tokens); under a codec the logits
+    get noise of size 2^-bits, so agreement rises and KL falls with bits; codec `none` changes nothing."""
+    assert [tuple(t.shape) for t in tokens] == [(1, pn) for pn in FAKE_PATCH_NUMS]
+    pipe.forced.append((pipe.active, tuple(int(v) for t in tokens for v in t.reshape(-1))))
+    key = _cond_key(cond_BD)
+    probs = []
+    for si, t in enumerate(tokens):
+        seed = [key, si, *(int(v) for v in t.reshape(-1))]
+        logits = np.random.default_rng(seed).standard_normal((1, t.shape[1], FAKE_VOCAB))
+        if pipe.active is not None and pipe.active[0] != "none":
+            codec, bits = pipe.active
+            noise = np.random.default_rng([*seed, len(codec), bits]).standard_normal(logits.shape)
+            logits = logits + 4.0 * noise * 2.0 ** -bits
+        probs.append(torch.softmax(torch.from_numpy(logits).float(), dim=-1))
+    return probs
 
 
 class FakeStats:
@@ -104,7 +134,7 @@ def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
     def build():
         pipe.builds = getattr(pipe, "builds", 0) + 1
         return AARBackend(pipe, cfg, "fake-aar", "cpu", generate_fn=fake_generate,
-                          compressed_kv_fn=fake_compressed_kv)
+                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced)
 
     def make_backend(device):
         return LazyBackend(build, "fake-aar")
@@ -113,10 +143,12 @@ def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
 
 
 def report_files(out: Path) -> dict:
-    """What must be equal between two runs: report files, merged rows without timings, the WAV names."""
+    """What must be equal between two runs: report files, merged rows without timings (seconds, and the
+    thread count: the torchrun children run with 1), the WAV names."""
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     for r in rows:
         r.pop("seconds")
+        r.pop("threads")
     return {"results": (out / "results.json").read_text(), "md": (out / "table.md").read_text(),
             "csv": (out / "table.csv").read_text(), "rows": rows,
             "wav": sorted(p.name for p in (out / "wav").iterdir()),
@@ -178,11 +210,73 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     assert snr[4] - snr[2] == pytest.approx(12.04, abs=1.0)
     assert groups[("octopus", 2)]["ratio"]["mean"] == pytest.approx(16 / 2.5)
     assert "octopus" in (tmp_path / "out" / "table.md").read_text()
+    # teacher-forced fidelity: exact through the patch with codec none, finite and in range otherwise
+    for r in ok:
+        top1, kl = r["metrics"]["tf_top1"], r["metrics"]["tf_kl_nats"]
+        if r["codec"] == "none":
+            assert (top1, kl) == (1.0, 0.0)
+        else:
+            assert 0.0 <= top1 <= 1.0 and 0.0 < kl < 10.0
+    for codec in ("octopus", "turboquant-mse"):  # the fake's logit noise halves per bit
+        tf = {b: groups[(codec, b)]["metrics"] for b in BITS if groups[(codec, b)]["clips_ok"]}
+        if 4 in tf:
+            assert tf[4]["tf_kl_nats"]["mean"] < tf[2]["tf_kl_nats"]["mean"] / 4
+            assert tf[4]["tf_top1"]["mean"] > tf[2]["tf_top1"]["mean"]
 
     # a rerun retries the failures (they fail again) and keeps one merged row per key
     run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * 5
+
+
+def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
+    clips = make_clips(tmp_path / "clips", n=2)
+    pipe = FakePipe()
+    run_fake(clips, tmp_path / "out", pipe=pipe)
+    refs = {}
+    for clip in ("clip0", "clip1"):
+        with np.load(tmp_path / "out" / "refs" / f"{clip}.npz") as saved:
+            assert saved["token_sizes"].tolist() == list(FAKE_PATCH_NUMS)
+            refs[clip] = tuple(saved["tokens"].tolist())
+    # per clip: once unpatched, then once per (codec, bits), always on the reference's tokens
+    assert [a for a, _ in pipe.forced] == [None, ("none", 16), ("octopus", 2), ("octopus", 4),
+                                           ("turboquant-mse", 2), ("turboquant-mse", 4)] * 2
+    assert [t for _, t in pipe.forced] == [refs["clip0"]] * 6 + [refs["clip1"]] * 6
+
+    # a reference saved without tokens (an older run) is generated again, with the same result
+    rows = tmp_path / "out" / "rows" / "rank0.jsonl"
+    kept = [line for line in rows.read_text().splitlines() if '"clip": "clip0"' in line]
+    rows.write_text("\n".join(kept) + "\n")
+    path = tmp_path / "out" / "refs" / "clip1.npz"
+    with np.load(path) as saved:
+        np.savez(path, **{k: saved[k] for k in ("audio", "fhat", "cond")})
+    before = report_files(tmp_path / "out")
+    pipe = FakePipe()
+    with caplog.at_level("WARNING"):
+        run_fake(clips, tmp_path / "out", pipe=pipe)
+    assert "has no tokens" in caplog.text
+    assert pipe.calls == 1 + 5 and len(pipe.forced) == 6
+    with np.load(path) as saved:
+        assert tuple(saved["tokens"].tolist()) == refs["clip1"]
+    assert report_files(tmp_path / "out") == before
+
+
+def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=1)
+    cfg = config(codecs=("octopus",), bits=(2,))
+
+    def broken_teacher_forced(pipe, cond_BD, tokens, cfg):
+        if pipe.active is not None:
+            raise RuntimeError("injected fidelity failure")
+        return fake_teacher_forced(pipe, cond_BD, tokens, cfg)
+
+    backend = AARBackend(FakePipe(), cfg, "fake-aar", "cpu", generate_fn=fake_generate,
+                         compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=broken_teacher_forced)
+    evaluate(list_folder(clips, n=1, seed=0), tmp_path / "out", cfg, lambda device: backend,
+             FakeConditioner(), progress=False)
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert (row["status"], row["stage"]) == ("error", "fidelity")
+    assert "injected fidelity failure" in row["error"]
 
 
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
@@ -203,9 +297,10 @@ def test_codecs_other_than_none_need_the_patch(monkeypatch):
         AARBackend(FakePipe(), config(codecs=("octopus",)), "fake", generate_fn=fake_generate)
     backend = AARBackend(FakePipe(), config(codecs=("none",)), "fake", generate_fn=fake_generate)
     with backend.compressed("none", None) as handle:
-        audio, fhat = backend.generate(np.ones(512, dtype=np.float32) / 512**0.5, 0)
+        audio, fhat, tokens = backend.generate(np.ones(512, dtype=np.float32) / 512**0.5, 0)
         assert kv_summary(handle.stats()) == {"ratio": None, "k_bits": None, "v_bits": None}
     assert audio.shape == (6000,) and fhat.shape == (128, 75)
+    assert [t.shape for t in tokens] == [(pn,) for pn in FAKE_PATCH_NUMS] and tokens[0].dtype == np.int64
 
 
 @pytest.mark.parametrize("stats,expected", [
@@ -233,6 +328,8 @@ def test_config_errors_name_what_is_accepted(kwargs, match):
 def test_cli_reports_bad_arguments_with_exit_code_2(tmp_path, capsys):
     from octopus_audio.cli import main
 
+    assert main(["eval", "--threads", "0", "--out", str(tmp_path / "o"), "--clips", str(tmp_path)]) == 2
+    assert "--threads must be an integer >= 1" in capsys.readouterr().err
     assert main(["eval", "--codecs", "zip", "--out", str(tmp_path / "o"), "--clips", str(tmp_path)]) == 2
     assert "unknown codec 'zip'" in capsys.readouterr().err
     assert main(["eval", "--aar", "x.pth", "--codecs", "none", "--out", str(tmp_path / "o"),
