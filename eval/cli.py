@@ -148,5 +148,8 @@ def run(args: argparse.Namespace) -> int:
     print((out / "table.md").read_text(), end="")
     failed = len(results["failures"])
     total = sum(g["clips_ok"] + g["clips_failed"] for g in results["groups"])
-    print(f"report: {out / 'index.html'} ({total - failed} rows ok, {failed} failed; see results.json)")
+    import torch
+
+    print(f"report: {out / 'index.html'} ({total - failed} rows ok, {failed} failed; see results.json; "
+          f"{torch.get_num_threads()} torch intra-op threads)")
     return 1 if total and failed == total else 0

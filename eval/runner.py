@@ -524,6 +524,19 @@ def precision_settings(device: str) -> dict[str, str]:
             "teacher_forced_precision": "fp32"}
 
 
+def _warn_thread_change(earlier_rows: Sequence[dict], rank: int) -> None:
+    """Resuming with another intra-op thread count is allowed but changes float rounding (the tokenizer's
+    decoder always; the codecs' attention sometimes, and a near-tie then flips a sampled token)."""
+    import torch
+
+    before = sorted({r["threads"] for r in earlier_rows if r.get("threads") is not None})
+    now = torch.get_num_threads()
+    if before and before != [now]:
+        log.warning("rank %d resumes with %d intra-op threads; earlier rows ran with %s: float rounding "
+                    "differs between thread counts, so rows may differ slightly from an uninterrupted run "
+                    "(pass --threads %d to match)", rank, now, ", ".join(map(str, before)), before[0])
+
+
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
              device: str = "cpu", progress: bool = True) -> dict | None:
@@ -548,10 +561,13 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         if info.rank != 0:
             _check_settings(out_dir, settings)
         jobs = config.jobs()
-        done = {k for k, r in merge_rows(all_rows(out_dir)).items() if r["status"] == "ok"}
+        earlier = [r for r in merge_rows(all_rows(out_dir)).values() if r["status"] == "ok"]
+        done = {row_key(r) for r in earlier}
         mine = list(refs)[info.rank::info.world]
         total = len(mine) * len(jobs)
         finished = sum((r.clip_id, c, b) in done for r in mine for c, b in jobs)
+        if finished < total:
+            _warn_thread_change(earlier, info.rank)
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
         bar = tqdm(total=total, initial=finished, desc=f"eval rank {info.rank}/{info.world}", unit="row",
                    position=info.rank, disable=not progress, dynamic_ncols=True)

@@ -261,6 +261,24 @@ def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
     assert report_files(tmp_path / "out") == before
 
 
+def test_resuming_with_another_thread_count_warns(tmp_path, caplog):
+    clips = make_clips(tmp_path / "clips", n=1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus",), bits=(2,)))
+        torch.set_num_threads(2)
+        with caplog.at_level("WARNING"):
+            run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus",), bits=(2,)))  # nothing to run
+            assert "intra-op threads" not in caplog.text
+            run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus",), bits=(2, 3)))
+        assert "resumes with 2 intra-op threads; earlier rows ran with 1" in caplog.text
+    finally:
+        torch.set_num_threads(threads)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert [(r["bits"], r["threads"]) for r in rows] == [(2, 1), (3, 2)]
+
+
 def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
     clips = make_clips(tmp_path / "clips", n=1)
     cfg = config(codecs=("octopus",), bits=(2,))
