@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # every number an ok row holds under "metrics": the sampled output's four, then the two teacher-forced ones
 METRICS = AUDIO_METRICS + FIDELITY_METRICS
+LOG_PLOTS = ("tf_kl_nats",)  # spans decades across bit widths: a log axis when every value is positive
 KV_FIELDS = (("ratio", "KV ratio"), ("k_bits", "K bits/coord"), ("v_bits", "V bits/coord"))
 _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "latent_cos": "{:.4f}",
             "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits": "{:.2f}",
@@ -134,6 +135,9 @@ def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
             drawn = True
         ax.set_xlabel("bits per coordinate (nominal)")
         ax.set_ylabel(m.label)
+        lows = [g["metrics"][m.key]["min"] for g in groups if g["bits"] is not None and g["metrics"][m.key]]
+        if m.key in LOG_PLOTS and lows and min(lows) > 0:
+            ax.set_yscale("log")
         ax.set_title(f"{m.label} vs bits ({'higher' if m.higher_is_better else 'lower'} is better)")
         bits = sorted({g["bits"] for g in groups if g["bits"] is not None})
         if bits:
