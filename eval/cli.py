@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto, cpu, cuda or cuda:N (under torchrun: the local rank's GPU)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per process (default: torch's own, from OMP_NUM_THREADS or "
-                        "the core count); on CPU the small default model often runs fastest with 1")
+                        "the core count); 1 can be faster on CPU when other processes share the cores")
     p.add_argument("--out", required=True, help="output folder; rerunning into it resumes")
     p.add_argument("--cache-dir", default=None,
                    help="embedding cache (default: ~/.cache/octopus-audio/conditioning)")
