@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage + exits 2; keep it to one line
-        self.exit(2, f"octopus-audio: error: {message} (see `octopus-audio {self.prog.split()[-1]} --help`)\n")
+        command = self.prog.split()[-1]
+        self.exit(2, f"octopus-audio: error: {message} (see `octopus-audio {command} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

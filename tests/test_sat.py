@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from octopus_audio.aar_patch.multiscale_vq import phi_indices
 from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS, SAT, SATConfig
 from octopus_audio.aar_patch.seanet import SConv1d
-
 from octopus_audio.errors import UsageError
 
 SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
