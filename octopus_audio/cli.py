@@ -24,8 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage + exits 2; keep it to one line
-        command = self.prog.split()[-1]
-        self.exit(2, f"octopus-audio: error: {message} (see `octopus-audio {command} --help`)\n")
+        usage = self.prog if self.prog.startswith("octopus-audio") else "octopus-audio"
+        self.exit(2, f"octopus-audio: error: {message} (see `{usage} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
