@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_rel_close
 
 from octopus_audio.aar_patch import AARPipeline, generate, load_aar
 from octopus_audio.aar_patch.generation import (
@@ -39,15 +40,6 @@ def golden() -> tuple[AARPipeline, dict]:
         released = io[name]["kwargs"]
         assert (released["top_k"], released["top_p"], released["g_seed"]) == tuple(kwargs.values())
     return load_aar(GOLDEN / "aar.pth", GOLDEN / "sat_release.pt"), io
-
-
-def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: float, what: str) -> None:
-    """Fails (never warns) with the max abs and relative RMS error when ||a - e|| / ||e|| > rel_tol."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    diff = actual.double() - expected.double()
-    rel = (diff.norm() / expected.double().norm().clamp_min(1e-30)).item()
-    assert rel <= rel_tol, (f"{what}: relative RMS error {rel:.3e} > {rel_tol:.0e}, "
-                            f"max abs {diff.abs().max():.3e}")
 
 
 def assert_tokens_equal(tokens: list[torch.Tensor], expected: list[torch.Tensor]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_rel_close
 
 from octopus_audio.aar_patch.aar import AAR, AARConfig
 from octopus_audio.aar_patch.loading import load_aar_transformer, transformer_from_state_dict
@@ -22,15 +23,6 @@ def reference() -> Path:
         print(reason)
         pytest.skip(reason)
     return REFERENCE
-
-
-def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: float, what: str) -> None:
-    """Fails (never warns) with the max abs and relative RMS error when ||a - e|| / ||e|| > rel_tol."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    diff = actual.double() - expected.double()
-    rel = (diff.norm() / expected.double().norm().clamp_min(1e-30)).item()
-    assert rel <= rel_tol, (f"{what}: relative RMS error {rel:.3e} > {rel_tol:.0e}, "
-                            f"max abs {diff.abs().max():.3e}")
 
 
 def test_d16_keys_shapes_dtypes_match_release_list(reference):

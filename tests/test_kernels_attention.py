@@ -5,7 +5,6 @@ kernels; `kernel_ops` re-imports them if another test imported them first). With
 OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
 """
 
-import importlib
 import math
 import os
 
@@ -15,6 +14,7 @@ if DEVICE == "cpu":
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import kernel_ops  # noqa: E402
 
 from octopus_audio import backend  # noqa: E402
 from octopus_audio.cache import CompressedKVCache  # noqa: E402
@@ -24,44 +24,6 @@ from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, naive  #
 from octopus_audio.values import ValueQuantizer, ValueState  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
-
-
-def _blas_interpreter_dot() -> None:
-    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
-    numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the
-    same fp32 dot through BLAS."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "InterpreterBuilder", None)
-    slow = getattr(builder, "create_dot", None)
-    if slow is None or getattr(slow, "blas", False):
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
-            prod = np.matmul(np.ascontiguousarray(a.data), np.ascontiguousarray(b.data))
-            return interpreter.TensorHandle(prod + d.data, d.dtype.scalar)
-        return slow(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    create_dot.blas = True
-    builder.create_dot = create_dot
-
-
-def kernel_ops():
-    """octopus_audio.kernels.ops with interpreted kernels on the CPU (re-decorated if imported before)."""
-    from octopus_audio.kernels import flash_decode, ops
-
-    if DEVICE == "cpu":
-        _blas_interpreter_dot()
-
-    if DEVICE == "cpu" and type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
-        import octopus_audio.kernels as pkg
-        from octopus_audio.kernels import bits, codec_decode, encode
-
-        for module in (bits, codec_decode, flash_decode, encode, ops, pkg):
-            importlib.reload(module)
-    return ops
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
@@ -147,7 +109,7 @@ def test_attention_matches_decoded_reference(name, bits, shape):
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     q_d, kw, vw = _to(DEVICE, q, k_win, v_win)
-    got = kernel_ops().attention(q_d, keys, values, length, kw, vw, kc, scale=scale, num_splits=splits)
+    got = kernel_ops(DEVICE).attention(q_d, keys, values, length, kw, vw, kc, scale=scale, num_splits=splits)
     assert got.dtype == dtype and got.shape == q.shape
     assert_close(got, want, TOL[dtype])
 
@@ -168,7 +130,7 @@ def test_octopus_direction_decodes_agree(launch):
     kc = backend.kernel_codec(codec, 2, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), 3)
-    got = kernel_ops().attention(*_to(DEVICE, q), keys, values, 200, *_to(DEVICE, k_win, v_win), kc,
+    got = kernel_ops(DEVICE).attention(*_to(DEVICE, q), keys, values, 200, *_to(DEVICE, k_win, v_win), kc,
                                  octopus_directions=directions, config=config)
     assert_close(got, want, TOL[torch.float32])
 
@@ -186,7 +148,7 @@ def test_naive_reference_matches_library():
 
 def test_cache_attend_runs_the_kernels(monkeypatch):
     """CompressedKVCache with the triton backend (encode + attention kernels) equals its reference path."""
-    kernel_ops()
+    kernel_ops(DEVICE)
     torch.manual_seed(0)
     cache = CompressedKVCache("octopus", 2, 64, window=1, seed=4)
     ref = CompressedKVCache("octopus", 2, 64, window=1, seed=4)
@@ -211,7 +173,7 @@ def test_attention_rejects_bad_inputs():
     kc = backend.kernel_codec(codec, 2, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), 2)
-    ops = kernel_ops()
+    ops = kernel_ops(DEVICE)
     with pytest.raises(ValueError, match="at least one key"):
         ops.attention(q.to(DEVICE), keys, values, 0, None, None, kc)
     with pytest.raises(ValueError, match="KV heads"):
@@ -225,7 +187,7 @@ def test_attention_rejects_bad_inputs():
 
 def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
     """The AAR fast path calls attention inside bf16 autocast: the launchers' torch math must stay fp32."""
-    kernel_ops()
+    kernel_ops(DEVICE)
     torch.manual_seed(1)
     cache = CompressedKVCache("octopus", 2, 64, window=1, seed=5)
     monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")

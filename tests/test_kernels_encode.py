@@ -5,7 +5,6 @@ them: this module sets it at import and re-imports the kernel modules if another
 With OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
 """
 
-import importlib
 import os
 
 DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
@@ -16,6 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from helpers import kernel_ops  # noqa: E402
 
 from octopus_audio import backend  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
@@ -25,44 +25,6 @@ from octopus_audio.packing import pack, unpack  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
 
 MAX_MISMATCH = 1e-4  # indices whose input lies within fp32 rounding of a decision boundary may differ
-
-
-def _blas_interpreter_dot() -> None:
-    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
-    numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the
-    same fp32 dot through BLAS."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "InterpreterBuilder", None)
-    slow = getattr(builder, "create_dot", None)
-    if slow is None or getattr(slow, "blas", False):
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
-            prod = np.matmul(np.ascontiguousarray(a.data), np.ascontiguousarray(b.data))
-            return interpreter.TensorHandle(prod + d.data, d.dtype.scalar)
-        return slow(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    create_dot.blas = True
-    builder.create_dot = create_dot
-
-
-def kernel_ops():
-    """octopus_audio.kernels.ops with interpreted kernels on the CPU (re-decorated if imported before)."""
-    from octopus_audio.kernels import flash_decode, ops
-
-    if DEVICE == "cpu":
-        _blas_interpreter_dot()
-
-    if DEVICE == "cpu" and type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
-        import octopus_audio.kernels as pkg
-        from octopus_audio.kernels import bits, codec_decode, encode
-
-        for module in (bits, codec_decode, flash_decode, encode, ops, pkg):
-            importlib.reload(module)
-    return ops
 
 
 def _keys(shape, dtype, seed):
@@ -98,7 +60,7 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
     k = _keys((1, heads, tokens, d), dtype, seed=bits * 7 + d)
     k[0, 1, 5] = 0.0  # a zero key (gamma 0, u = 0: zero triplets in octopus)
     k[0, 0, 9] *= 1e15 if dtype != torch.float16 else 1e3  # a large norm (gamma is computed scaled)
-    got = kernel_ops().encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     n = codec.code_bits if name.startswith("octopus") else (
         bits if name != "turboquant-qjl" else bits - 1)
@@ -128,7 +90,7 @@ def test_encode_values_matches_quantizer(bits, d, dtype):
     v[0, 0, 1, :16] = 1000.0 + torch.arange(16) * 1e-3  # range below fp16 resolution: scale rounds to 0 -> 1
     v[1, 2, 3, 16:32] = torch.linspace(-65280, 65280, 16)  # about the widest fp16 range (b=1: scale clamps)
     v = v.to(DEVICE)
-    got = kernel_ops().encode_values(v, bits)
+    got = kernel_ops(DEVICE).encode_values(v, bits)
     want = ValueQuantizer(bits, d).encode(v.cpu())
     for field in ("codes", "scale", "minimum"):
         a, b = getattr(got, field).cpu(), getattr(want, field)
@@ -139,14 +101,14 @@ def test_encode_values_rejects_out_of_range():
     v = torch.zeros(1, 1, 2, 64, device=DEVICE)
     v[0, 0, 1, 3] = 70000.0
     with pytest.raises(ValueError, match="fp16 range"):
-        kernel_ops().encode_values(v, 2)
+        kernel_ops(DEVICE).encode_values(v, 2)
 
 
 def test_encode_keys_rejects_wrong_heads():
     codec = get_codec("octopus", 2, 64)
     kc = backend.kernel_codec(codec, 2, DEVICE)
     with pytest.raises(ValueError, match="heads"):
-        kernel_ops().encode_keys(torch.zeros(1, 3, 4, 64, device=DEVICE), kc)
+        kernel_ops(DEVICE).encode_keys(torch.zeros(1, 3, 4, 64, device=DEVICE), kc)
 
 
 @triton.jit
@@ -165,7 +127,7 @@ def _roundtrip_kernel(codes_ptr, words_ptr, out_ptr, L: tl.constexpr, LP: tl.con
 @pytest.mark.parametrize("n,length", [(1, 64), (3, 43), (7, 22), (10, 43), (13, 43), (16, 5), (5, 127)])
 def test_bit_helpers_roundtrip(n, length):
     """pack_codes / unpack_codes against octopus_audio.packing for widths that straddle words and odd L."""
-    kernel_ops()
+    kernel_ops(DEVICE)
     g = torch.Generator().manual_seed(n)
     codes = torch.randint(0, 2**n, (4, length), generator=g, dtype=torch.int32).to(DEVICE)
     words_n, wp, kp = _pack_shape(n, length)

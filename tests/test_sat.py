@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_rel_close
 
 from octopus_audio.aar_patch.multiscale_vq import phi_indices
 from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS, SAT, SATConfig
@@ -20,15 +21,6 @@ def _need_reference() -> None:
     if not (REFERENCE / "golden" / "io.pt").is_file():
         pytest.skip(f"AAR reference files not found under {REFERENCE} (set OCTOPUS_AUDIO_SHARED to the "
                     f"shared folder that holds aar_reference/)")
-
-
-def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: float, what: str) -> None:
-    """Fail unless ||actual - expected|| / ||expected|| <= rel_tol; reports relative RMS and max abs error."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    diff = actual.double() - expected.double()
-    rel = (diff.norm() / expected.double().norm().clamp_min(1e-30)).item()
-    assert rel <= rel_tol, (f"{what}: relative RMS error {rel:.3e} > {rel_tol:.0e} "
-                            f"(max abs {diff.abs().max():.3e})")
 
 
 @pytest.fixture(scope="module")

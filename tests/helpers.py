@@ -1,0 +1,54 @@
+"""Helpers shared by the tests: the comparison that fails (never warns), and interpreted Triton kernels."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+
+def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: float, what: str) -> None:
+    """Fail unless ||actual - expected|| / ||expected|| <= rel_tol; reports relative RMS and max abs error."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    diff = actual.double() - expected.double()
+    rel = (diff.norm() / expected.double().norm().clamp_min(1e-30)).item()
+    assert rel <= rel_tol, (f"{what}: relative RMS error {rel:.3e} > {rel_tol:.0e} "
+                            f"(max abs {diff.abs().max():.3e})")
+
+
+def _blas_interpreter_dot() -> None:
+    """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
+    numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the
+    same fp32 dot through BLAS."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    slow = getattr(builder, "create_dot", None)
+    if slow is None or getattr(slow, "blas", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
+            prod = np.matmul(np.ascontiguousarray(a.data), np.ascontiguousarray(b.data))
+            return interpreter.TensorHandle(prod + d.data, d.dtype.scalar)
+        return slow(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot.blas = True
+    builder.create_dot = create_dot
+
+
+def kernel_ops(device: str):
+    """octopus_audio.kernels.ops; on the CPU with interpreted kernels (re-decorated if they were imported
+    before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
+    from octopus_audio.kernels import flash_decode, ops
+
+    if device == "cpu":
+        _blas_interpreter_dot()
+        if type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
+            import octopus_audio.kernels as pkg
+            from octopus_audio.kernels import bits, codec_decode, encode
+
+            for module in (bits, codec_decode, flash_decode, encode, ops, pkg):
+                importlib.reload(module)
+    return ops
