@@ -77,8 +77,9 @@ class LayerStats:
     tokens: units' tokens in the cache; window_tokens of them native. k_bytes / v_bytes: the compressed store
     (packed codes and side fields) of the tokens held; native_bytes: the native window (K and V, in the
     model's dtype); fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
-    compressed tokens (per K or V); allocated_bytes: what the buffers occupy, including the spare capacity of
-    the store (it grows by doubling).
+    compressed tokens (per K or V); allocated_bytes: what the buffers occupy, including any spare capacity of
+    the store (reserved for the scales before the window when the model says its `patch_nums`; past that, or
+    without them, it grows by doubling).
     """
 
     layer: int
@@ -195,7 +196,7 @@ def _is_cosine(m: nn.Module) -> bool:
 class _LayerPatch:
     """One patched attention module: its compressed cache, its original methods, its last accounting."""
 
-    def __init__(self, module: nn.Module, index: int, config: PatchConfig) -> None:
+    def __init__(self, module: nn.Module, index: int, config: PatchConfig, capacity: int | None) -> None:
         self.module = module
         self.index = index
         self.head_dim = int(module.head_dim)
@@ -205,7 +206,8 @@ class _LayerPatch:
         self.own_qkv = callable(getattr(module, "_qkv", None)) and callable(getattr(module, "_project", None))
         self.cache = octopus_audio.CompressedKVCache(config.codec, config.bits, self.head_dim,
                                                      window=config.window, v_group=config.v_group,
-                                                     seed=layer_seed(config.seed, index))
+                                                     seed=layer_seed(config.seed, index),
+                                                     capacity=capacity)
         self.config = config
         self.units = 0
         self.last: LayerStats | None = None
@@ -401,7 +403,8 @@ def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int 
             raise RuntimeError(f"attention layer {i} is in the middle of a generation (its KV cache is not "
                                f"empty); patch the model before or after a generation, not during one")
     # every cache is built (and the arguments validated) before any module is touched
-    layers = [_LayerPatch(m, i, config) for i, m in enumerate(modules)]
+    capacity = _store_tokens(model, window)
+    layers = [_LayerPatch(m, i, config, capacity) for i, m in enumerate(modules)]
     handle = PatchHandle(model, config, layers)
     for lp in layers:
         lp.install()
@@ -409,6 +412,18 @@ def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int 
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle
+
+
+def _store_tokens(model: object, window: int) -> int | None:
+    """Tokens a generation leaves in the compressed store (every scale but the last `window`), when the model
+    says its scales (`patch_nums` on the model, its `.aar`, or their `.config`); None when it does not."""
+    for owner in (model, getattr(model, "aar", None)):
+        for holder in (owner, getattr(owner, "config", None)):
+            patch_nums = getattr(holder, "patch_nums", None)
+            if patch_nums is not None:
+                patch_nums = [int(pn) for pn in patch_nums]
+                return sum(patch_nums[:len(patch_nums) - window]) if window else sum(patch_nums)
+    return None
 
 
 def unpatch(model: object) -> None:

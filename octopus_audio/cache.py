@@ -50,12 +50,19 @@ class CompressedKVCache:
     plain SDPA in the native dtype (bit-identical to SDPA over the concatenated K/V).
     The codec's seed is used as is (per layer: `octopus_audio.rotation.layer_seed(base_seed, layer)`).
     Values use the same `bits` as keys, in groups of `v_group` channels.
+    capacity: tokens the compressed store is allocated for when it is first written (None: just the first
+    unit); past it the store grows by doubling. A caller that knows the sequence (AAR: the scales before the
+    window) avoids the growth copies and the spare capacity.
     """
 
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
-                 seed: int = 0, **codec_options) -> None:
+                 seed: int = 0, capacity: int | None = None, **codec_options) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an integer >= 0 (units kept native), got {window!r}")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < 0):
+            raise ValueError(f"capacity must be None or an integer >= 0 (tokens), got {capacity!r}")
+        self.capacity = capacity
         self.codec = get_codec(codec, bits, head_dim, seed=seed, **codec_options)
         self.codec_name = codec
         self.bits = bits
@@ -184,7 +191,8 @@ class CompressedKVCache:
             v_state = _backend.encode_values(self.value_quantizer, v, be)
         n = k.shape[2]
         if self.store is None:
-            self.store = CacheStore(k_state.with_capacity(n), v_state.with_capacity(n), 0)
+            cap = max(n, self.capacity or 0)
+            self.store = CacheStore(k_state.with_capacity(cap), v_state.with_capacity(cap), 0)
         elif self.store.length + n > self.store.capacity:
             cap = max(self.store.length + n, 2 * self.store.capacity)
             self.store.keys = self.store.keys.slice_t(0, self.store.length).with_capacity(cap)

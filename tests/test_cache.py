@@ -146,3 +146,26 @@ def test_backend_selection(monkeypatch):
     monkeypatch.setattr(backend_mod, "_kernel_ops", lambda: (None, "kernels not built"))
     with pytest.raises(RuntimeError, match="kernels not built"):
         attention_backend("cuda")
+
+
+@pytest.mark.parametrize("capacity", [None, 2, 7, 40], ids=lambda c: f"capacity-{c}")
+def test_capacity_reserves_the_store_and_changes_no_result(capacity):
+    """A reserved store holds the same tokens and attends the same; it grows past the reservation."""
+    units = _units()
+    plain = CompressedKVCache("octopus", 2, D, window=1, seed=3)
+    reserved = CompressedKVCache("octopus", 2, D, window=1, seed=3, capacity=capacity)
+    q = torch.randn(B, H, 5, D, generator=torch.Generator().manual_seed(9))
+    for k, v in units:
+        plain.append(k, v)
+        reserved.append(k, v)
+        assert torch.equal(plain.attend(q, 0.125), reserved.attend(q, 0.125))
+    store_tokens = reserved.length
+    assert reserved.store.capacity >= max(store_tokens, capacity or 0)
+    if capacity is not None and capacity >= store_tokens:
+        assert reserved.store.capacity == capacity
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True], ids=["negative", "float", "bool"])
+def test_bad_capacity_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="capacity must be None or an integer >= 0"):
+        CompressedKVCache("octopus", 2, 64, capacity=bad)
