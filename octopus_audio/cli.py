@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("octopus_audio.aar_patch.generate_cli", "generate audio with AAR under a KV-cache codec"),
     "eval": ("octopus_audio.eval.cli", "batch-evaluate codecs against the uncompressed output"),
     "probe": ("octopus_audio.probe", "synthetic codec tables (MSE, inner products, needle, ablations)"),
-    "bench": ("octopus_audio.bench", "GPU kernel and end-to-end benchmarks"),
+    "bench": ("octopus_audio.bench", "GPU kernel benchmarks: fused attention and encode vs SDPA"),
     "codebooks": ("octopus_audio.codebooks", "inspect or regenerate the shipped Lloyd-Max codebooks"),
     "train": ("octopus_audio.aar_patch.train", "train a small AAR-architecture model on a folder of audio"),
 }
