@@ -81,6 +81,15 @@ class EvalConfig:
                 raise UsageError(f"--bits must be a comma list of integers from 1 to 8, got {self.bits!r}")
             if len(set(self.bits)) != len(self.bits):
                 raise UsageError(f"--bits {self.bits!r} names a width twice")
+            from octopus_audio.codecs import SUPPORTED_BITS, get_codec
+
+            for c, b in self.jobs():
+                if c != "none":
+                    try:  # the codec's own validation, before any clip is generated
+                        get_codec(c, b, 64)
+                    except ValueError as e:
+                        raise UsageError(f"{c} does not take --bits {b} "
+                                         f"(it takes {SUPPORTED_BITS[c]})") from e
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
         if not math.isfinite(self.cfg):

@@ -337,7 +337,9 @@ def test_kv_summary_reads_the_patch_stats(stats, expected):
     (dict(codecs=("octopus",), bits=(0,)), "--bits"),
     (dict(codecs=("octopus",), bits=(2, 2)), "twice"),
     (dict(codecs=("octopus",), top_p=1.5), "--top-p"),
-], ids=["unknown-codec", "empty", "zero-bits", "repeated-bits", "top-p"])
+    (dict(codecs=("turboquant-mse", "octopus"), bits=(2, 8)),
+     r"octopus does not take --bits 8 \(it takes 1\.\.7"),
+], ids=["unknown-codec", "empty", "zero-bits", "repeated-bits", "top-p", "bits-the-codec-lacks"])
 def test_config_errors_name_what_is_accepted(kwargs, match):
     with pytest.raises(UsageError, match=match):
         EvalConfig(**kwargs)
