@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.errors import UsageError
+from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
@@ -201,27 +202,3 @@ def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
         more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
         raise UsageError(f"{existing[0]} already exists{more}; pass --overwrite to replace it or choose "
                          f"another --out")
-
-
-def write_wav(path: Path, audio_N: np.ndarray, sample_rate: int) -> None:
-    """Mono 16-bit PCM WAV; samples outside [-1, 1] are clipped (and the count is logged)."""
-    clipped = int(np.count_nonzero(np.abs(audio_N) > 1.0))
-    if clipped:
-        log.warning("%s: %d of %d samples outside [-1, 1] were clipped", path, clipped, audio_N.size)
-    audio_N = np.clip(audio_N, -1.0, 1.0)
-    try:
-        import soundfile
-    except ModuleNotFoundError:  # the core install has no audio packages; the stdlib writes PCM16 as well
-        log.info("soundfile is not installed; writing %s with the standard-library wave module", path)
-        soundfile = None
-    if soundfile is not None:
-        soundfile.write(str(path), audio_N, sample_rate, subtype="PCM_16")
-        return
-    import wave
-
-    pcm = np.round(audio_N * 32767.0).astype("<i2")
-    with wave.open(str(path), "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(sample_rate)
-        f.writeframes(pcm.tobytes())

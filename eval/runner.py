@@ -35,6 +35,7 @@ import numpy as np
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.metrics import compute_metrics
 from octopus_audio.eval.sources import CLAP_RATE, MODEL_RATE, ClipRef, decode, prepare
+from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
@@ -336,16 +337,6 @@ class RowWriter:
 
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
-
-
-def write_wav(path: Path, audio_T: np.ndarray, sample_rate: int) -> None:
-    """16-bit PCM WAV (what every browser plays), samples clipped to [-1, 1], written atomically."""
-    import soundfile
-
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.wav")
-    soundfile.write(str(tmp), np.clip(np.asarray(audio_T, dtype=np.float32), -1.0, 1.0), sample_rate,
-                    subtype="PCM_16", format="WAV")
-    os.replace(tmp, path)
 
 
 def _as_generated(g: Generated) -> Generated:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from octopus_audio.aar_patch.generate_cli import write_wav
 from octopus_audio.cli import main
+from octopus_audio.wav import write_wav
 
 SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 GOLDEN = SHARED / "aar_reference" / "golden"
