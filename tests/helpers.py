@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 
 import torch
+
+# the shared reference folder (golden AAR tensors) beside the checkout, or where OCTOPUS_AUDIO_SHARED points
+SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 
 
 def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: float, what: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import wave
 from pathlib import Path
@@ -10,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import SHARED
 
 from octopus_audio.cli import main
 from octopus_audio.wav import write_wav
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 GOLDEN = SHARED / "aar_reference" / "golden"
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import SHARED, assert_rel_close
 
 from octopus_audio.aar_patch import AARPipeline, generate, load_aar
 from octopus_audio.aar_patch.generation import (
@@ -23,7 +21,6 @@ from octopus_audio.aar_patch.generation import (
 )
 from octopus_audio.errors import UsageError
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 GOLDEN = SHARED / "aar_reference" / "golden"
 # the released generation arguments of each golden run (io.pt's kwargs: top_k, top_p, g_seed; cfg 4)
 RUNS = {"greedy": dict(top_k=1, top_p=0.0, seed=0), "sampled": dict(top_k=200, top_p=0.95, seed=42)}

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import SHARED
 
 from octopus_audio.aar_patch import load_aar, load_aar_transformer, load_sat
 from octopus_audio.aar_patch.aar import AAR, AARConfig
 from octopus_audio.errors import UsageError
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 GOLDEN = SHARED / "aar_reference" / "golden"
 TINY = AARConfig(depth=2, embed_dim=32, num_heads=2, cond_dim=16, vocab_size=24, latent_dim=8,
                  patch_nums=(1, 2, 5))

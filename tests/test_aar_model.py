@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import SHARED, assert_rel_close
 
 from octopus_audio.aar_patch.aar import AAR, AARConfig
 from octopus_audio.aar_patch.loading import load_aar_transformer, transformer_from_state_dict
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REFERENCE = SHARED / "aar_reference"
 
 

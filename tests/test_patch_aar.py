@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import SHARED
 
 import octopus_audio
 from octopus_audio.aar_patch import generate, load_aar
@@ -16,7 +15,6 @@ from octopus_audio.aar_patch.generation import SamplingConfig, multinomial_draw,
 from octopus_audio.aar_patch.patch import compressed_kv, patch_aar, unpatch
 from octopus_audio.rotation import layer_seed
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 GOLDEN = SHARED / "aar_reference" / "golden"
 GREEDY = dict(cfg=4.0, top_k=1, top_p=0.0, seed=0)
 CODECS = [c for c in octopus_audio.CODECS if c != "none"]

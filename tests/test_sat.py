@@ -1,18 +1,15 @@
 """Tests for the AAR tokenizer (SAT): release key lists, golden parity, encoder, padding, configs, errors."""
 
-import os
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_rel_close
+from helpers import SHARED, assert_rel_close
 
 from octopus_audio.aar_patch.multiscale_vq import phi_indices
 from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS, SAT, SATConfig
 from octopus_audio.aar_patch.seanet import SConv1d
 from octopus_audio.errors import UsageError
 
-SHARED = Path(os.environ.get("OCTOPUS_AUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REFERENCE = SHARED / "aar_reference"
 LAT64 = SATConfig(dimension=1024, latent_dim=64)
 
