@@ -20,20 +20,11 @@ import time
 from pathlib import Path
 
 import torch
+from bench_aar import build_pipeline  # the same random-weight model (run from the repository root)
 
-from octopus_audio.aar_patch import AAR, AARConfig, AARPipeline, generate, patch_aar
-from octopus_audio.aar_patch.sat import SAT, SATConfig
+from octopus_audio.aar_patch import AARPipeline, generate, patch_aar
 
 GIB = 2.0**30
-
-
-def build_pipeline(small: bool, device: str) -> AARPipeline:
-    config = AARConfig(depth=2, embed_dim=128, num_heads=2) if small else AARConfig()
-    with torch.device(device):  # built (and randomly initialised) where it runs
-        aar = AAR(config)
-        aar.init_weights(seed=0)
-        sat = SAT(SATConfig())
-    return AARPipeline(aar, sat).to(device).eval()
 
 
 def sync(device: str) -> None:
@@ -177,7 +168,7 @@ def main() -> None:
     args = p.parse_args()
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    pipe = build_pipeline(args.small, args.device)
+    pipe = build_pipeline("small" if args.small else "full", torch.device(args.device))
     timer = DecodeTimer(pipe, args.device)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     report: dict = {"gpu": gpu, "torch": torch.__version__, "bits": args.bits, "budget_gib": args.budget_gib,
