@@ -1,0 +1,129 @@
+"""Encode launchers: keys of every codec and the group-quantized values, into the packed state."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+
+from .encode import _encode_keys_kernel, _encode_values_kernel
+from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2
+from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeConfig:
+    """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages."""
+
+    block_t: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_pow2("block_t", self.block_t, 16, 512)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+
+
+def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
+    """(W, WP, KP) of a field of `length` codes of n bits: words, words padded to a power of two, and the
+    power-of-two bound on the number of codes that meet one word."""
+    words = -(-length * n // 32)
+    most = 1
+    for w in range(words):
+        first, last = (32 * w) // n, min(length - 1, (32 * w + 31) // n)
+        most = max(most, last - first + 1)
+    return words, _pow2(max(words, 1)), _pow2(most)
+
+
+def _encode_launch(d: int, config: EncodeConfig | None, keys: bool) -> tuple[int, dict]:
+    """(rows per program, launch options). Defaults from the H200 sweep at 64k tokens x 16 heads, d=64:
+    16 rows for keys (octopus b=2 1.08 ms against 1.91-2.14 ms for 32-128 rows), 32 for values (0.186 ms,
+    all sizes within 20%). The CPU interpreter pays per op, not per element, so it takes 128."""
+    cfg = config or EncodeConfig()
+    block_t = cfg.block_t or (128 if _interpreting() else (16 if keys or d > 64 else 32))
+    return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
+                     "enable_fp_fusion": False}
+
+
+@_outside_autocast
+def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
+    """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
+    bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
+    rounding of a decision boundary.
+
+    >>> keys = encode_keys(torch.randn(1, 2, 455, 64, device="cuda"), codec)  # doctest: +SKIP
+    """
+    d = codec.head_dim
+    if k.shape[-1] != d or k.ndim < 2:
+        raise ValueError(f"keys must be [..., H, T, {d}], got {tuple(k.shape)}")
+    if k.ndim == 2:
+        k = k[None]
+    h, t = k.shape[-3], k.shape[-2]
+    if h != codec.num_heads:
+        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
+    if k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"keys must be float32, float16 or bfloat16, got {k.dtype}")
+    dev = k.device
+    codec = codec.to(dev)
+    kc = k.contiguous()
+    lead = k.shape[:-1]
+    n_rows = kc.numel() // d
+    n_bits, n_codes = codec.key_code_bits, codec.key_codes
+    words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
+    words = words if n_bits > 0 else 0
+    codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
+    gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)
+    s_words, s_wp, s_kp = _pack_shape(1, d)
+    signs = torch.empty(*lead, s_words, device=dev, dtype=torch.int32) if codec.has_qjl else None
+    gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
+    dummy = torch.zeros(1, device=dev, dtype=torch.float32)
+    octo = codec.name.startswith("octopus")
+    block_t, launch = _encode_launch(d, config, keys=True)
+    _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
+        kc, codes if words else dummy, gamma.view(torch.int16),
+        signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
+        _hadamard(d, dev), codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
+        codec.centroids if codec.centroids is not None else dummy,
+        codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
+        codec.xi_boundaries if octo else dummy, codec.directions if octo else dummy,
+        n_rows, t, h, 1.0 / math.sqrt(d),
+        CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
+        K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
+        B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+        HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
+        DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t, **launch,
+    )
+    return PackedKeys(codes, gamma, signs, gamma_r)
+
+
+@_outside_autocast
+def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True,
+                  config: EncodeConfig | None = None) -> PackedValues:
+    """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]
+    int32, `scale`/`minimum` [..., H, T, d/group] fp16. `check_range=False` skips the range check (one host
+    sync) for callers that checked already."""
+    d = v.shape[-1]
+    if group < 1 or group & (group - 1) or d % group or not 1 <= bits <= 8:
+        raise ValueError(f"values need a power-of-two group dividing d and bits in 1..8, got d={d}, "
+                         f"group={group}, bits={bits}")
+    if v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"values must be float32, float16 or bfloat16, got {v.dtype}")
+    peak = v.abs().max().float() if v.numel() and check_range else torch.zeros(())
+    if not bool(peak <= 65504.0):
+        raise ValueError(f"values must be finite and within the fp16 range |v| <= 65504, got {float(peak)}")
+    vc = v.contiguous()
+    lead = v.shape[:-1]
+    n_rows = vc.numel() // d
+    words, wp, kp = _pack_shape(bits, d)
+    codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
+    scale = torch.empty(*lead, d // group, device=v.device, dtype=torch.float16)
+    minimum = torch.empty_like(scale)
+    block_t, launch = _encode_launch(d, config, keys=False)
+    _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
+        vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
+        BLOCK_T=block_t, **launch)
+    return PackedValues(codes, scale, minimum, bits, group)
