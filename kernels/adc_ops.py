@@ -1,0 +1,116 @@
+"""Launcher of the single-query table-lookup attention (adc_decode) for the octopus codecs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from .adc_decode import _adc_attn_kernel, _octopus_tables_kernel
+from .flash_decode import _merge_kernel
+from .launch import _hadamard, _interpreting, _outside_autocast, _pow2, _sm_count
+from .spec import KernelCodec, PackedKeys, PackedValues
+
+LOG2E = 1.4426950408889634
+FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet
+MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
+RESCALE = 8.0  # lazy softmax: the running maximum moves only when a block beats it by 2^8
+
+
+def adc_limit(codec: KernelCodec, n_rows: int) -> str | None:
+    """Why the table path cannot serve this call (None when it can): one query row, an octopus codec whose
+    per-triplet table is small enough."""
+    if n_rows != 1:
+        return f"{n_rows} query rows per KV head (the table path takes 1)"
+    if not codec.name.startswith("octopus"):
+        return f"codec {codec.name} (the table path serves octopus and octopus-qjl)"
+    if table_entries(codec)[0] > MAX_ENTRIES:
+        return f"a direction table of {4 ** codec.b_dir} entries (at most {MAX_ENTRIES})"
+    return None
+
+
+def table_entries(codec: KernelCodec) -> tuple[int, bool]:
+    """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
+    folded = 1 << codec.key_code_bits
+    if folded <= FOLD_ENTRIES or codec.b_rho == 0:
+        return folded, True
+    return 4 ** codec.b_dir, False
+
+
+@_outside_autocast
+def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                  k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                  scale: float | None = None, num_splits: int | None = None, block_n: int | None = None,
+                  num_warps: int | None = None, programs_per_sm: int | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
+
+    Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
+    [B, H, Tw, d]); the caller has validated them (ops.attention routes here). Two launches (tables,
+    attention) plus the log-sum-exp merge when the keys are split.
+    """
+    b, hq, tq, d = q_BHTD.shape
+    h = keys.codes.shape[1]
+    why = adc_limit(codec, (hq // h) * tq)
+    if why is not None:
+        raise ValueError(f"the table-lookup attention cannot take {why}")
+    dev = q_BHTD.device
+    codec = codec.to(dev)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qk_scale = scale * LOG2E
+    rows = b * h
+    t_cap = keys.codes.shape[2]
+    t_win = 0 if k_window is None else k_window.shape[2]
+    entries, fold = table_entries(codec)
+    n_trip = codec.key_codes
+    q = q_BHTD.contiguous()
+
+    lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
+    qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
+    qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
+    _octopus_tables_kernel[(rows,)](
+        q, codec.rotation_signs, qjl_signs, _hadamard(d, dev), codec.directions, codec.centroids, lut, qlut,
+        h, 1.0 / math.sqrt(d), qk_scale,
+        D=d, L=n_trip, LP=max(16, _pow2(n_trip)), B_RHO=codec.b_rho, FOLD_RHO=fold, N_ENTRIES=entries,
+        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, num_warps=4)
+
+    if k_window is None or t_win == 0:
+        k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
+    if k_window.stride(-1) != 1:
+        k_window = k_window.contiguous()
+    if v_window.stride(-1) != 1:
+        v_window = v_window.contiguous()
+
+    block_n = block_n or (128 if _interpreting() else (64 if d > 64 else 128))
+    if num_splits is None:
+        want = triton.cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
+        num_splits = max(1, min(want, triton.cdiv(length, 4 * block_n)))
+    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
+    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(length, chunk))
+    out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
+    direct = num_splits == 1
+    if direct:
+        opart = lse = out
+    else:
+        opart = torch.empty(num_splits, rows, d, device=dev, dtype=torch.float32)
+        lse = torch.empty(num_splits, rows, device=dev, dtype=torch.float32)
+    signs = keys.signs if codec.has_qjl else keys.codes
+    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    v_words = values.codes.shape[-1]
+    _adc_attn_kernel[(rows, num_splits)](
+        lut, qlut, q, codec.centroids,
+        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+        v_window.stride(0), v_window.stride(1), v_window.stride(2),
+        out, opart, lse,
+        h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)),
+        D=d, L=n_trip, K_BITS=codec.key_code_bits, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
+        N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
+        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
+        BLOCK_N=block_n, BLOCK_W=16, RESCALE=RESCALE, DIRECT=direct, num_warps=num_warps or 4)
+    if not direct:
+        _merge_kernel[(triton.cdiv(rows, 32),)](opart, lse, out, rows, num_splits, D=d, BLOCK_R=32,
+                                                num_warps=4)
+    return out

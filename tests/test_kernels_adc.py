@@ -1,0 +1,125 @@
+"""The single-query table-lookup attention (kernels/adc_*.py) against the float64 decode-then-softmax
+reference.
+
+Interpreted on the CPU (TRITON_INTERPRET=1 set at import); OCTOPUS_AUDIO_TEST_DEVICE=cuda runs it compiled.
+Random packed codes cover every code of the tables (any bit pattern is a valid code).
+"""
+
+import math
+import os
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from helpers import kernel_ops  # noqa: E402
+
+from octopus_audio.backend import kernel_codec  # noqa: E402
+from octopus_audio.codecs import get_codec  # noqa: E402
+from octopus_audio.kernels import PackedKeys, PackedValues, naive  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
+
+
+def adc_ops():
+    kernel_ops(DEVICE)
+    return importlib.import_module("octopus_audio.kernels.adc_ops")
+
+
+def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lib = get_codec(name, bits, d, seed=seed + 7)
+    codec = kernel_codec(lib, heads, "cpu")
+    cap = length + 5
+
+    def words(n):
+        w = torch.randint(-2**31, 2**31, (batch, heads, cap, n), generator=g, dtype=torch.int64)
+        return w.to(torch.int32)
+
+    def positive(scale):
+        return (torch.rand(batch, heads, cap, generator=g) * scale + 0.1 * scale).to(torch.bfloat16)
+
+    keys = PackedKeys(words(codec.key_words), positive(math.sqrt(d)),
+                      words(d // 32) if codec.has_qjl else None, positive(0.3) if codec.has_qjl else None)
+    scale = (torch.rand(batch, heads, cap, d // 16, generator=g) / 2**bits).half()
+    minimum = (torch.randn(batch, heads, cap, d // 16, generator=g) - 0.5).half()
+    values = PackedValues(words(-(-d * bits // 32)), scale, minimum, bits)
+    q = (torch.randn(batch, heads, 1, d, generator=g) * 3 / math.sqrt(d)).to(dtype)
+    k_win = torch.randn(batch, heads, window, d, generator=g).to(dtype)
+    v_win = torch.randn(batch, heads, window, d, generator=g).to(dtype)
+    return codec, q, keys, values, k_win, v_win
+
+
+def reference(q, keys, values, length, k_win, v_win, codec, scale):
+    """naive.attention (float64), or a plain softmax over the window when the store is empty."""
+    if length:
+        return naive.attention(q, keys, values, length, k_win, v_win, codec, scale=scale)
+    p = torch.softmax(q.double() @ k_win.double().mT * scale, -1)
+    return (p @ v_win.double()).to(q.dtype)
+
+
+def to(device, *xs):
+    return [None if x is None else x.to(device) for x in xs]
+
+
+def rel(got, want):
+    floor = ((want.to(got.dtype).double() - want.double()).norm() / want.double().norm()).item()
+    return ((got.double().cpu() - want.double()).norm() / want.double().norm()).item(), floor
+
+
+CASES = [
+    # codec, bits, d, length, window, splits, dtype
+    ("octopus", 2, 64, 455, 1, None, torch.float32),
+    ("octopus", 2, 128, 300, 0, 3, torch.float32),
+    ("octopus", 2, 64, 1, 1, None, torch.bfloat16),
+    ("octopus", 2, 64, 0, 3, None, torch.float32),
+    ("octopus", 3, 64, 200, 1, 2, torch.float32),  # C_rho looked up, not folded
+    ("octopus", 4, 64, 130, 1, None, torch.bfloat16),
+    ("octopus", 1, 128, 97, 2, None, torch.float32),  # one norm: b_rho = 0
+    ("octopus-qjl", 2, 64, 257, 1, 2, torch.float32),
+    ("octopus-qjl", 3, 128, 140, 1, None, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("name,bits,d,length,window,splits,dtype", CASES,
+                         ids=[f"{c[0]}-b{c[1]}-d{c[2]}-L{c[3]}-w{c[4]}-s{c[5]}-{str(c[6])[6:]}"
+                              for c in CASES])
+def test_table_attention_matches_reference(name, bits, d, length, window, splits, dtype):
+    codec, q, keys, values, k_win, v_win = make_store(
+        name, bits, batch=2, heads=2, length=length, window=window, d=d, dtype=dtype)
+    want = reference(q, keys, values, length, k_win, v_win, codec, 0.9 / math.sqrt(d))
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
+                                  scale=0.9 / math.sqrt(d), num_splits=splits)
+    assert got.dtype == dtype and got.shape == q.shape
+    err, floor = rel(got, want)
+    assert err <= TOL[dtype] + floor, f"relative RMS error {err:.2e} > {TOL[dtype]:.0e} + floor {floor:.1e}"
+
+
+def test_large_scores_stay_exact_under_lazy_rescaling():
+    """Scores spread over hundreds of log2 units: the lazy maximum must still give the exact softmax."""
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=400, window=1, d=64, dtype=torch.float32, seed=3)
+    q = q * 400.0
+    want = naive.attention(q, keys, values, 400, k_win, v_win, codec)
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_n=16)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
+
+
+def test_refuses_block_queries():
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="query rows"):
+        adc_ops().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
