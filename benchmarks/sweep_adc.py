@@ -74,8 +74,11 @@ def main() -> None:
         row.update(ms=ms, sdpa_ms=s_ms, speedup_vs_sdpa=s_ms / ms, gbps=moved / ms / 1e6,
                    of_copy=moved / ms / 1e6 / copy_gbps)
         if with_flash:
-            row["flash_ms"] = _bench(lambda: ops.attention(q, keys, values, shape.length, k_win, v_win, kc),
-                                     args.rep_ms)
+            try:
+                flash = lambda: ops.attention(q, keys, values, shape.length, k_win, v_win, kc)  # noqa: E731
+                row["flash_ms"] = _bench(flash, args.rep_ms)
+            except Exception as e:  # the flash path is another helper's work in progress: report, go on
+                print(f"flash_decode failed: {type(e).__name__}: {e}", flush=True)
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
         print(json.dumps(shown), flush=True)
         rows.append(row)
