@@ -65,10 +65,11 @@ def polar_unit(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
+def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl.constexpr,
                      N_BITS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
                      N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
-    """octopus: the triplets t_hat = C_rho[i_rho] * n_hat as three component tiles [BN, LP] (x, y, z).
+    """octopus: the triplets gain * t_hat = gain * C_rho[i_rho] * n_hat as three component tiles [BN, LP]
+    (x, y, z); `gain` [BN, 1] is the key's norm gamma, folded into the one scale each lane already needs.
 
     DIR_TABLE: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
     Otherwise n_hat is unfolded in registers from the xi centroids at tab_ptr (two lookups into a table of
@@ -78,7 +79,7 @@ def octopus_triplets(rows_ptr, row_ok, tab_ptr, rho_ptr, LP: tl.constexpr, L: tl
     i = tl.arange(0, LP)[None, :]
     live = row_ok & (i < L)
     codes = tl.where(live, _codes(rows_ptr, row_ok if TILE else live, i, N_BITS, N_WORDS, WP, TILE), 0)
-    rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0)
+    rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0) * gain
     if DIR_TABLE:
         d3 = (codes >> B_RHO) * 3
         kx = rho * tl.load(tab_ptr + d3, mask=live, other=0.0)

@@ -17,12 +17,13 @@ from .codec_decode import (
 
 
 @triton.jit
-def _mm_nt(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """a [M, K] @ b[N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) FMAs and a row sum."""
+def _mm_nt(a, b, acc, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+    """acc + a [M, K] @ b [N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) FMAs and a row
+    sum."""
     if USE_DOT:
-        return tl.dot(a, tl.trans(b), input_precision=PREC)
+        return tl.dot(a, tl.trans(b), acc, input_precision=PREC)
     else:
-        return tl.sum(a * b, axis=1)[None, :]
+        return acc + tl.sum(a * b, axis=1)[None, :]
 
 
 @triton.jit
@@ -35,6 +36,15 @@ def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+    """x as a matmul operand of dtype OPD. RNE_BY_HAND (the CPU interpreter, whose fp32 -> bf16 cast
+    truncates): round to nearest even on the fp32 bits first, as the GPU's cast does."""
+    if OPD == tl.bfloat16 and RNE_BY_HAND:
+        x = bf16_value(x.to(tl.float32))
+    return x.to(OPD)
+
+
+@triton.jit
 def _store_out(ptr, o, mask):
     """Store fp32 o in ptr's dtype, bf16 rounded to nearest even (the CPU interpreter's cast truncates)."""
     if ptr.dtype.element_ty == tl.bfloat16:
@@ -43,27 +53,29 @@ def _store_out(ptr, o, mask):
 
 
 @triton.jit
-def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """One step of the online softmax with scores s [M, N] (log2 units, -inf for masked keys)."""
+def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr,
+                   RNE_BY_HAND: tl.constexpr):
+    """One step of the online softmax with scores s [M, N] (log2 units, -inf for masked keys); v [N, D] is
+    already in the operand dtype OPD, and so is P for P @ V (flash attention's bf16 P)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _mm_nn(p, v, USE_DOT, PREC)
+    acc = acc * alpha[:, None] + _mm_nn(_operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _attn_fwd_kernel(
-    qn_ptr, qr_ptr, qj_ptr,
+    q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
     kc_ptr, kg_ptr, ks_ptr, kr_ptr,
     vc_ptr, vs_ptr, vm_ptr,
     kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
     tab_a_ptr, tab_b_ptr,
     out_ptr, opart_ptr, lse_ptr,
-    H, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
-    qk_scale, qjl_coef,
-    CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+    qk_scale, rot_scale, qjl_scale,
+    CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
     B_RHO: tl.constexpr,
     DIR_TABLE: tl.constexpr,
@@ -71,16 +83,22 @@ def _attn_fwd_kernel(
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
-    Rows are (query head in the KV head's group, query token) pairs, G*Tq per KV head, so the group shares
-    one pass over K/V. Compressed score of key n: gamma_n * (q_rot . u_hat_n [+ qjl_coef * gamma_r_n *
-    (R' q_rot) . sigma_n]); window score: q . k_n. Softmax over both with one running max (log2 units,
-    qk_scale = softmax scale * log2 e); values: group dequant in the original frame. Split s covers
-    compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window. DIRECT: a single
-    split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers.
-    tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi centroids/C_rho (octopus).
+    Rows are (query head in the KV head's group, query token) pairs r = g * tq + t, G*Tq per KV head, so the
+    group shares one pass over K/V. Prologue: the query rows are loaded once and projected in registers to
+    the layouts the codec's score needs, q @ M_h with the per-head integer matrix at qmap (formats.md
+    rotation times sqrt(d): the rotated query R q, or its octopus x/y/z triplet columns, then the QJL query
+    R' R q times d), scaled by rot_scale / qjl_scale, which also carry the softmax scale in log2 units.
+    Compressed score of key n: q_rot' . (gamma_n u_hat_n) [+ q_j' . (gamma_n gamma_r_n sigma_n)]; window
+    score: qk_scale * q . k_n. Softmax over both with one running max; values: group dequant in the original
+    frame. Matmul operands are OPD (fp32 with PREC, or the queries' 16-bit dtype), accumulation fp32.
+    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window.
+    DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
+    partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
+    centroids/C_rho (octopus).
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -90,21 +108,29 @@ def _attn_fwd_kernel(
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     IS_OCT: tl.constexpr = (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)
 
+    # prologue: the query block, and its projections
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     qrow = pid_bh * n_rows + rows
     dcol = tl.arange(0, D)[None, :]
-    qn = tl.load(qn_ptr + qrow[:, None] * D + dcol, mask=row_ok[:, None], other=0.0)
+    q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
+    q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
+    q_pro = q.to(qmap_ptr.dtype.element_ty)
+    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
     if IS_OCT:
         lcol = tl.arange(0, LP)[None, :]
-        qbase = qr_ptr + qrow[:, None] * (3 * LP) + lcol
-        qx = tl.load(qbase, mask=row_ok[:, None], other=0.0)
-        qy = tl.load(qbase + LP, mask=row_ok[:, None], other=0.0)
-        qz = tl.load(qbase + 2 * LP, mask=row_ok[:, None], other=0.0)
+        qx = _operand(_mm_nn(q_pro, tl.load(qmap + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        qy = _operand(_mm_nn(q_pro, tl.load(qmap + LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        qz = _operand(_mm_nn(q_pro, tl.load(qmap + 2 * LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD,
+                      RNE_BY_HAND)
+        QJL_COL: tl.constexpr = 3 * LP
     else:
-        qr = tl.load(qr_ptr + qrow[:, None] * D + dcol, mask=row_ok[:, None], other=0.0)
+        qr = _operand(_mm_nn(q_pro, tl.load(qmap + dcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = D
     if HAS_QJL:
-        qj = tl.load(qj_ptr + qrow[:, None] * D + dcol, mask=row_ok[:, None], other=0.0)
+        qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + dcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
+                      RNE_BY_HAND)
+    qn = _operand(q, OPD, RNE_BY_HAND)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -118,28 +144,30 @@ def _attn_fwd_kernel(
         n_ok = n < end
         krow = pid_bh * t_cap + n
         k_rows = kc_ptr + krow[:, None] * K_WORDS
-        gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
+        gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         if IS_OCT:
-            kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
-                                          B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
-            s = _mm_nt(qx, kx, USE_DOT, PREC) + _mm_nt(qy, ky, USE_DOT, PREC) + _mm_nt(qz, kz, USE_DOT, PREC)
+            kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES,
+                                          K_BITS, B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
+            s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         elif CODEC == POLAR:
             u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
                            K_WP, TILE)
-            s = _mm_nt(qr, u, USE_DOT, PREC)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         elif K_BITS > 0:
             u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-            s = _mm_nt(qr, u, USE_DOT, PREC)
-        else:
-            s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         if HAS_QJL:
             s_words = (D + 31) // 32
             sigma = qjl_signs(ks_ptr + krow[:, None] * s_words, n_ok[:, None], D, s_words, S_WP, TILE)
-            g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)
-            s = s + _mm_nt(qj, sigma, USE_DOT, PREC) * (qjl_coef * g_r)[None, :]
-        s = tl.where(n_ok[None, :], s * (gamma * qk_scale)[None, :], float("-inf"))
+            g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = tl.where(n_ok[None, :], s, float("-inf"))
         v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, TILE)
-        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC)
+        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD,
+                                       RNE_BY_HAND)
 
     # native window: the last split's tail
     w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
@@ -148,10 +176,13 @@ def _attn_fwd_kernel(
     for n0 in range(0, w_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < t_win
-        k = tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        s = tl.where(n_ok[None, :], _mm_nt(qn, k, USE_DOT, PREC) * qk_scale, float("-inf"))
-        v = tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC)
+        k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+                     RNE_BY_HAND)
+        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), USE_DOT, PREC)
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
+        v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+                     RNE_BY_HAND)
+        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if DIRECT:

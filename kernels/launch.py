@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
+import triton.language as tl
 
 from .naive import hadamard
 from .spec import KernelCodec
@@ -38,12 +38,7 @@ def _hadamard(d: int, device: torch.device) -> torch.Tensor:
     return hadamard(d, device)
 
 
-def _rotate(x_BHRD: torch.Tensor, signs_HD: torch.Tensor) -> torch.Tensor:
-    """R x per head: ((x * s_h) @ H_d) / sqrt(d) (H_d symmetric), float32."""
-    d = x_BHRD.shape[-1]
-    return ((x_BHRD * signs_HD[None, :, None, :]) @ _hadamard(d, x_BHRD.device)) / math.sqrt(d)
-
-
+@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -51,10 +46,36 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _octopus_lp(codec: KernelCodec) -> int:
-    return max(16, _pow2(codec.key_codes))
+    return codec.triplet_lanes
 
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+
+def _interpreter_16bit_dot() -> None:
+    """Make the CPU interpreter's tl.dot read bfloat16 operands (it stores them as raw uint16 bits and would
+    multiply the bit patterns as integers): widen 16-bit float operands to fp32 first, which is exact, so
+    the interpreted dot equals the GPU's (exact products, fp32 accumulation). Idempotent."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    inner = builder.create_dot
+    if getattr(inner, "widens_16bit", False):
+        return
+
+    def widen(x):
+        if x.dtype.scalar.primitive_bitwidth == 16 and x.dtype.scalar.is_floating():
+            data = x.data.view(np.uint16).astype(np.uint32) << 16 if x.dtype.scalar.is_bf16() else x.data
+            data = data.view(np.float32) if x.dtype.scalar.is_bf16() else data.astype(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return x
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return inner(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot.widens_16bit = True
+    builder.create_dot = create_dot

@@ -8,14 +8,19 @@ import math
 
 import torch
 import triton
+import triton.language as tl
 
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
 from .flash_decode import _attn_fwd_kernel, _merge_kernel
-from .launch import _check_pow2, _octopus_lp, _outside_autocast, _pow2, _rotate, _sm_count
+from .launch import _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count
 from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
 OCTOPUS_DIRECTIONS = "unfold"
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+OPERANDS = ("native", "tf32", "ieee")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +29,12 @@ class AttnConfig:
 
     block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
     block_n: keys per step; num_warps, num_stages (software pipelining of the loads; 1: none);
-    programs_per_sm: the split-K count aims at this many programs per multiprocessor; tile_words: load each
-    key's code words as one contiguous tile and cut codes in registers (True) or gather one load per code.
+    programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no split
+    gets fewer compressed keys than this (default 4 * block_n); tile_words: load each key's code words as one
+    contiguous tile and cut codes in registers (True) or gather one load per code; operands: the matmul
+    operand dtype with tensor cores, "native" (16-bit queries: decoded K, V and P in the queries' dtype, as
+    flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee" (fp32 operands).
+    Accumulation is fp32 always; block_m 1 runs fp32 FMAs whatever `operands` says.
     """
 
     block_m: int | None = None
@@ -34,6 +43,8 @@ class AttnConfig:
     num_stages: int | None = None
     programs_per_sm: int | None = None
     tile_words: bool | None = None
+    operands: str | None = None
+    split_min_keys: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -44,17 +55,20 @@ class AttnConfig:
             raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
         if self.programs_per_sm is not None and self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
+        if self.operands not in (None, *OPERANDS):
+            raise ValueError(f"operands must be one of {', '.join(OPERANDS)} or None, got {self.operands!r}")
+        if self.split_min_keys is not None and self.split_min_keys < 1:
+            raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
-def _key_tables(codec: KernelCodec, device: torch.device,
-                dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _key_tables(codec: KernelCodec, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the direction
     table or the xi centroids, and C_rho (octopus)."""
     if codec.name.startswith("octopus"):
         return (codec.directions.reshape(-1) if dir_table else codec.xi_centroids), codec.centroids
     if codec.name == "polarquant":
-        return torch.cos(codec.centroids).reshape(-1), torch.sin(codec.centroids).reshape(-1)
-    cent = codec.centroids if codec.centroids is not None else torch.zeros(1, device=device)
+        return codec.polar_tables()
+    cent = codec.centroids if codec.centroids is not None else codec.rotation_signs  # never read (0 bits)
     return cent, cent
 
 
@@ -78,19 +92,40 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
     return t_cap
 
 
-@_outside_autocast
+def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, programs_bh: int,
+                  device: torch.device) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_splits, chunk) for a problem of n_rows rows per KV head.
+
+    Defaults from the H200 sweep (benchmarks/results/kernels_2026-11-29.md, octopus b=2): one query row
+    -> no tensor cores, 32 keys a step, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128, against
+    1.81-3.94 ms for the 16-row tensor-core variants); a block of queries -> up to 128 rows, 64 keys a step
+    (0.70 ms at AAR B=64 against 0.76-1.54 ms).
+    """
+    single = n_rows == 1
+    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
+    block_n = cfg.block_n or (32 if single or d > 64 else 64)
+    if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
+        block_n = 128
+    programs = programs_bh * triton.cdiv(n_rows, block_m)
+    want = triton.cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
+    num_splits = max(1, min(want, triton.cdiv(length, cfg.split_min_keys or 4 * block_n)))
+    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+    return block_m, block_n, max(1, triton.cdiv(length, chunk)), chunk
+
+
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
               scale: float | None = None, num_splits: int | None = None,
               octopus_directions: str = OCTOPUS_DIRECTIONS, config: AttnConfig | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
 
-    q [B, Hq, Tq, d] (any float dtype); `keys`/`values` buffers [B, H, Tcap, ...] of which the first
-    `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window). Hq = G*H,
-    query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
+    q [B, Hq, Tq, d] (any float dtype, any strides); `keys`/`values` buffers [B, H, Tcap, ...] of
+    which the first `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window).
+    Hq = G*H, query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
     `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
     "unfold" (decode n_hat from the xi centroids in registers) or "table" (look it up in D). `config`
-    overrides the launch heuristic (AttnConfig).
+    overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation
+    and layouts happen in the kernel's prologue, so the host does no tensor math.
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -109,89 +144,73 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
                          f"{None if v_window is None else tuple(v_window.shape)}")
     if length + t_win == 0:
         raise ValueError("attention needs at least one key: the store and the window are both empty")
+    if octopus_directions not in ("unfold", "table"):
+        raise ValueError(f"octopus_directions must be 'unfold' or 'table', got {octopus_directions!r}")
     dev = q_BHTD.device
     codec = codec.to(dev)
     grp = hq // h
     n_rows = grp * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    cfg = config or AttnConfig()
+    block_m, block_n, splits, chunk = _launch_shape(cfg, n_rows, d, length, b * h, dev)
+    if num_splits is not None:
+        splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
+        chunk = triton.cdiv(triton.cdiv(max(length, 1), splits), block_n) * block_n
+        splits = max(1, triton.cdiv(length, chunk))
 
-    q_f = q_BHTD.float().reshape(b, h, n_rows, d).contiguous()
-    q_rot = _rotate(q_f, codec.rotation_signs)
-    q_j = _rotate(q_rot, codec.qjl_signs).contiguous() if codec.has_qjl else q_f
-    lp = 16
-    if codec.name.startswith("octopus"):
-        lp, length_t = _octopus_lp(codec), codec.key_codes
-        trip = torch.nn.functional.pad(q_rot, (0, 3 * length_t - d)).reshape(b, h, n_rows, length_t, 3)
-        q_rot = torch.nn.functional.pad(trip.transpose(-1, -2), (0, lp - length_t))
-        q_rot = q_rot.reshape(b, h, n_rows, 3 * lp)
-    q_rot = q_rot.contiguous()
-    if octopus_directions not in ("unfold", "table"):
-        raise ValueError(f"octopus_directions must be 'unfold' or 'table', got {octopus_directions!r}")
-    tab_a, tab_b = _key_tables(codec, dev, octopus_directions == "table")
-
-    if k_window is None or t_win == 0:
-        k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q_BHTD.dtype)
+    # operands: 16-bit queries project exactly in their own dtype (the map is small integers); fp32 in IEEE
+    use_dot = block_m >= 16
+    q16 = q_BHTD.dtype in (torch.bfloat16, torch.float16)
+    operands = cfg.operands or "native"
+    opd = q_BHTD.dtype if use_dot and q16 and operands == "native" else torch.float32
+    prec = "tf32" if operands == "tf32" and opd == torch.float32 else "ieee"
+    qmap = codec.query_map(q_BHTD.dtype if use_dot and q16 else torch.float32)
+    if _interpreting():
+        _interpreter_16bit_dot()
+    if q_BHTD.stride(-1) != 1:
+        q_BHTD = q_BHTD.contiguous()
+    if not t_win:  # any tensor serves as the never-read window
+        k_window = v_window = q_BHTD
     if k_window.stride(-1) != 1:
         k_window = k_window.contiguous()
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
+    tab_a, tab_b = _key_tables(codec, octopus_directions == "table")
+    qk_scale = scale * LOG2E
 
-    # Defaults from the H200 sweep (benchmarks/results/kernels_2026-11-29.md, octopus b=2): one query row
-    # -> no tensor cores, 32 keys a step, 4 warps, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
-    # against 1.81-3.94 ms for the 16-row tensor-core variants); a block of queries -> up to 128 rows,
-    # 64 keys a step, 4 warps (0.70 ms at AAR B=64 against 0.76-1.54 ms); no load pipelining (num_stages 2
-    # doubled the time: the loads are gathers).
-    cfg = config or AttnConfig()
-    single = n_rows == 1
-    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
-    block_n = cfg.block_n or (32 if single or d > 64 else 64)
-    if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
-        block_n = 128
-    num_warps = cfg.num_warps or 4
-    num_stages = cfg.num_stages or 1
-    n_mblocks = triton.cdiv(n_rows, block_m)
-    programs = b * h * n_mblocks
-    if num_splits is None:
-        want = triton.cdiv((cfg.programs_per_sm or 8) * _sm_count(dev), programs)
-        num_splits = max(1, min(want, triton.cdiv(length, 4 * block_n)))
-    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(length, chunk))
     total_rows = b * h * n_rows
-
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
-    direct = num_splits == 1
+    direct = splits == 1
     if direct:
         opart = lse = out
     else:
-        opart = torch.empty(num_splits, total_rows, d, device=dev, dtype=torch.float32)
-        lse = torch.empty(num_splits, total_rows, device=dev, dtype=torch.float32)
+        opart = torch.empty(splits, total_rows, d, device=dev, dtype=torch.float32)
+        lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    _attn_fwd_kernel[(b * h, n_mblocks, num_splits)](
-        q_f, q_rot, q_j,
+    lp = codec.triplet_lanes if codec.name.startswith("octopus") else 16
+    _attn_fwd_kernel[(b * h, triton.cdiv(n_rows, block_m), splits)](
+        q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         tab_a, tab_b,
         out, opart, lse,
-        h, n_rows, t_cap, length, t_win, chunk, num_splits, total_rows,
-        scale * LOG2E, math.sqrt(math.pi / (2 * d)),
-        CODEC=CODEC_IDS[codec.name], D=d, LP=lp, LOG2D=int(math.log2(d)),
+        h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
+        qk_scale, qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d,
+        CODEC=CODEC_IDS[codec.name], D=d, LP=lp, NP=qmap.shape[-1], LOG2D=int(math.log2(d)),
         K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_DIR=codec.b_dir,
         B_RHO=codec.b_rho, DIR_TABLE=octopus_directions == "table",
         K_WP=_pow2(max(codec.key_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)),
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
         V_WP=_pow2(values.codes.shape[-1]), TILE=cfg.tile_words if cfg.tile_words is not None else True,
-        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n,
-        PREC="ieee" if q_BHTD.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec, PREC_Q="ieee",
+        OPD=_TL_DTYPES[opd], RNE_BY_HAND=_interpreting(),
+        num_warps=cfg.num_warps or 4, num_stages=cfg.num_stages or 1,
     )
     if not direct:
         block_r = 32
-        _merge_kernel[(triton.cdiv(total_rows, block_r),)](opart, lse, out, total_rows, num_splits, D=d,
+        _merge_kernel[(triton.cdiv(total_rows, block_r),)](opart, lse, out, total_rows, splits, D=d,
                                                            BLOCK_R=block_r, num_warps=4)
     return out
-
-

@@ -107,6 +107,42 @@ class KernelCodec:
         """W: int32 words per key of the `codes` field."""
         return -(-self.key_codes * self.key_code_bits // 32)
 
+    @property
+    def triplet_lanes(self) -> int:
+        """LP: the octopus triplet count padded to a power of two >= 16 (the kernels' tile width)."""
+        return max(16, 1 << max(0, (self.key_codes - 1).bit_length()))
+
+    def query_map(self, dtype: torch.dtype) -> torch.Tensor:
+        """[H, d, NP] integer matrices (exact in every float dtype) that take a query row q to the layouts
+        the attention kernel scores with: q @ M_h = [sqrt(d) R q | d R' R q] (formats.md; the QJL block only
+        for -qjl codecs), where octopus reorders the R q block into its triplet components, x | y | z
+        (column c * LP + i holds coordinate 3i + c, zero past d). Built once per codec and dtype, cached."""
+        maps = self.__dict__.setdefault("_query_maps", {})
+        if dtype not in maps:
+            d = self.head_dim
+            dev = self.rotation_signs.device
+            had = torch.ones(1, 1, device=dev)
+            while had.shape[0] < d:
+                had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+            rot = self.rotation_signs[:, :, None] * had  # q @ rot[h] = sqrt(d) R_h q (H_d symmetric)
+            blocks = [rot]
+            if self.name.startswith("octopus"):
+                lp = self.triplet_lanes
+                j = 3 * torch.arange(lp, device=dev)[None, :] + torch.arange(3, device=dev)[:, None]
+                j = j.reshape(-1)
+                blocks = [torch.where(j < d, rot[:, :, j.clamp_max(d - 1)], 0.0)]
+            if self.has_qjl:
+                blocks.append(rot @ (self.qjl_signs[:, :, None] * had))  # d R' R q
+            maps[dtype] = torch.cat(blocks, 2).to(dtype).contiguous()
+        return maps[dtype]
+
+    def polar_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the polarquant angle centroids, flattened level-major (cached)."""
+        if "_polar_tables" not in self.__dict__:
+            self.__dict__["_polar_tables"] = (torch.cos(self.centroids).reshape(-1).contiguous(),
+                                              torch.sin(self.centroids).reshape(-1).contiguous())
+        return self.__dict__["_polar_tables"]
+
     def to(self, device: torch.device) -> KernelCodec:
         """This codec with all its tables on `device` (itself when they are all there already)."""
         device = torch.device(device)
