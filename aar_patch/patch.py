@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
+from octopus_audio.cache import check_caches
 from octopus_audio.rotation import layer_seed
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,7 @@ class _LayerPatch:
                 f"(kv_caching(False)); generations on one patched model must run one at a time")
         if not enable and self.units:
             self.last = self.layer_stats()
+            self.handle.check_generation()  # the deferred data checks of every layer, one host sync
         self.orig_kv_caching(enable)
         self.cache.reset()
         self.units = 0
@@ -255,11 +257,12 @@ class _LayerPatch:
         if attn_bias is not None:
             raise ValueError(f"attention layer {self.index} was called in caching mode with an attention "
                              f"mask; the compressed cache attends over whole scales and takes attn_bias=None")
-        q_BHLD, k_BHLD, v_BHLD = self._qkv(x_BLC)
-        self.cache.append(k_BHLD, v_BHLD)
+        q_BHLD, k_BHLD, v_BHLD = m._qkv(x_BLC) if self.own_qkv else self._qkv(x_BLC)
+        cache = self.cache
+        cache.append(k_BHLD, v_BHLD)
         self.units += 1
-        o_BHLD = self.cache.attend(q_BHLD, self.scale)
-        return self._project(o_BHLD)
+        o_BHLD = cache.attend(q_BHLD, self.scale)
+        return m._project(o_BHLD) if self.own_qkv else self._project(o_BHLD)
 
     # the released math, for modules without their own _qkv / _project
     def _qkv(self, x_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -351,6 +354,25 @@ class PatchHandle:
             raise RuntimeError("no generation has run through this patch yet: no cache to account for")
         return last
 
+    def check_generation(self, force: bool = False) -> None:
+        """Run the caches' deferred data checks (CUDA: finite keys and values were only recorded on the
+        device during the generation) with one host sync; nothing to do on the CPU, where each append
+        checked its unit. A bad unit abandons the whole generation (every layer's cache emptied, caching
+        off) and raises the append's ValueError, so no result of it is returned. `force`: check the flags
+        of the last generation even if already checked (after a CUDA graph replay rewrote them)."""
+        try:
+            check_caches(self.caches, force=force)
+        except ValueError:
+            self._drop_generation()
+            raise
+
+    def _drop_generation(self) -> None:
+        for lp in self._layers:
+            if lp.units:
+                lp.orig_kv_caching(False)
+            lp.cache.reset()
+            lp.units = 0
+
     def unpatch(self, *, abandon: bool = False) -> None:
         """Restore the original methods. A second call does nothing.
 
@@ -426,6 +448,16 @@ def _store_tokens(model: object, window: int) -> int | None:
     return None
 
 
+def check_after_replay(model: object) -> None:
+    """For a patched `model` whose generation was captured in a CUDA graph: the data checks the capture
+    could not run (reading device values breaks a capture), on the values the last replay wrote; raises
+    the append ValueError of a bad unit. Does nothing for a model without the patch."""
+    handles = {id(lp.handle): lp.handle for m in find_attention(model)
+               if (lp := getattr(m, _MARK, None)) is not None}
+    for handle in handles.values():
+        handle.check_generation(force=True)
+
+
 def unpatch(model: object) -> None:
     """Take the patch off `model` (RuntimeError if it has none, or if a generation holds its cache)."""
     modules = [m for m in find_attention(model) if hasattr(m, _MARK)]
@@ -444,5 +476,5 @@ def compressed_kv(model: object, codec: str = "octopus", bits: int = 2, window: 
         yield handle
 
 
-__all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle", "compressed_kv",
-           "find_attention", "patch_aar", "unpatch"]
+__all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle",
+           "check_after_replay", "compressed_kv", "find_attention", "patch_aar", "unpatch"]

@@ -14,6 +14,10 @@ import os
 
 import torch
 
+from octopus_audio.codecs.base import KeyState
+from octopus_audio.packing import num_words
+from octopus_audio.values import ValueState
+
 log = logging.getLogger(__name__)
 
 ENV_VAR = "OCTOPUS_AUDIO_BACKEND"
@@ -134,66 +138,82 @@ def kernel_codec(codec, num_heads: int, device):
     return codec._cached(("kernel_codec", num_heads, str(device)), make)
 
 
-# ---- one hook per op: the kernels when the backend is triton, the PyTorch reference otherwise ----
+# ---- what one generation of a cache runs, decided once at its first unit ----
 
-def encode_keys(codec, k: torch.Tensor, backend: str):
-    """k [B, H, T, d] -> KeyState (finiteness already checked by the caller)."""
-    if backend == "triton":
-        why = kernel_limit(codec)
-        if why is None:
-            from octopus_audio.codecs.base import KeyState
-            from octopus_audio.rotation import num_heads_of
+class CachePlan:
+    """The ops a CompressedKVCache runs for one generation (one layout), chosen once when its first unit
+    arrives, so the per-call path does no backend, environment or kernel-codec lookups.
 
-            p = _ops().encode_keys(k, kernel_codec(codec, num_heads_of(k), k.device))
+    backend: "triton" or "reference" (attention_backend for the device and codec); kernel: the kernels' view
+    of the codec (KernelCodec, built once and cached on the codec) when the encode or attention kernel runs.
+    encode_keys(codec, k) -> KeyState, encode_values(quantizer, v) -> ValueState (data checks are the
+    caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the window.
+    """
+
+    def __init__(self, codec, num_heads: int, device: torch.device, codec_name: str) -> None:
+        self.backend = attention_backend(device, codec_name)
+        self.native = codec_name == "none"
+        self.kernel = None
+        self.kernel_encode = self.kernel_attention = False
+        if self.backend == "triton":
+            why_encode, why_attend = kernel_limit(codec), kernel_limit(codec, for_encode=False)
+            if why_encode is not None:
+                _announce("reference", f"encode: {why_encode}")
+            if why_attend is not None:
+                _announce("reference", f"attention: {why_attend}")
+            self.kernel_encode, self.kernel_attention = why_encode is None, why_attend is None
+            if self.kernel_encode or self.kernel_attention:
+                self.kernel = kernel_codec(codec, num_heads, device)
+            self.ops = _ops()
+            from octopus_audio.kernels import PackedKeys, PackedValues
+
+            self._packed_keys, self._packed_values = PackedKeys, PackedValues
+        self._empty = None  # (batch, PackedKeys, PackedValues) of an empty store, for window-only attention
+
+    def encode_keys(self, codec, k: torch.Tensor):
+        """k [B, H, T, d] -> KeyState (codec none: k itself, the store copies it)."""
+        if self.native:
+            return KeyState(dtype=k.dtype, native=k)
+        if self.kernel_encode:
+            p = self.ops.encode_keys(k, self.kernel)
             return KeyState(dtype=k.dtype, codes=p.codes, gamma=p.gamma, signs=p.signs, gamma_r=p.gamma_r)
-        _announce("reference", f"encode: {why}")
-    return codec.encode_unchecked(k)
+        return codec.encode_unchecked(k)
 
+    def encode_values(self, quantizer, v: torch.Tensor):
+        """v [B, H, T, d] -> ValueState (quantizer None: v itself, the store copies it)."""
+        if quantizer is None:
+            return ValueState(dtype=v.dtype, native=v)
+        if self.backend == "triton":
+            p = self.ops.encode_values(v, quantizer.bits, quantizer.group, check_range=False)
+            return ValueState(dtype=v.dtype, codes=p.codes, scale=p.scale, minimum=p.minimum)
+        return quantizer.encode_unchecked(v)
 
-def encode_values(quantizer, v: torch.Tensor, backend: str):
-    """v [B, H, T, d] -> ValueState (range already checked by the caller)."""
-    if backend == "triton":
-        from octopus_audio.values import ValueState
+    def attention(self, cache, q: torch.Tensor, scale: float) -> torch.Tensor:
+        if not self.kernel_attention:
+            return cache.attend_reference(q, scale)
+        store, window = cache.store, cache.window_kv()
+        if store is not None:
+            keys, values = store.packed(self._packed_keys, self._packed_values, cache.value_quantizer)
+        else:
+            keys, values = self._empty_store(q, cache.value_quantizer)
+        k_win, v_win = window if window is not None else (None, None)
+        return self.ops.attention(q, keys, values, cache.length, k_win, v_win, self.kernel, scale=scale)
 
-        p = _ops().encode_values(v, quantizer.bits, quantizer.group, check_range=False)
-        return ValueState(dtype=v.dtype, codes=p.codes, scale=p.scale, minimum=p.minimum)
-    return quantizer.encode_unchecked(v)
-
-
-def attention(cache, q: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
-    """One softmax over the cache's compressed store and native window: q [B, Hq, Tq, d] -> [B, Hq, Tq, d]."""
-    if backend == "triton":
-        why = kernel_limit(cache.codec, for_encode=False)
-        if why is None:
-            return _kernel_attention(cache, q, scale)
-        _announce("reference", f"attention: {why}")
-    return cache.attend_reference(q, scale)
-
-
-def _kernel_attention(cache, q: torch.Tensor, scale: float) -> torch.Tensor:
-    from octopus_audio.kernels import PackedKeys, PackedValues
-    from octopus_audio.packing import num_words
-
-    window = cache.window_kv()
-    quant = cache.value_quantizer
-    if cache.store is not None:
-        ks, vs = cache.store.keys, cache.store.values
-        keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
-        values = PackedValues(vs.codes, vs.scale, vs.minimum, quant.bits, quant.group)
-        heads = ks.codes.shape[1]
-    else:  # window only: an empty store of the right shapes
-        heads = window[0].shape[1]
-        kc = kernel_codec(cache.codec, heads, q.device)
+    def _empty_store(self, q: torch.Tensor, quant):
+        """An empty store of the right shapes (the first scale attends to the window only)."""
+        if self._empty is not None and self._empty[0] == q.shape[0]:
+            return self._empty[1:]
+        kc, heads = self.kernel, self.kernel.num_heads
 
         def empty(*tail, dtype):
             return torch.zeros(q.shape[0], heads, 0, *tail, dtype=dtype, device=q.device)
 
-        keys = PackedKeys(empty(kc.key_words, dtype=torch.int32), empty(dtype=torch.bfloat16),
-                          empty(num_words(kc.head_dim, 1), dtype=torch.int32) if kc.has_qjl else None,
-                          empty(dtype=torch.bfloat16) if kc.has_qjl else None)
-        values = PackedValues(empty(num_words(kc.head_dim, quant.bits), dtype=torch.int32),
-                              empty(kc.head_dim // quant.group, dtype=torch.float16),
-                              empty(kc.head_dim // quant.group, dtype=torch.float16), quant.bits, quant.group)
-    k_win, v_win = window if window is not None else (None, None)
-    return _ops().attention(q, keys, values, cache.length, k_win, v_win,
-                            kernel_codec(cache.codec, heads, q.device), scale=scale)
+        keys = self._packed_keys(empty(kc.key_words, dtype=torch.int32), empty(dtype=torch.bfloat16),
+                                 empty(num_words(kc.head_dim, 1), dtype=torch.int32) if kc.has_qjl else None,
+                                 empty(dtype=torch.bfloat16) if kc.has_qjl else None)
+        values = self._packed_values(empty(num_words(kc.head_dim, quant.bits), dtype=torch.int32),
+                                     empty(kc.head_dim // quant.group, dtype=torch.float16),
+                                     empty(kc.head_dim // quant.group, dtype=torch.float16), quant.bits,
+                                     quant.group)
+        self._empty = (q.shape[0], keys, values)
+        return keys, values

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -13,31 +14,132 @@ from octopus_audio.codecs.base import KeyState
 from octopus_audio.values import FP16_MAX, ValueQuantizer, ValueState
 
 _FP16_BYTES = 2
+# (field name, token axis from the end) of each state class, read once (TensorState derives them per call)
+_FIELDS = {cls: tuple((n, cls._t_dim(n)) for n in cls.tensor_field_names()) for cls in (KeyState, ValueState)}
+
+
+def _present(state) -> list[tuple[str, int, torch.Tensor]]:
+    """(name, token axis, tensor) of the fields `state` holds, in the class's field order."""
+    out = []
+    for name, t_dim in _FIELDS[type(state)]:
+        t = getattr(state, name)
+        if t is not None:
+            out.append((name, t.ndim + t_dim, t))
+    return out
+
+
+def _narrow(state, length: int):
+    """Tokens [0, length) of every field of `state` (views)."""
+    fields = {name: t.narrow(axis, 0, length) for name, axis, t in _present(state)}
+    return type(state)(dtype=state.dtype, **fields)
 
 
 @dataclasses.dataclass
 class CacheStore:
     """The compressed store: per-field buffers preallocated along T (grown by doubling); tokens [0, length)
     are valid. `keys` is a KeyState and `values` a ValueState whose tensors are [B, H, capacity, ...]
-    (formats.md); for codec `none` they hold `native` K and V."""
+    (formats.md); for codec `none` they hold `native` K and V. Replace the buffers with `rebind`."""
 
     keys: KeyState
     values: ValueState
     length: int = 0
 
+    def __post_init__(self) -> None:
+        self.rebind(self.keys, self.values)
+
+    def rebind(self, keys: KeyState, values: ValueState) -> None:
+        """Take new buffers (same fields, more capacity); the per-write field list is derived here once."""
+        self.keys, self.values = keys, values
+        self._slots = ([(name, axis, t, True) for name, axis, t in _present(keys)]
+                       + [(name, axis, t, False) for name, axis, t in _present(values)])
+        name, axis, t, _ = self._slots[0]
+        self._capacity = t.shape[axis]
+        self._packed = None
+
     @property
     def capacity(self) -> int:
-        return self.keys.num_tokens
+        return self._capacity
+
+    def write(self, keys: KeyState, values: ValueState, n: int) -> None:
+        """Copy n tokens (`keys`, `values` hold exactly them) into the buffers at `length`; length += n."""
+        start = self.length
+        for name, axis, buf, is_key in self._slots:
+            buf.narrow(axis, start, n).copy_(getattr(keys if is_key else values, name))
+        self.length = start + n
+
+    def packed(self, packed_keys, packed_values, quantizer):
+        """The whole buffers as the kernels' (PackedKeys, PackedValues), built once per binding."""
+        if self._packed is None:
+            k, v = self.keys, self.values
+            self._packed = (packed_keys(k.codes, k.gamma, k.signs, k.gamma_r),
+                            packed_values(v.codes, v.scale, v.minimum, quantizer.bits, quantizer.group))
+        return self._packed
 
     def valid(self) -> tuple[KeyState, ValueState]:
         """Views of the valid tokens [0, length)."""
-        return self.keys.slice_t(0, self.length), self.values.slice_t(0, self.length)
+        return _narrow(self.keys, self.length), _narrow(self.values, self.length)
 
     @property
     def nbytes(self) -> tuple[int, int]:
         """(key bytes, value bytes) of the valid tokens."""
         k, v = self.valid()
         return k.nbytes, v.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredFlags:
+    """The device-side record of one cache's deferred data checks: `peaks` fp32 [2] holds max |k| and max |v|
+    over the units appended since the generation began (NaN propagates); `quantized` says whether values
+    must also fit the fp16 range."""
+
+    peaks: torch.Tensor
+    quantized: bool
+
+    def error(self, peak_k: float, peak_v: float) -> ValueError | None:
+        """The append error these peaks mean (the same sentence as the immediate check), or None."""
+        bad_k = not math.isfinite(peak_k)
+        bad_v = not (peak_v <= FP16_MAX) if self.quantized else not math.isfinite(peak_v)
+        if not (bad_k or bad_v):
+            return None
+        return _append_error("keys" if bad_k else "values", self.quantized)
+
+
+def _append_error(what: str, quantized: bool) -> ValueError:
+    detail = " (values within the fp16 range, |v| <= 65504)" if quantized else ""
+    return ValueError(f"append got non-finite {what}: keys and values must be finite{detail}")
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def check_flags(flags: list[DeferredFlags]) -> None:
+    """Read several caches' deferred flags with one host sync per device; the first bad one raises its
+    ValueError. Does nothing while a CUDA graph is being captured (reading would break the capture)."""
+    if not flags or _capturing():
+        return
+    by_device: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(flags):
+        by_device.setdefault(f.peaks.device, []).append(i)
+    peaks: dict[int, list[float]] = {}
+    for idx in by_device.values():
+        rows = torch.stack([flags[i].peaks for i in idx]).tolist()  # the one sync of this device
+        peaks.update(zip(idx, rows, strict=True))
+    for i, f in enumerate(flags):
+        err = f.error(*peaks[i])
+        if err is not None:
+            raise err
+
+
+def check_caches(caches, force: bool = False) -> None:
+    """Run the deferred data checks of `caches` (those with unchecked units; every one with flags when
+    `force`) with one host sync; raises the append ValueError of the first bad cache."""
+    todo = [c for c in caches if c._flags is not None and (force or c._pending)]
+    if not todo or _capturing():
+        return
+    for c in todo:
+        c._pending = False
+    check_flags([c._flags for c in todo])
 
 
 class CompressedKVCache:
@@ -53,16 +155,28 @@ class CompressedKVCache:
     capacity: tokens the compressed store is allocated for when it is first written (None: just the first
     unit); past it the store grows by doubling. A caller that knows the sequence (AAR: the scales before the
     window) avoids the growth copies and the spare capacity.
+
+    Data checks (finite keys; values finite, and within the fp16 range when quantized): `defer_checks` None
+    (default) checks each unit at `append` on the CPU and defers the check on CUDA, where reading the result
+    would stall the host once per unit; True / False force either. Deferred, each append only updates a
+    device-side record (no host sync), and `check()` raises the same ValueError later: call it when the
+    sequence ends (the AAR patch does, at `kv_caching(False)`); `decoded_kv` checks too. Layout, backend
+    and kernel tables are decided once per sequence, at its first unit (after `reset()`).
     """
 
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
-                 seed: int = 0, capacity: int | None = None, **codec_options) -> None:
+                 seed: int = 0, capacity: int | None = None, defer_checks: bool | None = None,
+                 **codec_options) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an integer >= 0 (units kept native), got {window!r}")
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                      or capacity < 0):
             raise ValueError(f"capacity must be None or an integer >= 0 (tokens), got {capacity!r}")
+        if defer_checks not in (None, True, False):
+            raise ValueError(f"defer_checks must be None (defer on CUDA), True or False, "
+                             f"got {defer_checks!r}")
         self.capacity = capacity
+        self.defer_checks = defer_checks
         self.codec = get_codec(codec, bits, head_dim, seed=seed, **codec_options)
         self.codec_name = codec
         self.bits = bits
@@ -71,15 +185,20 @@ class CompressedKVCache:
         self.v_group = v_group
         self.seed = seed
         self.value_quantizer = None if codec == "none" else ValueQuantizer(bits, head_dim, v_group)
+        self._flags: DeferredFlags | None = None  # kept across reset(): a graph replay writes the last ones
+        self._pending = False  # units appended since the last deferred check
         self.reset()
 
     # ---- state ----
     def reset(self) -> None:
-        """Drop every token (buffers included)."""
+        """Drop every token (buffers included). Unchecked deferred checks are dropped with them."""
         self.store: CacheStore | None = None
         self._window: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._layout: tuple | None = None  # (B, H, dtype, device) of the units held
+        self._plan: _backend.CachePlan | None = None
+        self._deferred = False
         self._units_compressed = 0
+        self._pending = False
 
     @property
     def length(self) -> int:
@@ -109,12 +228,21 @@ class CompressedKVCache:
     @property
     def backend(self) -> str:
         """The attention backend that runs for this cache ("triton" or "reference")."""
+        if self._plan is not None:
+            return self._plan.backend
         return _backend.attention_backend(self.device, self.codec_name)
 
+    @property
+    def checks_deferred(self) -> bool:
+        """Whether the units held are checked later (`check()`) rather than at `append`."""
+        return self._deferred
+
     def window_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Native window K, V [B, H, T_window, d] (None when the window is empty)."""
+        """Native window K, V [B, H, T_window, d] (None when empty; a single unit's own tensors, no copy)."""
         if not self._window:
             return None
+        if len(self._window) == 1:
+            return self._window[0]
         return torch.cat([k for k, _ in self._window], 2), torch.cat([v for _, v in self._window], 2)
 
     # ---- accounting ----
@@ -150,8 +278,21 @@ class CompressedKVCache:
                 "tokens": self.num_tokens, "window_tokens": self.window_tokens, "store_tokens": self.length,
                 "rows": rows}
 
+    # ---- data checks ----
+    def check(self) -> None:
+        """Run the deferred data checks of the units appended so far (one host sync; nothing to do when the
+        checks are immediate or already done). Raises the ValueError `append` would have raised."""
+        check_caches([self])
+
+    def deferred_flags(self) -> DeferredFlags | None:
+        """The device-side record the current (or last) sequence's deferred checks write, or None. A CUDA
+        graph that captured a sequence rewrites these same tensors on each replay: `check_flags([...])`
+        after a replay checks it."""
+        return self._flags
+
     # ---- append ----
-    def _check_unit(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _check_first(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Everything about the first unit of a sequence (later units must match its layout)."""
         if k.ndim != 4 or k.shape != v.shape or k.shape[-1] != self.head_dim:
             raise ValueError(f"append takes k and v of one shape [B, H, T_unit, {self.head_dim}], "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -163,43 +304,73 @@ class CompressedKVCache:
             raise ValueError(f"this cache holds units of (batch, heads, dtype, device) = {self._layout}; "
                              f"got {layout}; reset() first to change them")
         self.codec.check_keys(k)
-        # one host sync per unit: finite keys; values finite (and within fp16 when quantized)
+
+    def _check_data(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Finite keys; values finite (and within fp16 when quantized): now (one host sync) or deferred."""
+        if self._deferred:
+            if k.numel():
+                peak_k, peak_v = self._peak_views
+                torch.maximum(peak_k, torch.linalg.vector_norm(k, ord=math.inf), out=peak_k)
+                torch.maximum(peak_v, torch.linalg.vector_norm(v, ord=math.inf), out=peak_v)
+            self._pending = True
+            return
         if self.value_quantizer is None:
             ok = torch.isfinite(k).all() & torch.isfinite(v).all()
         else:
             ok = torch.isfinite(k).all() & (v.abs().amax().float() <= FP16_MAX)
         if not bool(ok.item()):
             what = "keys" if not bool(torch.isfinite(k).all()) else "values"
-            detail = "" if self.value_quantizer is None else " (values within the fp16 range, |v| <= 65504)"
-            raise ValueError(f"append got non-finite {what}: keys and values must be finite{detail}")
+            raise _append_error(what, self.value_quantizer is not None)
+
+    def _begin(self, k: torch.Tensor) -> None:
+        """The first unit of a sequence: fix its layout and the ops and checks the sequence runs."""
+        device = k.device
+        self._plan = _backend.CachePlan(self.codec, k.shape[1], device, self.codec_name)
+        deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
+        if deferred:
+            # fresh each sequence: zeroed by the sequence itself, so a captured graph re-zeroes it per replay
+            self._flags = DeferredFlags(torch.zeros(2, dtype=torch.float32, device=device),
+                                        self.value_quantizer is not None)
+            self._peak_views = (self._flags.peaks[0], self._flags.peaks[1])
+        self._deferred = deferred
+        self._layout = (k.shape[0], k.shape[1], k.dtype, device)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add one unit (k, v [B, H, T_unit, d]); the oldest window unit beyond `window` is encoded."""
-        self._check_unit(k, v)
-        if self._layout is None:
-            self._layout = (k.shape[0], k.shape[1], k.dtype, k.device)
+        layout = self._layout
+        if layout is None:
+            self._check_first(k, v)
+        elif (k.shape != v.shape or k.ndim != 4 or k.shape[0] != layout[0] or k.shape[1] != layout[1]
+              or k.shape[3] != self.head_dim or k.dtype != layout[2] or v.dtype != layout[2]
+              or k.device != layout[3] or v.device != layout[3]):
+            self._check_first(k, v)  # raises the precise error
+        if layout is None:
+            self._begin(k)
+        try:
+            self._check_data(k, v)
+        except ValueError:
+            if layout is None:
+                self.reset()
+            raise
         self._window.append((k, v))
         while len(self._window) > self.window:
             self._compress(*self._window.pop(0))
 
     def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        be = _backend.attention_backend(k.device, self.codec_name)
-        k_state = _backend.encode_keys(self.codec, k, be)
-        if self.value_quantizer is None:
-            v_state = ValueState(dtype=v.dtype, native=v.contiguous().clone())
-        else:
-            v_state = _backend.encode_values(self.value_quantizer, v, be)
+        k_state = self._plan.encode_keys(self.codec, k)
+        v_state = self._plan.encode_values(self.value_quantizer, v)
         n = k.shape[2]
-        if self.store is None:
+        store = self.store
+        if store is None:
             cap = max(n, self.capacity or 0)
-            self.store = CacheStore(k_state.with_capacity(cap), v_state.with_capacity(cap), 0)
-        elif self.store.length + n > self.store.capacity:
-            cap = max(self.store.length + n, 2 * self.store.capacity)
-            self.store.keys = self.store.keys.slice_t(0, self.store.length).with_capacity(cap)
-            self.store.values = self.store.values.slice_t(0, self.store.length).with_capacity(cap)
-        self.store.keys.write_t(self.store.length, k_state)
-        self.store.values.write_t(self.store.length, v_state)
-        self.store.length += n
+            store = self.store = CacheStore(k_state.with_capacity(cap), v_state.with_capacity(cap), 0)
+            store.length = n
+        else:
+            if store.length + n > store.capacity:
+                cap = max(store.length + n, 2 * store.capacity)
+                keys, values = store.valid()
+                store.rebind(keys.with_capacity(cap), values.with_capacity(cap))
+            store.write(k_state, v_state, n)
         self._units_compressed += 1
 
     # ---- attend ----
@@ -215,30 +386,36 @@ class CompressedKVCache:
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype."""
         self._check_query(q)
-        return _backend.attention(self, q, scale, _backend.attention_backend(q.device, self.codec_name))
+        return self._plan.attention(self, q, scale)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """All held K, V [B, H, T, d] in `dtype`: the decoded store then the native window."""
+        """All held K, V [B, H, T, d] in `dtype`: the decoded store, then the window (runs `check()`)."""
+        self.check()
+        return self._decoded_kv(dtype)
+
+    def _decoded_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ks, vs = [], []
         if self.length:
             k_state, v_state = self.store.valid()
-            ks.append(self.codec.decode(k_state, dtype))
-            vs.append(v_state.native.to(dtype) if self.value_quantizer is None
-                      else self.value_quantizer.decode(v_state, dtype))
-        win = self.window_kv()
-        if win is not None:
-            ks.append(win[0].to(dtype))
-            vs.append(win[1].to(dtype))
+            if self.value_quantizer is None:
+                ks.append(k_state.native.to(dtype))
+                vs.append(v_state.native.to(dtype))
+            else:
+                ks.append(self.codec.decode(k_state, dtype))
+                vs.append(self.value_quantizer.decode(v_state, dtype))
+        for k, v in self._window:
+            ks.append(k.to(dtype))
+            vs.append(v.to(dtype))
         return torch.cat(ks, 2), torch.cat(vs, 2)
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
         groups = self._check_query(q)
         if self.value_quantizer is None:
-            k_all, v_all = self.decoded_kv(q.dtype)
+            k_all, v_all = self._decoded_kv(q.dtype)
             q_c = q
         else:
-            k_all, v_all = self.decoded_kv(torch.float32)
+            k_all, v_all = self._decoded_kv(torch.float32)
             q_c = q.to(torch.float32)
         if groups > 1:
             k_all = k_all.repeat_interleave(groups, dim=1)
