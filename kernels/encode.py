@@ -179,11 +179,80 @@ def _encode_keys_kernel(
 
 
 @triton.jit
-def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
+def _round_code(a, s, inv_s, MAXC: tl.constexpr):
+    """clamp(round_half_even(RN(a / s)), 0, MAXC) for s > 0 (an fp16 value) and |a| < 2**17, without a
+    division per element. q0 = a * inv_s is within a few ulps of a / s (inv_s ~ 1/s), so the code is k or k+1,
+    k = floor(clamp(q0)), split at y = k + 1/2. RN(a/s) > y exactly when a/s > y + ulp(y)/2 (a tie there goes
+    to y, whose last bit is 0), i.e. a - y*s > s*ulp(y)/2; y*s is exact (<= 9 + 11 bits) and the fma rounds
+    a - y*s once, exactly wherever the comparison is close (Sterbenz), so the test is exact. RN(a/s) == y
+    (a tie, to even) adds 1 when k is odd (then y is not a power of two: the lower threshold is the same)."""
+    q0 = tl.minimum(tl.maximum(a * inv_s, 0.0), MAXC * 1.0)
+    k = tl.floor(q0)
+    y = k + 0.5
+    d1 = tl.fma(y, -s, a)
+    half_ulp = ((y.to(tl.int32, bitcast=True) & 0x7F800000) - (24 << 23)).to(tl.float32, bitcast=True)
+    thr = half_ulp * s
+    ki = k.to(tl.int32)
+    up = (d1 > thr) | (((ki & 1) != 0) & (d1 >= -thr))
+    return tl.minimum(ki + up.to(tl.int32), MAXC)
+
+
+@triton.jit
+def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, flag_ptr, n_groups,
+                          D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ROW_UNITS: tl.constexpr,
+                          BLOCK_G: tl.constexpr, CHECK: tl.constexpr):
+    """Groups [BLOCK_G] of GROUP (>= 8) channels of V (rows of D) -> mn = fp16(min),
+    scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0), code = clamp(round((v - mn) / scale),
+    0, 2^b - 1) as in fp32 with ties to even (`_round_code`). A group is HC chunks of 8 channels; chunk i's
+    8 codes are 8*BITS bits = BITS bytes of the little-endian stream, written with one store per chunk
+    (codes_ptr typed uint8, int16, int32, int64 for BITS = 1, 2, 4, 8; otherwise uint8 and byte by byte);
+    rows start ROW_UNITS elements of codes_ptr apart. CHECK: any |v| > 65504 or NaN sets *flag_ptr to 1."""
+    HC: tl.constexpr = GROUP // 8
+    GPR: tl.constexpr = D // GROUP
+    MAXC: tl.constexpr = (1 << BITS) - 1
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    ok = g < n_groups
+    h = tl.arange(0, HC)[None, :, None]
+    c = tl.arange(0, 8)[None, None, :]
+    v = tl.load(v_ptr + g[:, None, None] * GROUP + h * 8 + c, mask=ok[:, None, None], other=0.0)
+    v = v.to(tl.float32)
+    if CHECK:
+        bad = tl.max(tl.max(tl.max((~(tl.abs(v) <= 65504.0)).to(tl.int32), 2), 1), 0)
+        if bad > 0:
+            tl.atomic_max(flag_ptr, bad)
+    mx = tl.max(tl.max(v, 2), 1)
+    mn = tl.min(tl.min(v, 2), 1)
+    mn16 = mn.to(tl.float16)
+    sc16 = tl.minimum(tl.math.div_rn(mx - mn, MAXC * 1.0), 65504.0).to(tl.float16)
+    sc16 = tl.where(sc16 == 0, 1.0, sc16.to(tl.float32)).to(tl.float16)
+    tl.store(scale_ptr + g, sc16, mask=ok)
+    tl.store(min_ptr + g, mn16, mask=ok)
+    s = sc16.to(tl.float32)[:, None, None]
+    a = v - mn16.to(tl.float32)[:, None, None]
+    code = _round_code(a, s, 1.0 / s, MAXC)
+    if (BITS == 1) or (BITS == 2) or (BITS == 4):
+        val = tl.sum(code << (c * BITS), 2)
+    else:
+        val = tl.sum(code.to(tl.int64) << (c * BITS).to(tl.int64), 2)
+    chunk = (g % GPR)[:, None] * HC + tl.arange(0, HC)[None, :]
+    okc = ok[:, None]
+    if (BITS == 1) or (BITS == 2) or (BITS == 4) or (BITS == 8):
+        # codes_ptr has the element type of one chunk (BITS bytes): one store per chunk
+        tl.store(codes_ptr + (g // GPR)[:, None] * ROW_UNITS + chunk, val.to(codes_ptr.dtype.element_ty),
+                 mask=okc)
+    else:
+        p = tl.arange(0, 8)[None, None, :]
+        piece = ((val[:, :, None] >> (p * 8)) & 255).to(tl.uint8)
+        byte = (g // GPR)[:, None] * ROW_UNITS + chunk * BITS
+        tl.store(codes_ptr + byte[:, :, None] + p, piece, mask=okc[:, :, None] & (p < BITS))
+
+
+@triton.jit
+def _encode_values_any_group_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
                           D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
                           WP: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Rows of V [n_rows, D] -> per group of GROUP channels: mn = fp16(min),
-    scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
+    """(Groups of fewer than 8 channels.) Rows of V [n_rows, D] -> per group of GROUP channels:
+    mn = fp16(min), scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
     code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
     G: tl.constexpr = D // GROUP
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)

@@ -8,7 +8,7 @@ import math
 import torch
 import triton
 
-from .encode import _encode_keys_kernel, _encode_values_kernel
+from .encode import _encode_keys_kernel, _encode_values_any_group_kernel, _encode_values_kernel
 from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2
 from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
 
@@ -47,6 +47,15 @@ def _encode_launch(d: int, config: EncodeConfig | None, keys: bool) -> tuple[int
     block_t = cfg.block_t or (128 if _interpreting() else (16 if keys or d > 64 else 32))
     return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
                      "enable_fp_fusion": False}
+
+
+def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
+    """(groups per program, launch options) of the values kernel. `config.block_t` counts rows of d=64
+    (4 groups of 16): block_t rows = 4 * block_t groups of 16 channels."""
+    cfg = config or EncodeConfig()
+    rows = cfg.block_t or (64 if not _interpreting() else 128)
+    return max(1, rows * 64 // group), {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
+                                        "enable_fp_fusion": False}
 
 
 @_outside_autocast
@@ -100,30 +109,55 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 
+_CHUNK_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_RANGE_MESSAGE = "values must be finite and within the fp16 range |v| <= 65504, got {}"
+
+
 @_outside_autocast
 def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range: bool = True,
-                  config: EncodeConfig | None = None) -> PackedValues:
+                  config: EncodeConfig | None = None, range_flag: torch.Tensor | None = None) -> PackedValues:
     """V [..., H, T, d] (any float dtype, |v| <= 65504) -> PackedValues: `codes` [..., H, T, ceil(d*bits/32)]
-    int32, `scale`/`minimum` [..., H, T, d/group] fp16. `check_range=False` skips the range check (one host
-    sync) for callers that checked already."""
+    int32, `scale`/`minimum` [..., H, T, d/group] fp16.
+
+    The range check runs inside the kernel. `check_range=True` reads its flag back (one host sync after the
+    kernel) and raises ValueError for a value beyond the fp16 range or NaN; `check_range=False` skips it;
+    `range_flag` (an int32 tensor of one element on v's device) makes the kernel set it to 1 on a bad value
+    and leaves reading it to the caller (no sync; `check_range` is then ignored).
+    """
     d = v.shape[-1]
     if group < 1 or group & (group - 1) or d % group or not 1 <= bits <= 8:
         raise ValueError(f"values need a power-of-two group dividing d and bits in 1..8, got d={d}, "
                          f"group={group}, bits={bits}")
     if v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"values must be float32, float16 or bfloat16, got {v.dtype}")
-    peak = v.abs().max().float() if v.numel() and check_range else torch.zeros(())
-    if not bool(peak <= 65504.0):
-        raise ValueError(f"values must be finite and within the fp16 range |v| <= 65504, got {float(peak)}")
+    if range_flag is not None and (range_flag.dtype != torch.int32 or range_flag.numel() != 1
+                                   or range_flag.device != v.device):
+        raise ValueError("range_flag must be an int32 tensor of one element on the values' device")
     vc = v.contiguous()
     lead = v.shape[:-1]
     n_rows = vc.numel() // d
     words, wp, kp = _pack_shape(bits, d)
-    codes = torch.empty(*lead, words, device=v.device, dtype=torch.int32)
-    scale = torch.empty(*lead, d // group, device=v.device, dtype=torch.float16)
+    dev = v.device
+    alloc = torch.empty if (d * bits) % 32 == 0 else torch.zeros  # padding bytes of the last word stay 0
+    codes = alloc(*lead, words, device=dev, dtype=torch.int32)
+    scale = torch.empty(*lead, d // group, device=dev, dtype=torch.float16)
     minimum = torch.empty_like(scale)
-    block_t, launch = _encode_launch(d, config, keys=False)
-    _encode_values_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
-        vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
-        BLOCK_T=block_t, **launch)
+    if group < 8:
+        if check_range and v.numel() and not bool(v.abs().max().float() <= 65504.0):
+            raise ValueError(_RANGE_MESSAGE.format(float(v.abs().max())))
+        block_t, launch = _encode_launch(d, config, keys=False)
+        _encode_values_any_group_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
+            vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
+            BLOCK_T=block_t, **launch)
+        return PackedValues(codes, scale, minimum, bits, group)
+    check = range_flag is not None or check_range
+    flag = range_flag if range_flag is not None else torch.zeros(1, device=dev, dtype=torch.int32)
+    n_groups = n_rows * (d // group)
+    block_g, launch = _values_launch(group, config)
+    unit = _CHUNK_DTYPES.get(bits, torch.uint8)
+    _encode_values_kernel[(triton.cdiv(max(n_groups, 1), block_g),)](
+        vc, codes.view(unit), scale, minimum, flag, n_groups, D=d, GROUP=group, BITS=bits,
+        ROW_UNITS=words * 4 // unit.itemsize, BLOCK_G=block_g, CHECK=check, **launch)
+    if check_range and range_flag is None and v.numel() and bool(flag.item()):
+        raise ValueError(_RANGE_MESSAGE.format(float(v.abs().max())))
     return PackedValues(codes, scale, minimum, bits, group)
