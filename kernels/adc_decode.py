@@ -27,6 +27,16 @@ from .bits import bf16_value, cut_codes
 
 
 @triton.jit
+def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
+    """The N_BITS-bit code starting at bit SH of w_cur (continuing into w_next when it straddles), int32."""
+    if SH + N_BITS <= 32:
+        c = (w_cur >> SH) & ((1 << N_BITS) - 1)
+    else:
+        c = ((w_cur >> SH) | (w_next << (32 - SH))) & ((1 << N_BITS) - 1)
+    return c.to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
     """q_rot[3i + C] for the triplets i [LP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
     col = 3 * i + C
@@ -79,11 +89,11 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
         p = tl.arange(0, D // 8)
         e = tl.arange(0, 256)
         s = tl.zeros((D // 8, 256), tl.float32)
-        for t in tl.static_range(8):
-            col = 8 * p + t
+        for bit in tl.static_range(8):
+            col = 8 * p + bit
             hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
             qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
-            sgn = ((e >> t) & 1).to(tl.float32) * 2.0 - 1.0
+            sgn = ((e >> bit) & 1).to(tl.float32) * 2.0 - 1.0
             s += qj[:, None] * sgn[None, :]
         tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + e[None, :], s * qk_scale)
 
@@ -112,7 +122,6 @@ def _adc_attn_kernel(
     b = r // H
     h = r % H
     G: tl.constexpr = D // V_GROUP
-    MASK: tl.constexpr = (1 << K_BITS) - 1
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     k_base = kc_ptr + r.to(tl.int64) * t_cap * K_WORDS
     v_base = vc_ptr + r.to(tl.int64) * t_cap * V_WORDS
@@ -140,14 +149,11 @@ def _adc_attn_kernel(
         for wi in tl.static_range(K_WORDS):
             if wi + 1 < K_WORDS:
                 w_next = tl.load(krow + (wi + 1), mask=n_ok, other=0).to(tl.uint32, bitcast=True)
+            else:
+                w_next = w_cur
             for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
                 if i < L:
-                    sh = i * K_BITS - 32 * wi
-                    if sh + K_BITS <= 32:
-                        code = (w_cur >> sh) & MASK
-                    else:
-                        code = ((w_cur >> sh) | (w_next << (32 - sh))) & MASK
-                    code = code.to(tl.int32, bitcast=True)
+                    code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
                     if FOLD_RHO:
                         s += tl.load(row_lut + i * N_ENTRIES + code)
                     else:
@@ -157,8 +163,7 @@ def _adc_attn_kernel(
                         else:
                             rho = tl.load(rho_ptr + (code & ((1 << B_RHO) - 1)))
                         s += rho * t
-            if wi + 1 < K_WORDS:
-                w_cur = w_next
+            w_cur = w_next
         if HAS_QJL:
             S_WORDS: tl.constexpr = D // 32
             srow = ks_ptr + g_base * S_WORDS + n * S_WORDS
