@@ -86,19 +86,38 @@ class CacheStore:
         return k.nbytes, v.nbytes
 
 
-@dataclasses.dataclass(frozen=True)
 class DeferredFlags:
-    """The device-side record of one cache's deferred data checks: `peaks` fp32 [2] holds max |k| and max |v|
-    over the units appended since the generation began (NaN propagates); `quantized` says whether values
-    must also fit the fp16 range."""
+    """The device-side record of one sequence's deferred data checks: row u of `peaks` [rows, 2] (the units'
+    dtype) holds max |k| and max |v| of unit u (NaN and Inf propagate), written by `record` without a host
+    sync; `units` rows are valid. `quantized`: values must also fit the fp16 range. A CUDA graph that
+    captured the sequence rewrites the same rows on each replay."""
 
-    peaks: torch.Tensor
-    quantized: bool
+    def __init__(self, device: torch.device, dtype: torch.dtype, quantized: bool, rows: int = 16) -> None:
+        self.quantized = quantized
+        self.units = 0
+        self.peaks = torch.zeros(rows, 2, dtype=dtype, device=device)
+        self._rows = [(r[0], r[1]) for r in self.peaks]
 
-    def error(self, peak_k: float, peak_v: float) -> ValueError | None:
-        """The append error these peaks mean (the same sentence as the immediate check), or None."""
-        bad_k = not math.isfinite(peak_k)
-        bad_v = not (peak_v <= FP16_MAX) if self.quantized else not math.isfinite(peak_v)
+    def record(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Two reductions into row `units` (rows double when full)."""
+        if self.units == len(self._rows):
+            grown = torch.zeros(2 * self.units, 2, dtype=self.peaks.dtype, device=self.peaks.device)
+            grown[:self.units].copy_(self.peaks)
+            self.peaks = grown
+            self._rows = [(r[0], r[1]) for r in grown]
+        peak_k, peak_v = self._rows[self.units]
+        torch.linalg.vector_norm(k, ord=math.inf, out=peak_k)
+        torch.linalg.vector_norm(v, ord=math.inf, out=peak_v)
+        self.units += 1
+
+    def error(self, rows: list[list[float]]) -> ValueError | None:
+        """The append error these rows (`peaks[:units]` read back) mean, the same sentence as the immediate
+        check, or None when every unit was fine."""
+        bad_k = any(not math.isfinite(pk) for pk, _ in rows)
+        if self.quantized:
+            bad_v = any(not pv <= FP16_MAX for _, pv in rows)
+        else:
+            bad_v = any(not math.isfinite(pv) for _, pv in rows)
         if not (bad_k or bad_v):
             return None
         return _append_error("keys" if bad_k else "values", self.quantized)
@@ -114,19 +133,23 @@ def _capturing() -> bool:
 
 
 def check_flags(flags: list[DeferredFlags]) -> None:
-    """Read several caches' deferred flags with one host sync per device; the first bad one raises its
+    """Read several caches' deferred records with one host sync per device; the first bad one raises its
     ValueError. Does nothing while a CUDA graph is being captured (reading would break the capture)."""
+    flags = [f for f in flags if f.units]
     if not flags or _capturing():
         return
-    by_device: dict[torch.device, list[int]] = {}
-    for i, f in enumerate(flags):
-        by_device.setdefault(f.peaks.device, []).append(i)
-    peaks: dict[int, list[float]] = {}
-    for idx in by_device.values():
-        rows = torch.stack([flags[i].peaks for i in idx]).tolist()  # the one sync of this device
-        peaks.update(zip(idx, rows, strict=True))
-    for i, f in enumerate(flags):
-        err = f.error(*peaks[i])
+    by_device: dict[torch.device, list[DeferredFlags]] = {}
+    for f in flags:
+        by_device.setdefault(f.peaks.device, []).append(f)
+    rows: dict[int, list[list[float]]] = {}
+    for group in by_device.values():
+        values = torch.cat([f.peaks[:f.units] for f in group]).tolist()  # the one sync per device
+        start = 0
+        for f in group:
+            rows[id(f)] = values[start:start + f.units]
+            start += f.units
+    for f in flags:
+        err = f.error(rows[id(f)])
         if err is not None:
             raise err
 
@@ -309,10 +332,8 @@ class CompressedKVCache:
         """Finite keys; values finite (and within fp16 when quantized): now (one host sync) or deferred."""
         if self._deferred:
             if k.numel():
-                peak_k, peak_v = self._peak_views
-                torch.maximum(peak_k, torch.linalg.vector_norm(k, ord=math.inf), out=peak_k)
-                torch.maximum(peak_v, torch.linalg.vector_norm(v, ord=math.inf), out=peak_v)
-            self._pending = True
+                self._flags.record(k, v)
+                self._pending = True
             return
         if self.value_quantizer is None:
             ok = torch.isfinite(k).all() & torch.isfinite(v).all()
@@ -328,10 +349,8 @@ class CompressedKVCache:
         self._plan = _backend.CachePlan(self.codec, k.shape[1], device, self.codec_name)
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
-            # fresh each sequence: zeroed by the sequence itself, so a captured graph re-zeroes it per replay
-            self._flags = DeferredFlags(torch.zeros(2, dtype=torch.float32, device=device),
-                                        self.value_quantizer is not None)
-            self._peak_views = (self._flags.peaks[0], self._flags.peaks[1])
+            # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
+            self._flags = DeferredFlags(device, k.dtype, self.value_quantizer is not None)
         self._deferred = deferred
         self._layout = (k.shape[0], k.shape[1], k.dtype, device)
 
@@ -408,11 +427,26 @@ class CompressedKVCache:
             vs.append(v.to(dtype))
         return torch.cat(ks, 2), torch.cat(vs, 2)
 
+    def _native_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codec none: the store's valid tokens then the window, one concatenation each (as the unpatched
+        model's cache), cast to `dtype` when it differs."""
+        ks, vs = [], []
+        if self.length:
+            ks.append(self.store.keys.native.narrow(2, 0, self.length))
+            vs.append(self.store.values.native.narrow(2, 0, self.length))
+        for k, v in self._window:
+            ks.append(k)
+            vs.append(v)
+        k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
+        if k_all.dtype != dtype:
+            k_all, v_all = k_all.to(dtype), v_all.to(dtype)
+        return k_all, v_all
+
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
         groups = self._check_query(q)
         if self.value_quantizer is None:
-            k_all, v_all = self._decoded_kv(q.dtype)
+            k_all, v_all = self._native_kv(q.dtype)
             q_c = q
         else:
             k_all, v_all = self._decoded_kv(torch.float32)
