@@ -44,6 +44,103 @@ def _cat(a, b):
 
 
 @triton.jit
+def _div_row(a, b, inv_b):
+    """RN(a / b) for b > 0 broadcast over a, given inv_b = RN(1 / b) (one division per row): q = RN(a * inv_b)
+    corrected once by its exact fma residual (Markstein), the correctly rounded quotient but in cases
+    within one ulp of a rounding boundary."""
+    q = a * inv_b
+    return tl.fma(tl.fma(-q, b, a), inv_b, q)
+
+
+@triton.jit
+def _dot_pm1(a, b, SPLIT: tl.constexpr):
+    """a [M, K] fp32 @ b [K, N] with entries in {-1, 0, 1}, as fp32. SPLIT: a is the exact sum of three
+    bfloat16 parts (hi, mid, lo), each product by +-1 exact, accumulated in fp32 on the tensor cores;
+    otherwise an IEEE fp32 dot (the interpreter)."""
+    if SPLIT:
+        bb = b.to(tl.bfloat16)
+        hi = a.to(tl.bfloat16)
+        r1 = a - hi.to(tl.float32)
+        mid = r1.to(tl.bfloat16)
+        lo = (r1 - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(hi, bb, out_dtype=tl.float32)
+        acc = tl.dot(mid, bb, acc, out_dtype=tl.float32)
+        return tl.dot(lo, bb, acc, out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _rotate(x, had, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
+    """x @ had for x [BT, D] (the key times its signs): native 16-bit x (+-1 products exact, fp32
+    accumulation), or fp32 x through `_dot_pm1`."""
+    if DOT_NATIVE:
+        return tl.dot(x, had.to(x.dtype), out_dtype=tl.float32)
+    else:
+        return _dot_pm1(x, had, SPLIT)
+
+
+@triton.jit
+def _quantize(x, bnd_ptr, cent_ptr, N_BITS: tl.constexpr, WANT_C: tl.constexpr):
+    """(#{i : x > beta_i}, the centroid of that index if WANT_C) against the 2**N_BITS - 1 ascending
+    boundaries at bnd_ptr. Up to 15 boundaries are compared in registers (scalar loads, one per program);
+    the centroid is selected alongside for up to 3 boundaries and read from the table otherwise."""
+    NB: tl.constexpr = (1 << N_BITS) - 1
+    if N_BITS <= 4:
+        idx = tl.zeros(x.shape, tl.int32)
+        if WANT_C and N_BITS <= 2:
+            c = tl.zeros(x.shape, tl.float32) + tl.load(cent_ptr)
+        for i in tl.static_range(NB):
+            above = x > tl.load(bnd_ptr + i)
+            idx += above.to(tl.int32)
+            if WANT_C and N_BITS <= 2:
+                c = tl.where(above, tl.load(cent_ptr + i + 1), c)
+    else:
+        idx = search_sorted(x, bnd_ptr, N_BITS)
+    if WANT_C and N_BITS > 2:
+        c = tl.load(cent_ptr + idx)
+    if not WANT_C:
+        c = 0.0
+    return idx, c
+
+
+@triton.jit
+def _pack_whole(codes, N_BITS: tl.constexpr):
+    """Codes [BT, L] of N_BITS bits, N_BITS dividing 32 and L * N_BITS a multiple of 32 -> words
+    [BT, L * N_BITS / 32] (int32): codes per word are whole, so a reshape, shifts and a sum (no gather)."""
+    BT: tl.constexpr = codes.shape[0]
+    L: tl.constexpr = codes.shape[1]
+    PER: tl.constexpr = 32 // N_BITS
+    sh = (tl.arange(0, PER) * N_BITS).to(tl.uint32)
+    c3 = tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, L // PER, PER))
+    # disjoint bit fields: the sum is their OR
+    return tl.sum(c3 << sh[None, None, :], 2).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
+    """Codes [BT, CP] (CP >= L, codes beyond L zero) -> words [BT, WP]: `_pack_whole` when the codes per word
+    are whole and fill the padded row, else `pack_codes` (a register gather)."""
+    CP: tl.constexpr = codes.shape[1]
+    if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
+        return _pack_whole(codes, N_BITS)
+    else:
+        return pack_codes(codes, 0, L, N_BITS, WP, KP)
+
+
+@triton.jit
+def _direction(dir4_ptr, flat):
+    """Rows `flat` [BT, LP] of the padded direction table [4^b_dir, 4]: one 16-byte load each -> (x, y, z)."""
+    BT: tl.constexpr = flat.shape[0]
+    LP: tl.constexpr = flat.shape[1]
+    d4 = tl.load(dir4_ptr + flat[:, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+    xz, yw = tl.split(tl.reshape(d4, (BT, LP, 2, 2)))
+    x, z = tl.split(xz)
+    y, _ = tl.split(yw)
+    return x, y, z
+
+
+@triton.jit
 def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr):
     """Angle codes of levels LVL.. of the polar transform of radii r [BT, 2S], concatenated level by level in
     stream order and padded with one zero code: [BT, 2S]. Level 0 angles are atan2 mapped to [0, 2 pi)."""
@@ -51,7 +148,7 @@ def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexp
     psi = _atan2(b, a)
     if LVL == 0:
         psi = tl.where(psi < 0, psi + 2 * PI, psi)
-    codes = search_sorted(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS)
+    codes, _ = _quantize(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), bnd_ptr, N_BITS, False)
     if S == 1:
         rest = tl.zeros((BT, 1), tl.int32)
     else:
@@ -62,23 +159,23 @@ def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexp
 @triton.jit
 def _encode_keys_kernel(
     k_ptr, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-    had_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, dir_ptr,
+    had_ptr, hadt_ptr, rs_ptr, qs_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
     n_rows, T, H, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
-    DOT_NATIVE: tl.constexpr, BLOCK_T: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """Rows [BLOCK_T] of K [n_rows, D] (row r is token r % T of head (r // T) % H) -> codes, gamma, QJL.
 
     gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16);
-    u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a
-    matmul with the +-1 Hadamard matrix: in fp32 IEEE, or (DOT_NATIVE, 16-bit inputs) in the input dtype with
-    fp32 accumulation, where +-1 products are exact. Then per codec: codebook search against boundaries
-    (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus);
-    the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a matmul with the +-1 Hadamard matrix
+    (`_rotate`), the per-row divisions as `_div_row`. Then per codec: codebook search against boundaries
+    (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus:
+    the triplet coordinates come straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2,
+    `hadt_ptr` [3, D, LP]); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     """
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_rows
@@ -87,27 +184,28 @@ def _encode_keys_kernel(
     x = tl.load(k_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
     peak = tl.max(tl.abs(xf), 1)
-    xs = tl.math.div_rn(xf, tl.where(peak > 0, peak, 1.0)[:, None])
+    peak1 = tl.where(peak > 0, peak, 1.0)
+    xs = _div_row(xf, peak1[:, None], tl.math.div_rn(1.0, peak1)[:, None])
     gamma = tl.sqrt_rn(tl.sum(xs * xs, 1)) * peak
     tl.store(gamma_ptr + rows, bf16_bits(gamma), mask=ok)
+    gmax = tl.maximum(gamma, 1e-30)[:, None]
+    inv_g = tl.math.div_rn(1.0, gmax)
     sgn = tl.load(rs_ptr + head[:, None] * D + dcol)
-    hrow = tl.arange(0, D)[:, None]
     if DOT_NATIVE:
-        had = tl.load(had_ptr + hrow * D + dcol).to(x.dtype)
-        rk = tl.dot(x * sgn.to(x.dtype), had, out_dtype=tl.float32)
+        xsg = x * sgn.to(x.dtype)  # +-1: exact in the input dtype
     else:
-        had = tl.load(had_ptr + hrow * D + dcol)
-        rk = tl.dot(xf * sgn, had, input_precision="ieee")
-    u = tl.math.div_rn(rk * inv_sqrt_d, tl.maximum(gamma, 1e-30)[:, None])
+        xsg = xf * sgn
+    hrow = tl.arange(0, D)[:, None]
 
-    words = tl.zeros((BLOCK_T, WP), tl.int32)
     if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
         M: tl.constexpr = 1 << B_DIR
-        i3 = tl.arange(0, LP)[None, :] * 3
-        idx = tl.zeros((BLOCK_T, LP), tl.int32) + i3
-        tx = tl.where(i3 < D, tl.gather(u, tl.minimum(idx, D - 1), axis=1), 0.0)
-        ty = tl.where(i3 + 1 < D, tl.gather(u, tl.minimum(idx + 1, D - 1), axis=1), 0.0)
-        tz = tl.where(i3 + 2 < D, tl.gather(u, tl.minimum(idx + 2, D - 1), axis=1), 0.0)
+        lcol = tl.arange(0, LP)[None, :]
+        tx = _div_row(_rotate(xsg, tl.load(hadt_ptr + hrow * LP + lcol), DOT_NATIVE, SPLIT) * inv_sqrt_d,
+                      gmax, inv_g)
+        ty = _div_row(_rotate(xsg, tl.load(hadt_ptr + (D + hrow) * LP + lcol), DOT_NATIVE, SPLIT)
+                      * inv_sqrt_d, gmax, inv_g)
+        tz = _div_row(_rotate(xsg, tl.load(hadt_ptr + (2 * D + hrow) * LP + lcol), DOT_NATIVE, SPLIT)
+                      * inv_sqrt_d, gmax, inv_g)
         rho2 = tx * tx + ty * ty + tz * tz
         rho = tl.sqrt_rn(rho2)
         pos = rho > 0
@@ -121,59 +219,72 @@ def _encode_keys_kernel(
         lower = nz < 0
         xi = tl.where(lower, _sgn(px) * (1.0 - tl.abs(py)), px)
         eta = tl.where(lower, _sgn(py) * (1.0 - tl.abs(px)), py)
-        i_xi = search_sorted(xi, xib_ptr, B_DIR)
-        i_eta = search_sorted(eta, xib_ptr, B_DIR)
+        i_xi, _ = _quantize(xi, xib_ptr, xib_ptr, B_DIR, False)
+        i_eta, _ = _quantize(eta, xib_ptr, xib_ptr, B_DIR, False)
+        # local3x3: candidates in increasing flat index (clamped repeats are equal), so a strict < keeps the
+        # lowest flat index among equal costs, as the reference's ties rule
         best = tl.full((BLOCK_T, LP), float("inf"), tl.float32)
-        best_dir = tl.zeros((BLOCK_T, LP), tl.int32)
-        best_rho = tl.zeros((BLOCK_T, LP), tl.int32)
+        best_code = tl.zeros((BLOCK_T, LP), tl.int32)
         for dx in tl.static_range(3):
+            cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1) * M
             for dy in tl.static_range(3):
-                cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1)
-                cy = tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
-                flat = cx * M + cy
-                s = tx * tl.load(dir_ptr + flat * 3) + ty * tl.load(dir_ptr + flat * 3 + 1)
-                s = s + tz * tl.load(dir_ptr + flat * 3 + 2)
-                i_rho = search_sorted(s, bnd_ptr, B_RHO)
-                rh = tl.load(cent_ptr + i_rho)
-                cost = rho2 - 2.0 * rh * s + rh * rh
-                better = (cost < best) | ((cost == best) & (flat < best_dir))
+                flat = cx + tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
+                ddx, ddy, ddz = _direction(dir4_ptr, flat)
+                s = (tx * ddx + ty * ddy) + tz * ddz
+                i_rho, rh = _quantize(s, bnd_ptr, cent_ptr, B_RHO, True)
+                cost = (rho2 - 2.0 * rh * s) + rh * rh
+                better = cost < best
                 best = tl.where(better, cost, best)
-                best_dir = tl.where(better, flat, best_dir)
-                best_rho = tl.where(better, i_rho, best_rho)
+                best_code = tl.where(better, (flat << B_RHO) | i_rho, best_code)
         zero = rho == 0  # the placeholder direction's seeds and the rho index of 0
-        best_dir = tl.where(zero, i_xi * M + i_eta, best_dir)
-        best_rho = tl.where(zero, search_sorted(rho, bnd_ptr, B_RHO), best_rho)
-        words = pack_codes((best_dir << B_RHO) | best_rho, 0, K_CODES, K_BITS, WP, KP)
+        i_rho0, _ = _quantize(rho, bnd_ptr, cent_ptr, B_RHO, False)
+        best_code = tl.where(zero, ((i_xi * M + i_eta) << B_RHO) | i_rho0, best_code)
+        best_code = tl.where(lcol < K_CODES, best_code, 0)
+        words = _pack(best_code, K_CODES, K_BITS, WP, KP)
         if HAS_QJL:
-            rh = tl.load(cent_ptr + best_rho)
-            hx = rh * tl.load(dir_ptr + best_dir * 3)
-            hy = rh * tl.load(dir_ptr + best_dir * 3 + 1)
-            hz = rh * tl.load(dir_ptr + best_dir * 3 + 2)
-            j = tl.zeros((BLOCK_T, D), tl.int32) + dcol
-            comp = j % 3
-            trip = j // 3
-            u_hat = tl.where(comp == 0, tl.gather(hx, trip, axis=1),
-                             tl.where(comp == 1, tl.gather(hy, trip, axis=1), tl.gather(hz, trip, axis=1)))
-    elif CODEC == POLAR:
-        words = pack_codes(_polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS), 0, K_CODES, K_BITS, WP, KP)
+            best_dir = best_code >> B_RHO
+            rh = tl.load(cent_ptr + (best_code & ((1 << B_RHO) - 1)))
+            ddx, ddy, ddz = _direction(dir4_ptr, best_dir)
+            jr = tl.arange(0, LP)[:, None]
+            # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
+            acc = tl.zeros((BLOCK_T, D), tl.float32)
+            res2 = tl.zeros((BLOCK_T, LP), tl.float32)
+            for comp in tl.static_range(3):
+                if comp == 0:
+                    rc = tx - rh * ddx
+                elif comp == 1:
+                    rc = ty - rh * ddy
+                else:
+                    rc = tz - rh * ddz
+                rc = tl.where(lcol * 3 + comp < D, rc, 0.0)
+                res2 += rc * rc
+                jc = lcol * 3 + comp
+                qsg = tl.load(qs_ptr + head[:, None] * D + jc, mask=jc < D, other=0.0)
+                ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr)  # [LP, D]: H[3j + comp, :]
+                acc += _dot_pm1(rc * qsg, ht, SPLIT)
+            proj = acc
+            gamma_r = tl.sqrt_rn(tl.sum(res2, 1))
     else:
-        if K_BITS > 0:
-            i_u = search_sorted(u, bnd_ptr, K_BITS)
-            words = pack_codes(i_u, 0, K_CODES, K_BITS, WP, KP)
-            if HAS_QJL:
-                u_hat = tl.load(cent_ptr + i_u)
-        elif HAS_QJL:
+        u = _div_row(_rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT) * inv_sqrt_d,
+                     gmax, inv_g)
+        if CODEC == POLAR:
+            words = _pack(_polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS), K_CODES, K_BITS, WP, KP)
+        elif K_BITS > 0:
+            i_u, u_hat = _quantize(u, bnd_ptr, cent_ptr, K_BITS, HAS_QJL)
+            words = _pack(i_u, K_CODES, K_BITS, WP, KP)
+        else:
             u_hat = tl.zeros((BLOCK_T, D), tl.float32)
+        if HAS_QJL:
+            res = u - u_hat
+            gamma_r = tl.sqrt_rn(tl.sum(res * res, 1))
+            qsg = tl.load(qs_ptr + head[:, None] * D + dcol)
+            proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol), SPLIT)
     if K_WORDS > 0:
         wcol = tl.arange(0, WP)[None, :]
         tl.store(codes_ptr + rows[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
-
     if HAS_QJL:
-        res = u - u_hat
-        tl.store(gamma_r_ptr + rows, bf16_bits(tl.sqrt_rn(tl.sum(res * res, 1))), mask=ok)
-        qsg = tl.load(qs_ptr + head[:, None] * D + dcol)
-        proj = tl.dot(res * qsg, tl.load(had_ptr + hrow * D + dcol), input_precision="ieee")
-        sbits = pack_codes((proj >= 0).to(tl.int32), 0, D, 1, S_WP, S_KP)
+        tl.store(gamma_r_ptr + rows, bf16_bits(gamma_r), mask=ok)
+        sbits = _pack((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
         scol = tl.arange(0, S_WP)[None, :]
         tl.store(signs_ptr + rows[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 

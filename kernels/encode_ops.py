@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -58,6 +59,33 @@ def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
                                         "enable_fp_fusion": False}
 
 
+@functools.lru_cache(maxsize=16)
+def _triplet_hadamard(d: int, lp: int, device: torch.device) -> torch.Tensor:
+    """[3, d, lp] fp32: slice c holds the Hadamard columns 3j + c (j < lp; zero where 3j + c >= d), so that
+    x @ slice c is coordinate c of every triplet of x @ H_d."""
+    had = _hadamard(d, device)
+    out = torch.zeros(3, d, lp, device=device)
+    for c in range(3):
+        cols = torch.arange(c, d, 3, device=device)
+        out[c, :, : cols.numel()] = had[:, cols]
+    return out
+
+
+_DIR4: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _directions4(directions: torch.Tensor) -> torch.Tensor:
+    """The octopus direction table [4^b_dir, 3] padded to [4^b_dir, 4] (one 16-byte load per direction),
+    cached per table (the entry holds the table, so its address is not reused while cached)."""
+    key = (directions.data_ptr(), str(directions.device), directions._version)
+    hit = _DIR4.get(key)
+    if hit is None or hit[0] is not directions:
+        if len(_DIR4) > 64:
+            _DIR4.clear()
+        hit = _DIR4[key] = (directions, torch.nn.functional.pad(directions, (0, 1)).contiguous())
+    return hit[1]
+
+
 @_outside_autocast
 def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
     """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
@@ -92,19 +120,22 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     dummy = torch.zeros(1, device=dev, dtype=torch.float32)
     octo = codec.name.startswith("octopus")
     block_t, launch = _encode_launch(d, config, keys=True)
+    lp = _octopus_lp(codec) if octo else 16
+    native = k.dtype != torch.float32 and not _interpreting()
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
         kc, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
-        _hadamard(d, dev), codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
+        _hadamard(d, dev), _triplet_hadamard(d, lp, dev) if octo else dummy,
+        codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
         codec.centroids if codec.centroids is not None else dummy,
         codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
-        codec.xi_boundaries if octo else dummy, codec.directions if octo else dummy,
+        codec.xi_boundaries if octo else dummy, _directions4(codec.directions) if octo else dummy,
         n_rows, t, h, 1.0 / math.sqrt(d),
         CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
         K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
-        B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+        B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=lp,
         HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
-        DOT_NATIVE=k.dtype != torch.float32 and not _interpreting(), BLOCK_T=block_t, **launch,
+        DOT_NATIVE=native, SPLIT=not _interpreting(), BLOCK_T=block_t, **launch,
     )
     return PackedKeys(codes, gamma, signs, gamma_r)
 

@@ -71,7 +71,12 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ"
     assert got.gamma.dtype == torch.bfloat16 and _mismatch(got.gamma, want.gamma) < MAX_MISMATCH
     if codec.qjl:
-        assert _mismatch(unpack(got.signs.cpu(), 1, d), unpack(want.signs, 1, d)) < MAX_MISMATCH
+        # the zero key's residual is the placeholder triplet repeated: R' r has exact zeros (on the decision
+        # boundary of sign) that any other summation order turns into +-1e-9, so its signs are not compared
+        keep = torch.ones(heads, tokens, dtype=torch.bool)
+        keep[1, 5] = False
+        sg, sw = unpack(got.signs.cpu(), 1, d)[0], unpack(want.signs, 1, d)[0]
+        assert _mismatch(sg[keep], sw[keep]) < MAX_MISMATCH
         assert _mismatch(got.gamma_r, want.gamma_r) < MAX_MISMATCH
     else:
         assert got.signs is None and got.gamma_r is None
