@@ -27,6 +27,7 @@ from torch import nn
 from octopus_audio.errors import UsageError
 
 from .aar import AAR
+from .patch import replay_check
 
 # (probs [N, V] fp32, scale index) -> token ids [N]
 Draw = Callable[[torch.Tensor, int], torch.Tensor]
@@ -230,7 +231,9 @@ class GraphedGenerator:
     `GraphedGenerator(pipe, batch, cfg, top_k, top_p)(cond_BE, seed) -> Generation` gives the tokens of
     `generate(..., fast=True)` for the same inputs: the exponential noise of every scale is drawn before the
     replay from a generator seeded with `seed`, in the order the eager loop draws it. Capture the graph after
-    any patching of the model: a graph replays the kernels it saw at capture time.
+    any patching of the model: a graph replays the kernels it saw at capture time. A model patched with a
+    compressed KV cache (`patch_aar`) is captured the same way; the patch's data checks, which cannot read
+    the device inside a capture, run after each replay (`patch.replay_check`), before anything is returned.
     """
 
     def __init__(self, pipe: AARPipeline, batch: int, cfg: float = 4.0, top_k: int = 200,
@@ -252,6 +255,7 @@ class GraphedGenerator:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.tokens, self.f_hat = self._run()
+            self._check = replay_check(pipe)  # a KV-cache patch's data checks, run after each replay
 
     def _run(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         return run_scales(self.pipe, self.cond_BE, self.sampling, noise_draw(self.noise), torch.bfloat16)
@@ -268,6 +272,7 @@ class GraphedGenerator:
         c = self.pipe.aar.config
         draw_noise(generator, cond_BE.shape[0], c.patch_nums, c.vocab_size, out=self.noise)
         self.graph.replay()
+        self._check()
         f_hat = self.f_hat.clone()
         tokens = [t.clone() for t in self.tokens]
         return Generation(tokens=tokens, fhat=f_hat, audio=self.pipe.sat.decode(f_hat))

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
-from octopus_audio.cache import check_caches
+from octopus_audio.cache import check_caches, check_flags
 from octopus_audio.rotation import layer_seed
 
 log = logging.getLogger(__name__)
@@ -448,14 +449,14 @@ def _store_tokens(model: object, window: int) -> int | None:
     return None
 
 
-def check_after_replay(model: object) -> None:
-    """For a patched `model` whose generation was captured in a CUDA graph: the data checks the capture
-    could not run (reading device values breaks a capture), on the values the last replay wrote; raises
-    the append ValueError of a bad unit. Does nothing for a model without the patch."""
-    handles = {id(lp.handle): lp.handle for m in find_attention(model)
-               if (lp := getattr(m, _MARK, None)) is not None}
-    for handle in handles.values():
-        handle.check_generation(force=True)
+def replay_check(model: object) -> Callable[[], None]:
+    """Call right after capturing a generation of `model` in a CUDA graph. Returns the function to call
+    after each replay, before its results are used: the patch's data checks (finite keys and values), which
+    the capture could not run (reading device values breaks a capture), on the records the replay rewrote;
+    it raises the append ValueError of a bad unit. For a model without the patch it does nothing."""
+    flags = [f for m in find_attention(model) if (lp := getattr(m, _MARK, None)) is not None
+             if (f := lp.cache.deferred_flags()) is not None]
+    return functools.partial(check_flags, flags)
 
 
 def unpatch(model: object) -> None:
@@ -477,4 +478,4 @@ def compressed_kv(model: object, codec: str = "octopus", bits: int = 2, window: 
 
 
 __all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle",
-           "check_after_replay", "compressed_kv", "find_attention", "patch_aar", "unpatch"]
+           "compressed_kv", "find_attention", "patch_aar", "replay_check", "unpatch"]

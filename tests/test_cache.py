@@ -169,3 +169,45 @@ def test_capacity_reserves_the_store_and_changes_no_result(capacity):
 def test_bad_capacity_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="capacity must be None or an integer >= 0"):
         CompressedKVCache("octopus", 2, 64, capacity=bad)
+
+
+@pytest.mark.parametrize("name", ["none", "octopus"])
+@pytest.mark.parametrize("bad", ["nan_k", "inf_v", "big_v"])
+def test_deferred_checks_raise_the_same_error_later(name, bad):
+    """defer_checks=True (the CUDA default) records each unit on the device; check() raises what append
+    would have raised at once, and a clean sequence of more units than the record's first rows passes."""
+    units = _units(seed=10, sizes=(1,) * 20)  # 20 units: the record (16 rows at first) grows once
+    k, v = units[17]
+    k, v = k.clone(), v.clone()
+    if bad == "nan_k":
+        k[0, 1, 0, 3] = float("nan")
+    elif bad == "inf_v":
+        v[1, 0, 0, 7] = float("-inf")
+    else:
+        v[0, 0, 0, 0] = -7e4
+    units[17] = (k, v)
+    immediate = CompressedKVCache(name, 2, D, window=1)
+    deferred = CompressedKVCache(name, 2, D, window=1, defer_checks=True)
+    if name == "none" and bad == "big_v":
+        _fill(deferred, units).check()  # native values need only be finite
+        return
+    with pytest.raises(ValueError, match="finite") as now:
+        _fill(immediate, units)
+    _fill(deferred, units)  # no error at append
+    assert deferred.checks_deferred and deferred.num_units == 20
+    with pytest.raises(ValueError) as later:
+        deferred.check()
+    assert str(later.value) == str(now.value)
+    deferred.check()  # reported once
+    deferred.reset()
+    _fill(deferred, _units(seed=11, sizes=(1,) * 20)).check()  # a clean sequence after reset passes
+    with pytest.raises(ValueError, match="non-finite"):
+        _fill(CompressedKVCache(name, 2, D, defer_checks=True), units).decoded_kv()  # reading back checks
+
+
+def test_defer_checks_argument_is_validated():
+    with pytest.raises(ValueError, match="defer_checks must be None"):
+        CompressedKVCache("octopus", 2, D, defer_checks="yes")
+    cache = _fill(CompressedKVCache("octopus", 2, D), _units())
+    assert not cache.checks_deferred and cache.deferred_flags() is None  # the CPU default checks at append
+    cache.check()  # nothing deferred: a no-op

@@ -12,9 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import octopus_audio
-from octopus_audio.aar_patch.patch import compressed_kv, find_attention, patch_aar, unpatch
+from octopus_audio import cache as cache_module
+from octopus_audio.aar_patch.patch import compressed_kv, find_attention, patch_aar, replay_check, unpatch
 from octopus_audio.rotation import layer_seed
 
 PATCH_NUMS = (1, 2, 3, 5, 8)  # a short next-scale schedule: cache lengths 0, 1, 3, 6, 11 before each scale
@@ -294,3 +296,86 @@ def test_fused_kernel_path_through_the_patch_matches_the_reference():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) < 1e-4
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts reads of tensor values on the host (each one a device sync on CUDA)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _nan_at_call(module: nn.Module, call: int):
+    """A pre-hook that puts a NaN into the module's input on its `call`-th forward (0-based)."""
+    seen = []
+
+    def hook(_, args):
+        seen.append(1)
+        if len(seen) - 1 == call:
+            x = args[0].clone()
+            x[0, 0, 0] = float("nan")
+            return (x, *args[1:])
+        return None
+
+    return module.register_forward_pre_hook(hook)
+
+
+def _defer(handle, defer: bool = True) -> None:
+    for cache in handle.caches:
+        cache.defer_checks = defer  # what a CUDA model gets by default (None = defer on CUDA)
+
+
+def test_deferred_checks_read_the_device_once_per_generation():
+    model = TinyModel(depth=2)
+    ref = model.generate()
+    with patch_aar(model, "none") as handle:
+        with _HostReads() as reads:
+            immediate = model.generate()
+        assert reads.count == 2 * len(PATCH_NUMS)  # one sync per appended unit
+        _defer(handle)
+        with _HostReads() as reads:
+            deferred = model.generate()
+        assert reads.count == 1  # every layer's record read back together at the end
+    assert _equal_lists(immediate, ref) and _equal_lists(deferred, ref)
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["immediate", "deferred"])
+def test_nan_key_mid_generation_raises_before_any_result(defer):
+    model = TinyModel(depth=3)
+    with patch_aar(model, "octopus", 2) as handle:
+        _defer(handle, defer)
+        clean = model.generate()
+        hook = _nan_at_call(model.blocks[1].attn, call=2)  # layer 1, scale 2 of 5
+        with pytest.raises(ValueError) as err:
+            model.generate()
+        hook.remove()
+        assert str(err.value) == ("append got non-finite keys: keys and values must be finite "
+                                  "(values within the fp16 range, |v| <= 65504)")
+        # the failed generation is gone from every layer; the next one runs and is unchanged
+        assert not handle.generating and not any(b.attn.caching for b in model.blocks)
+        assert _equal_lists(model.generate(), clean)
+
+
+def test_replay_check_runs_the_checks_a_graph_capture_skipped(monkeypatch):
+    """A CUDA graph capture cannot read the device: the end-of-generation check is skipped while capturing
+    (emulated here) and `replay_check` runs it on the record the replay wrote."""
+    model = TinyModel(depth=2)
+    assert replay_check(model)() is None  # unpatched: nothing to check
+    with patch_aar(model, "turboquant-mse", 2) as handle:
+        _defer(handle)
+        monkeypatch.setattr(cache_module, "_capturing", lambda: True)
+        hook = _nan_at_call(model.blocks[0].attn, call=4)
+        model.generate()  # "captured": no error yet
+        hook.remove()
+        check = replay_check(model)
+        monkeypatch.setattr(cache_module, "_capturing", lambda: False)
+        with pytest.raises(ValueError, match="non-finite keys"):
+            check()
+        model.generate()
+        replay_check(model)()  # a clean record passes
