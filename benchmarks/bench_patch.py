@@ -130,8 +130,8 @@ def nan_checks(pipe, codec: str, bits: int) -> dict:
     def poison(only_when_capturing: bool):
         def hook(_, args):
             calls.append(1)
-            if len(calls) % scales == scales // 2 and (torch.cuda.is_current_stream_capturing()
-                                                        or not only_when_capturing):
+            if len(calls) % scales == scales // 2 and (not only_when_capturing
+                                                        or torch.cuda.is_current_stream_capturing()):
                 x = args[0].clone()
                 x[0, 0].fill_(float("nan"))  # one token of one row (a kernel, so a capture records it)
                 return (x, *args[1:])
