@@ -102,9 +102,38 @@ def test_encode_values_matches_quantizer(bits, d, dtype):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), field
 
 
+@pytest.mark.parametrize("bits", [2, 3])
+def test_encode_values_exact_ties_round_to_even(bits):
+    """(v - mn) / scale exactly on k + 1/2 (and one ulp either side) must round as torch.round does."""
+    levels = 2**bits - 1
+    v = torch.zeros(1, 1, 4, 16)
+    v[..., 1] = float(levels)  # mn = 0, scale = 1
+    ties = torch.arange(levels, dtype=torch.float32) + 0.5
+    v[0, 0, 0, 2:2 + levels] = ties
+    v[0, 0, 1, 2:2 + levels] = torch.nextafter(ties, torch.tensor(0.0))
+    v[0, 0, 2, 2:2 + levels] = torch.nextafter(ties, torch.tensor(100.0))
+    v[0, 0, 3] = torch.linspace(-3.0, 5.0, 16) * 0.1  # a scale that is not a power of two
+    got = kernel_ops(DEVICE).encode_values(v.to(DEVICE), bits)
+    want = ValueQuantizer(bits, 16).encode(v)
+    assert torch.equal(unpack(got.codes.cpu(), bits, 16), unpack(want.codes, bits, 16))
+
+
+def test_encode_values_range_flag_without_sync():
+    v = torch.zeros(1, 1, 3, 64, device=DEVICE)
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    kernel_ops(DEVICE).encode_values(v, 2, range_flag=flag)
+    assert int(flag.item()) == 0
+    v[0, 0, 2, 7] = float("nan")
+    kernel_ops(DEVICE).encode_values(v, 2, range_flag=flag)  # no raise: the caller reads the flag
+    assert int(flag.item()) == 1
+
+
 def test_encode_values_rejects_out_of_range():
     v = torch.zeros(1, 1, 2, 64, device=DEVICE)
     v[0, 0, 1, 3] = 70000.0
+    with pytest.raises(ValueError, match="fp16 range"):
+        kernel_ops(DEVICE).encode_values(v, 2)
+    v[0, 0, 1, 3] = float("nan")
     with pytest.raises(ValueError, match="fp16 range"):
         kernel_ops(DEVICE).encode_values(v, 2)
 
