@@ -4,6 +4,8 @@ OCTOPUS_AUDIO_BACKEND in {auto, reference, triton} (default auto): auto runs the
 tensors when `octopus_audio.kernels.ops` imports, else the PyTorch reference; a forced backend that cannot
 run is an error (triton runs on CPU tensors only under TRITON_INTERPRET=1). The choice is logged once.
 The codec `none` always takes the reference path (plain SDPA over native K/V).
+A cache asks once per sequence, at its first unit (`CachePlan`): the per-call path then runs the chosen ops
+with no environment, backend or kernel-table lookups.
 """
 
 from __future__ import annotations
