@@ -39,8 +39,9 @@ def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
 def _operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
     """x as a matmul operand of dtype OPD. RNE_BY_HAND (the CPU interpreter, whose fp32 -> bf16 cast
     truncates): round to nearest even on the fp32 bits first, as the GPU's cast does."""
-    if OPD == tl.bfloat16 and RNE_BY_HAND:
-        x = bf16_value(x.to(tl.float32))
+    if OPD == tl.bfloat16 and RNE_BY_HAND:  # bits.bf16_value inlined (a jit call costs in the interpreter)
+        b = x.to(tl.float32).to(tl.int32, bitcast=True)
+        x = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
     return x.to(OPD)
 
 
@@ -63,6 +64,52 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _mm_nn(_operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, n0, end, row0,
+                     kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
+                     CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+                     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+                     B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
+                     S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
+                     V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, MASKED: tl.constexpr):
+    """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
+    softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
+    key is valid and no mask is computed."""
+    USE_DOT: tl.constexpr = BLOCK_M >= 16
+    n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = n < end
+    else:
+        n_ok = tl.full((BLOCK_N,), 1, tl.int1)
+    krow = row0 + n
+    k_rows = kc_ptr + krow[:, None] * K_WORDS
+    gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+        kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
+                                      B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
+        s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    elif CODEC == POLAR:
+        u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS, K_WP,
+                       TILE)
+        s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    elif K_BITS > 0:
+        u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
+        s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    if HAS_QJL:
+        s_words = (D + 31) // 32
+        sigma = qjl_signs(ks_ptr + krow[:, None] * s_words, n_ok[:, None], D, s_words, S_WP, TILE)
+        g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    if MASKED:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+    v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, TILE)
+    return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
 
 @triton.jit
@@ -95,7 +142,8 @@ def _attn_fwd_kernel(
     Compressed score of key n: q_rot' . (gamma_n u_hat_n) [+ q_j' . (gamma_n gamma_r_n sigma_n)]; window
     score: qk_scale * q . k_n. Softmax over both with one running max; values: group dequant in the original
     frame. Matmul operands are OPD (fp32 with PREC, or the queries' 16-bit dtype), accumulation fp32.
-    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window.
+    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
+    (alone when its chunk starts past the store).
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
     centroids/C_rho (octopus).
@@ -108,68 +156,20 @@ def _attn_fwd_kernel(
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     IS_OCT: tl.constexpr = (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)
 
-    # prologue: the query block, and its projections
+    # prologue: the query block
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     qrow = pid_bh * n_rows + rows
     dcol = tl.arange(0, D)[None, :]
     q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
     q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
-    q_pro = q.to(qmap_ptr.dtype.element_ty)
-    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
-    if IS_OCT:
-        lcol = tl.arange(0, LP)[None, :]
-        qx = _operand(_mm_nn(q_pro, tl.load(qmap + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
-        qy = _operand(_mm_nn(q_pro, tl.load(qmap + LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
-        qz = _operand(_mm_nn(q_pro, tl.load(qmap + 2 * LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD,
-                      RNE_BY_HAND)
-        QJL_COL: tl.constexpr = 3 * LP
-    else:
-        qr = _operand(_mm_nn(q_pro, tl.load(qmap + dcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
-        QJL_COL: tl.constexpr = D
-    if HAS_QJL:
-        qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + dcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
-                      RNE_BY_HAND)
     qn = _operand(q, OPD, RNE_BY_HAND)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
 
-    # compressed store
-    start = pid_s * chunk
-    end = tl.minimum(start + chunk, t_comp)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < end
-        krow = pid_bh * t_cap + n
-        k_rows = kc_ptr + krow[:, None] * K_WORDS
-        gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        if IS_OCT:
-            kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES,
-                                          K_BITS, B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
-            s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-            s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-            s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        elif CODEC == POLAR:
-            u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
-                           K_WP, TILE)
-            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        elif K_BITS > 0:
-            u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        if HAS_QJL:
-            s_words = (D + 31) // 32
-            sigma = qjl_signs(ks_ptr + krow[:, None] * s_words, n_ok[:, None], D, s_words, S_WP, TILE)
-            g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, TILE)
-        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD,
-                                       RNE_BY_HAND)
-
-    # native window: the last split's tail
+    # native window first (the last split's share), so qn is dead during the compressed loop
     w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
     vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
@@ -183,6 +183,45 @@ def _attn_fwd_kernel(
         v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
+
+    # the query's projections for the compressed keys (after the window: q and these are not live together)
+    q_pro = q.to(qmap_ptr.dtype.element_ty)
+    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
+    qx = qn  # placeholders for the operands a codec does not use (never read)
+    qy = qn
+    qz = qn
+    qr = qn
+    qj = qn
+    if IS_OCT:
+        lcol = tl.arange(0, LP)[None, :]
+        qx = _operand(_mm_nn(q_pro, tl.load(qmap + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        qy = _operand(_mm_nn(q_pro, tl.load(qmap + LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        qz = _operand(_mm_nn(q_pro, tl.load(qmap + 2 * LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD,
+                      RNE_BY_HAND)
+        QJL_COL: tl.constexpr = 3 * LP
+    else:
+        qr = _operand(_mm_nn(q_pro, tl.load(qmap + dcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = D
+    if HAS_QJL:
+        qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + dcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
+                      RNE_BY_HAND)
+
+    # compressed store: whole tiles without key masks, then the partial tail tile
+    start = pid_s * chunk
+    end = tl.maximum(tl.minimum(start + chunk, t_comp), start)  # a window-only split: empty
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qx, qy, qz, qr, qj, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+            vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS,
+            B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, BLOCK_M,
+            BLOCK_N, PREC, OPD, RNE_BY_HAND, False)
+    if full_end < end:
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qx, qy, qz, qr, qj, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+            vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS,
+            B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, BLOCK_M,
+            BLOCK_N, PREC, OPD, RNE_BY_HAND, True)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if DIRECT:

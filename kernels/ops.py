@@ -29,11 +29,13 @@ class AttnConfig:
 
     block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
     block_n: keys per step; num_warps, num_stages (software pipelining of the loads; 1: none);
-    programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no split
-    gets fewer compressed keys than this (default 4 * block_n); tile_words: load each key's code words as one
-    contiguous tile and cut codes in registers (True) or gather one load per code; operands: the matmul
-    operand dtype with tensor cores, "native" (16-bit queries: decoded K, V and P in the queries' dtype, as
-    flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee" (fp32 operands).
+    programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no
+    split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
+    split, the native window gets a split of its own instead of riding on the last one (default True);
+    tile_words: load each key's code words as one contiguous tile and cut codes in registers (True) or
+    gather one load per code; operands: the matmul operand dtype with tensor cores, "native" (16-bit
+    queries: decoded K, V and P in the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE
+    precision), "tf32" or "ieee" (fp32 operands).
     Accumulation is fp32 always; block_m 1 runs fp32 FMAs whatever `operands` says.
     """
 
@@ -45,6 +47,7 @@ class AttnConfig:
     tile_words: bool | None = None
     operands: str | None = None
     split_min_keys: int | None = None
+    window_split: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -92,9 +95,11 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
     return t_cap
 
 
-def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, programs_bh: int,
+def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
                   device: torch.device) -> tuple[int, int, int, int]:
-    """(block_m, block_n, num_splits, chunk) for a problem of n_rows rows per KV head.
+    """(block_m, block_n, num_splits, chunk) for a problem of n_rows rows per KV head: split s covers the
+    compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with window_split,
+    when there is room for more programs).
 
     Defaults from the H200 sweep (benchmarks/results/kernels_2026-11-29.md, octopus b=2): one query row
     -> no tensor cores, 32 keys a step, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128, against
@@ -110,7 +115,10 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, programs_bh
     want = triton.cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
     num_splits = max(1, min(want, triton.cdiv(length, cfg.split_min_keys or 4 * block_n)))
     chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
-    return block_m, block_n, max(1, triton.cdiv(length, chunk)), chunk
+    num_splits = max(1, triton.cdiv(length, chunk))
+    if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
+        num_splits += 1  # its chunk starts past the store: the window alone
+    return block_m, block_n, num_splits, chunk
 
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
@@ -152,7 +160,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     n_rows = grp * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     cfg = config or AttnConfig()
-    block_m, block_n, splits, chunk = _launch_shape(cfg, n_rows, d, length, b * h, dev)
+    block_m, block_n, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
     if num_splits is not None:
         splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
         chunk = triton.cdiv(triton.cdiv(max(length, 1), splits), block_n) * block_n

@@ -23,7 +23,7 @@ from octopus_audio.codecs.base import KeyState  # noqa: E402
 from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, naive  # noqa: E402
 from octopus_audio.values import ValueQuantizer, ValueState  # noqa: E402
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3, torch.float16: 5e-4}
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
@@ -135,6 +135,71 @@ def test_octopus_direction_decodes_agree(launch):
     assert_close(got, want, TOL[torch.float32])
 
 
+# codec, bits, query dtype, octopus directions, config, strided q: the launch variants the GPU sweep times
+VARIANTS = {
+    "octopus-bf16-native-m64-n32": ("octopus", 2, torch.bfloat16, "unfold",
+                                    AttnConfig(block_m=64, block_n=32, operands="native"), False),
+    "octopus-fp16-native-m128-gathers": ("octopus", 3, torch.float16, "unfold",
+                                         AttnConfig(block_m=128, block_n=64, tile_words=False), False),
+    "octopus-qjl-bf16-table-m32-strided-q": ("octopus-qjl", 2, torch.bfloat16, "table",
+                                             AttnConfig(block_m=32, block_n=64), True),
+    "turboquant-qjl-bf16-tf32-m16": ("turboquant-qjl", 3, torch.bfloat16, "unfold",
+                                     AttnConfig(block_m=16, block_n=64, operands="tf32"), False),
+    "polarquant-fp32-ieee-many-splits": ("polarquant", 2, torch.float32, "unfold",
+                                         AttnConfig(block_m=64, block_n=32, split_min_keys=32,
+                                                    programs_per_sm=64), False),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_launch_variants_match_decoded_reference(variant):
+    """Operand dtypes (16-bit tensor-core operands, tf32, ieee), block sizes, split counts, direction
+    decodes and a strided query view (q as [B, T, H, d].transpose(1, 2), two query heads per KV head) all
+    match the library at the dtype's tolerance, at an AAR-like block of 75 queries."""
+    name, bits, dtype, directions, config, strided = VARIANTS[variant]
+    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
+        name, bits, tq=75, length=100, window=5, d=64, groups=2, dtype=dtype, seed=7)
+    want = reference(codec, quant, q, ks, vs, 100, k_win, v_win, 0.125)
+    kc = backend.kernel_codec(codec, 1, DEVICE)
+    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
+    q_d = q.to(DEVICE)
+    if strided:
+        q_d = q_d.transpose(1, 2).contiguous().transpose(1, 2)
+        assert not q_d.is_contiguous()
+    got = kernel_ops(DEVICE).attention(q_d, keys, values, 100, *_to(DEVICE, k_win, v_win), kc, scale=0.125,
+                                       octopus_directions=directions, config=config)
+    assert got.dtype == dtype
+    assert_close(got, want, TOL[dtype])
+
+
+@pytest.mark.parametrize("name", ["octopus-qjl", "turboquant-qjl"])
+def test_query_map_is_the_rotation_layout(name):
+    """KernelCodec.query_map: q @ M_h is sqrt(d) R q (octopus: its triplet components x | y | z, zero past d)
+    followed by d R' R q, computed here with the library's rotation."""
+    from octopus_audio.rotation import rotate
+
+    d, heads = 64, 2
+    codec = get_codec(name, 2, d, seed=3)
+    kc = backend.kernel_codec(codec, heads, "cpu")
+    q = torch.randn(1, heads, 5, d, dtype=torch.float64)
+    m = kc.query_map(torch.float32).double()
+    got = torch.einsum("bhtd,hdn->bhtn", q, m)
+    q_rot = rotate(q.float(), codec.signs(heads, "cpu")).double()
+    q_j = rotate(q_rot.float(), codec.signs(heads, "cpu", stream=1)).double()
+    if name.startswith("octopus"):
+        lp = kc.triplet_lanes
+        trip = torch.nn.functional.pad(q_rot, (0, 3 * lp - d)).reshape(1, heads, 5, lp, 3)
+        want_rot = trip.transpose(-1, -2).reshape(1, heads, 5, 3 * lp)
+    else:
+        want_rot = q_rot
+    want = torch.cat([want_rot * d**0.5, q_j * d], -1)
+    assert got.shape == want.shape
+    assert_close(got, want, 1e-6)
+    assert kc.query_map(torch.bfloat16).equal(m.to(torch.bfloat16))  # small integers: exact in 16 bits
+    assert kc.query_map(torch.float32) is kc.query_map(torch.float32)  # cached
+
+
 def test_naive_reference_matches_library():
     """kernels.naive (the launchers' plain-PyTorch twin) agrees with the library's decode-then-softmax."""
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
@@ -183,6 +248,8 @@ def test_attention_rejects_bad_inputs():
     bad = PackedKeys(keys.codes, keys.gamma.float())
     with pytest.raises(ValueError, match="keys.gamma"):
         ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
+    with pytest.raises(ValueError, match="operands must be one of native, tf32, ieee"):
+        AttnConfig(operands="bf16")
 
 
 def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
