@@ -4,8 +4,8 @@ and the split-K flash_decode kernel on the same store.
 Run from the repository root on a CUDA machine:
     python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 25]
 Checks the output against the library's decode-then-SDPA first (relative error printed per row), then times
-launch configurations (block_n x num_warps x programs_per_sm) for octopus b=2 and the best of them for the
-other bit widths and octopus-qjl. Writes OUT/sweep_adc.json and OUT/sweep_adc.md.
+launch configurations (block_k x block_v x num_warps x programs_per_sm) for octopus b=2 and the best of
+them for the other bit widths and octopus-qjl. Writes OUT/sweep_adc.json and OUT/sweep_adc.md.
 """
 
 from __future__ import annotations
@@ -88,9 +88,8 @@ def main() -> None:
     best = {}
     for di, (d, h) in enumerate(LONG):
         shape = AttnShape(f"1 q x 128k, d={d}", 1, h, 1, KEYS[-1] - 1, 1, d)
-        cands = [dict(block_n=bn, num_warps=nw, programs_per_sm=pps)
-                 for bn, nw, pps in itertools.product((64, 128, 256), (2, 4, 8), (8, 16, 32))
-                 if not (bn == 256 and nw == 2)]
+        cands = [dict(block_k=32 * nw * kpt, block_v=bv, num_warps=nw, programs_per_sm=pps)
+                 for nw, kpt, bv, pps in itertools.product((4, 8), (1, 2), (16, 32), (8, 16))]
         results = []
         for i, cfg in enumerate(cands):
             try:
@@ -104,7 +103,7 @@ def main() -> None:
 
     # 2) every length, bit width and the -qjl codec with the best configuration of its head dim
     for d, h in LONG:
-        cfg = {k: best[d][k] for k in ("block_n", "num_warps", "programs_per_sm")}
+        cfg = {k: best[d][k] for k in ("block_k", "block_v", "num_warps", "programs_per_sm")}
         for n in KEYS:
             shape = AttnShape(f"1 q x {n // 1024}k, d={d}", 1, h, 1, n - 1, 1, d)
             for codec, bits in (("octopus", 2), ("octopus", 3), ("octopus", 4), ("octopus-qjl", 2)):
@@ -113,12 +112,13 @@ def main() -> None:
                 measure(codec, bits, shape, cfg, with_flash=True, check=True)
 
     (args.out / "sweep_adc.json").write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
-    lines = ["| codec | b | d | heads | keys | block_n | warps | pps | ms | SDPA ms | x SDPA | flash ms "
-             "| GB/s | of copy | rel err |", "|" + " --- |" * 15]
+    lines = ["| codec | b | d | heads | keys | block_k | block_v | warps | pps | ms | SDPA ms | x SDPA | "
+             "flash ms | GB/s | of copy | rel err |", "|" + " --- |" * 16]
     for r in rows:
         nan = float("nan")
         lines.append(f"| {r['codec']} | {r['bits']} | {r['d']} | {r['heads']} | {r['keys']} | "
-                     f"{r['block_n']} | {r['num_warps']} | {r['programs_per_sm']} | {r['ms']:.4f} | "
+                     f"{r['block_k']} | {r['block_v']} | {r['num_warps']} | {r['programs_per_sm']} | "
+                     f"{r['ms']:.4f} | "
                      f"{r['sdpa_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} | {r.get('flash_ms', nan):.4f} | "
                      f"{r['gbps']:.0f} | {r['of_copy']:.0%} | {r.get('rel_err', nan):.1e} |")
     (args.out / "sweep_adc.md").write_text("\n".join(lines) + "\n")

@@ -11,13 +11,15 @@ QJL term (R' q_rot) . sigma_n takes a second table over the sign bytes: S[p, e] 
 q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in global memory and are read through
 L1 (a row's table is 11-22 KB at d = 64-128, b = 2).
 
-Each thread owns whole keys: it loads a key's code words one column at a time and cuts the codes with
-compile-time shifts (the unrolled loop below), so no per-code address arithmetic is spent on the words.
-Values are group-dequantized in the original frame as in flash_decode; the probability p_n and the group
-scale multiply first (p_n * scale_ng), so a channel costs one shift, one bit-or, one subtract and one FMA
-(the int -> float conversion is the exponent trick `(c | 0x4B000000) - 2^23`, exact for c < 2^23).
-The online softmax rescales lazily: the running maximum moves only when a block's maximum exceeds it by
-more than RESCALE (log2 units), which keeps p <= 2^RESCALE and is exact after the final division.
+Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
+channels for the values) with few registers and no per-block cross-thread reductions:
+1. scores: each thread owns whole keys, loads a key's code words once each and cuts the codes with
+   compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
+   4 bytes a key) go to a scratch row, and their maximum m is kept.
+2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
+   min_ng) accumulated elementwise per thread and reduced once at the end; a channel costs one shift, one
+   bit-or, one subtract and one FMA (int -> float by the exponent trick `(c | 0x4B000000) - 2^23`, exact
+   for c < 2^23).
 """
 
 import triton
@@ -99,52 +101,25 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
 
 
 @triton.jit
-def _adc_attn_kernel(
-    lut_ptr, qlut_ptr, qn_ptr, rho_ptr,
-    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
-    vc_ptr, vs_ptr, vm_ptr,
-    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
-    out_ptr, opart_ptr, lse_ptr,
-    H, t_cap, t_comp, t_win, chunk, n_splits, total_rows, qk_scale, qjl_coef,
-    D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr, B_RHO: tl.constexpr,
-    N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, RESCALE: tl.constexpr, DIRECT: tl.constexpr,
-):
-    """One (query row, split) program: score tables instead of decoded keys (module docstring).
+def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
+                  D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
+                  B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
+    The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
-    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
-    (score q . k * qk_scale). DIRECT: one split writes the normalised output; otherwise o/l and the
-    log2-sum-exp go to the partial buffers of flash_decode's merge kernel.
-    """
-    r = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = r // H
-    h = r % H
-    G: tl.constexpr = D // V_GROUP
+    A thread owns whole keys: it loads each code word of its key once and cuts the codes with constant
+    shifts (the unrolled loops), then adds one table entry per triplet (and one per 8 QJL signs)."""
     row_lut = lut_ptr + r * (L * N_ENTRIES)
-    k_base = kc_ptr + r.to(tl.int64) * t_cap * K_WORDS
-    v_base = vc_ptr + r.to(tl.int64) * t_cap * V_WORDS
-    g_base = r.to(tl.int64) * t_cap
     if not FOLD_RHO:
         rho0 = tl.load(rho_ptr)
         rho1 = tl.load(rho_ptr + 1)
-
-    m_i = tl.full((), float("-inf"), tl.float32)
-    l_i = tl.zeros((), tl.float32)
-    acc = tl.zeros((G, V_GROUP), tl.float32)
-    acc_min = tl.zeros((G,), tl.float32)
-    wcol = tl.arange(0, V_WP)
-    gcol = tl.arange(0, G)
-
-    start = pid_s * chunk
-    end = tl.minimum(start + chunk, t_comp)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
+    m_vec = tl.full((BLOCK_K,), float("-inf"), tl.float32)
+    for n0 in range(start, end, BLOCK_K):
+        n = n0 + tl.arange(0, BLOCK_K)
         n_ok = n < end
-        # scores: one table lookup per triplet, codes cut from each key's words with constant shifts
-        s = tl.zeros((BLOCK_N,), tl.float32)
-        krow = k_base + n * K_WORDS
+        s = tl.zeros((BLOCK_K,), tl.float32)
+        krow = kc_ptr + n.to(tl.int64) * K_WORDS
         w_cur = tl.load(krow, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
         for wi in tl.static_range(K_WORDS):
             if wi + 1 < K_WORDS:
@@ -166,73 +141,175 @@ def _adc_attn_kernel(
             w_cur = w_next
         if HAS_QJL:
             S_WORDS: tl.constexpr = D // 32
-            srow = ks_ptr + g_base * S_WORDS + n * S_WORDS
-            sq = tl.zeros((BLOCK_N,), tl.float32)
+            srow = ks_ptr + n.to(tl.int64) * S_WORDS
+            sq = tl.zeros((BLOCK_K,), tl.float32)
             for wi in tl.static_range(S_WORDS):
                 w = tl.load(srow + wi, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
                 for byte in tl.static_range(4):
                     e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
                     sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e)
-            g_r = tl.load(kr_ptr + g_base + n, mask=n_ok, other=0.0).to(tl.float32)
+            g_r = tl.load(kr_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
             s += qjl_coef * g_r * sq
-        gamma = tl.load(kg_ptr + g_base + n, mask=n_ok, other=0.0).to(tl.float32)
-        s = tl.where(n_ok, s * gamma, float("-inf"))
+        gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        s = s * gamma
+        tl.store(s_ptr + n, s, mask=n_ok)
+        m_vec = tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    return tl.max(m_vec, 0)
 
-        # lazy online softmax (the maximum moves by more than RESCALE or not at all)
-        m_blk = tl.max(s, 0)
-        if m_blk > m_i + RESCALE:
-            alpha = tl.exp2(m_i - m_blk)
-            acc = acc * alpha
-            acc_min = acc_min * alpha
-            l_i = l_i * alpha
-            m_i = m_blk
-        p = tl.exp2(s - m_i)
-        l_i += tl.sum(p, 0)
 
-        # values: sum_n p_n (c_nj * scale_ng + min_ng), codes to float by the exponent trick
+@triton.jit
+def _as_float(codes):
+    """Small non-negative integer codes as fp32 by the exponent trick: (c | 0x4B000000) - 2^23 (exact)."""
+    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constexpr, V_BITS: tl.constexpr,
+                     BLOCK_V: tl.constexpr):
+    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}: rows are (key, group) pairs, R =
+    BLOCK_V * G of them a step, each row's 16 codes cut from the 1-4 words it owns (a key's groups are
+    consecutive in the bit stream, so group row n * G + g starts at bit 16 * V_BITS * (n * G + g)).
+    Returns (acc [G, 16], l)."""
+    R: tl.constexpr = BLOCK_V * G
+    rho = tl.arange(0, R)
+    k = tl.arange(0, 16)
+    acc2 = tl.zeros((R, 16), tl.float32)
+    acc_min = tl.zeros((R,), tl.float32)
+    l_vec = tl.zeros((R,), tl.float32)
+    first = (rho % G) == 0
+    for n0 in range(start, end, BLOCK_V):
+        n = n0 + rho // G
+        ok = n < end
+        grow = n0 * G + rho  # (key, group) index from the row's start
+        p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
+        sc = tl.load(vs_ptr + grow, mask=ok, other=0.0).to(tl.float32)
+        mn = tl.load(vm_ptr + grow, mask=ok, other=0.0).to(tl.float32)
+        if V_BITS <= 2:
+            bit0 = grow * (16 * V_BITS)
+            w = tl.load(vc_ptr + (bit0 >> 5), mask=ok, other=0).to(tl.uint32, bitcast=True)
+            sh = ((bit0 & 31)[:, None] + k[None, :] * V_BITS).to(tl.uint32)
+            codes = (w[:, None] >> sh) & ((1 << V_BITS) - 1)
+        else:
+            WPG: tl.constexpr = V_BITS // 2
+            PER: tl.constexpr = 32 // V_BITS
+            wi = tl.arange(0, WPG)
+            w = tl.load(vc_ptr + grow[:, None] * WPG + wi[None, :], mask=ok[:, None], other=0)
+            sh = (tl.arange(0, PER) * V_BITS).to(tl.uint32)
+            codes = (w.to(tl.uint32, bitcast=True)[:, :, None] >> sh[None, None, :]) & ((1 << V_BITS) - 1)
+            codes = tl.reshape(codes, (R, 16))
+        acc2 += _as_float(codes) * (p * sc)[:, None]
+        acc_min += p * mn
+        l_vec += tl.where(first, p, 0.0)
+    acc = tl.sum(tl.reshape(acc2, (BLOCK_V, G, 16)), axis=0)
+    acc_min = tl.sum(tl.reshape(acc_min, (BLOCK_V, G)), axis=0)
+    return acc + acc_min[:, None], tl.sum(l_vec, 0)
+
+
+@triton.jit
+def _values_by_key(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, D: tl.constexpr, V_GROUP: tl.constexpr,
+                   V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Phase 2, any width and group: each key's word tile cut in registers (cut_codes), [BLOCK_V, G, group]
+    accumulated elementwise. Returns (acc [G, V_GROUP], l)."""
+    G: tl.constexpr = D // V_GROUP
+    acc3 = tl.zeros((BLOCK_V, G, V_GROUP), tl.float32)
+    acc_min = tl.zeros((BLOCK_V, G), tl.float32)
+    l_vec = tl.zeros((BLOCK_V,), tl.float32)
+    wcol = tl.arange(0, V_WP)
+    gcol = tl.arange(0, G)
+    for n0 in range(start, end, BLOCK_V):
+        n = n0 + tl.arange(0, BLOCK_V)
+        n_ok = n < end
+        p = tl.exp2(tl.load(s_ptr + n, mask=n_ok, other=float("-inf"), cache_modifier=".cg") - m)
+        l_vec += p
         v_ok = n_ok[:, None] & (wcol < V_WORDS)[None, :]
-        vw = tl.load(v_base + n[:, None] * V_WORDS + wcol[None, :], mask=v_ok, other=0)
-        vw = vw.to(tl.uint32, bitcast=True)
-        codes = cut_codes(vw, tl.arange(0, D)[None, :], V_BITS)
-        cf = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        gidx = (g_base + n)[:, None] * G + gcol[None, :]
+        vw = tl.load(vc_ptr + n[:, None] * V_WORDS + wcol[None, :], mask=v_ok, other=0)
+        codes = cut_codes(vw.to(tl.uint32, bitcast=True), tl.arange(0, D)[None, :], V_BITS)
+        gidx = n[:, None] * G + gcol[None, :]
         sc = tl.load(vs_ptr + gidx, mask=n_ok[:, None], other=0.0).to(tl.float32)
         mn = tl.load(vm_ptr + gidx, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        pc = tl.reshape(p, (BLOCK_N, 1))
-        acc += tl.sum(tl.reshape(cf, (BLOCK_N, G, V_GROUP)) * (pc * sc)[:, :, None], axis=0)
-        acc_min += tl.sum(pc * mn, axis=0)
+        pc = p[:, None]
+        acc3 += tl.reshape(_as_float(codes), (BLOCK_V, G, V_GROUP)) * (pc * sc)[:, :, None]
+        acc_min += pc * mn
+    return tl.sum(acc3, axis=0) + tl.sum(acc_min, axis=0)[:, None], tl.sum(l_vec, 0)
 
-    # native window: the last split's tail, scores q . k in the original frame
-    w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
+
+@triton.jit
+def _window_scores(qn_ptr, kw_base, stride_kwt, r, t_win, qk_scale, D: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Scores (log2 units) of the first BLOCK_W native window keys, -inf past t_win."""
+    n = tl.arange(0, BLOCK_W)
+    n_ok = n < t_win
     dcol = tl.arange(0, D)
     qn = tl.load(qn_ptr + r * D + dcol).to(tl.float32)
-    kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
-    vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
-    for n0 in range(0, w_end, BLOCK_W):
-        n = n0 + tl.arange(0, BLOCK_W)
-        n_ok = n < t_win
-        kt = tl.load(kw_base + n[:, None] * stride_kwt + dcol[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.where(n_ok, tl.sum(kt.to(tl.float32) * qn[None, :], axis=1) * qk_scale, float("-inf"))
-        m_blk = tl.max(s, 0)
-        if m_blk > m_i + RESCALE:
-            alpha = tl.exp2(m_i - m_blk)
-            acc = acc * alpha
-            acc_min = acc_min * alpha
-            l_i = l_i * alpha
-            m_i = m_blk
-        p = tl.exp2(s - m_i)
-        l_i += tl.sum(p, 0)
-        vt = tl.load(vw_base + n[:, None] * stride_vwt + dcol[None, :], mask=n_ok[:, None], other=0.0)
-        pv = tl.reshape(vt.to(tl.float32), (BLOCK_W, G, V_GROUP)) * tl.reshape(p, (BLOCK_W, 1, 1))
-        acc += tl.sum(pv, axis=0)
+    kt = tl.load(kw_base + n[:, None] * stride_kwt + dcol[None, :], mask=n_ok[:, None], other=0.0)
+    return tl.where(n_ok, tl.sum(kt.to(tl.float32) * qn[None, :], axis=1) * qk_scale, float("-inf"))
 
-    o = tl.reshape(acc + acc_min[:, None], (D,))
+
+@triton.jit
+def _adc_attn_kernel(
+    lut_ptr, qlut_ptr, qn_ptr, rho_ptr,
+    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+    vc_ptr, vs_ptr, vm_ptr,
+    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+    s_ptr, out_ptr, opart_ptr, lse_ptr,
+    H, t_cap, t_comp, t_win, chunk, n_splits, total_rows, qk_scale, qjl_coef,
+    D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr, B_RHO: tl.constexpr,
+    N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
+):
+    """One (query row, split) program: score tables instead of decoded keys (module docstring).
+
+    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
+    (at most BLOCK_W keys, score q . k * qk_scale). Phase 1 writes the split's scores to s_ptr (row r,
+    t_cap entries) and takes their maximum m; phase 2 (after a barrier) reads them back and accumulates
+    p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
+    one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
+    of flash_decode's merge kernel.
+    """
+    r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = r // H
+    h = r % H
+    G: tl.constexpr = D // V_GROUP
+    row = r.to(tl.int64) * t_cap
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, t_comp)
+    s_row = s_ptr + row
+    m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
+                      ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
+                      D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K)
+    last = pid_s == n_splits - 1
+    n_win = tl.where(last, t_win, 0)
+    kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
+    s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
+    m = tl.maximum(m, tl.max(s_win, 0))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    tl.debug_barrier()
+
+    # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
+    if (V_GROUP == 16) and ((V_BITS == 1) or (V_BITS == 2) or (V_BITS == 4) or (V_BITS == 8)):
+        acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                    start, end, G, V_BITS, BLOCK_V)
+    else:
+        acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                  start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
+
+    # the native window (last split)
+    p_win = tl.exp2(s_win - m)
+    l_i += tl.sum(p_win, 0)
+    wn = tl.arange(0, BLOCK_W)
+    dcol = tl.arange(0, D)
+    vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
+    vt = tl.load(vw_base + wn[:, None] * stride_vwt + dcol[None, :], mask=(wn < n_win)[:, None], other=0.0)
+    pv = tl.reshape(vt.to(tl.float32), (BLOCK_W, G, V_GROUP)) * tl.reshape(p_win, (BLOCK_W, 1, 1))
+    acc += tl.sum(pv, axis=0)
+
+    o = tl.reshape(acc, (D,)) / tl.where(l_i > 0, l_i, 1.0)
     if DIRECT:
-        o = o / tl.where(l_i > 0, l_i, 1.0)
         if out_ptr.dtype.element_ty == tl.bfloat16:
             o = bf16_value(o)
         tl.store(out_ptr + r * D + dcol, o.to(out_ptr.dtype.element_ty))
     else:
         part = pid_s * total_rows + r
-        tl.store(opart_ptr + part * D + dcol, o / tl.where(l_i > 0, l_i, 1.0))
-        tl.store(lse_ptr + part, m_i + tl.log2(l_i))
+        tl.store(opart_ptr + part * D + dcol, o)
+        tl.store(lse_ptr + part, m + tl.log2(l_i))

@@ -15,12 +15,16 @@ from .spec import KernelCodec, PackedKeys, PackedValues
 LOG2E = 1.4426950408889634
 FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet
 MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
-RESCALE = 8.0  # lazy softmax: the running maximum moves only when a block beats it by 2^8
 
 
-def adc_limit(codec: KernelCodec, n_rows: int) -> str | None:
+MAX_WINDOW = 64
+
+
+def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
     """Why the table path cannot serve this call (None when it can): one query row, an octopus codec whose
-    per-triplet table is small enough."""
+    per-triplet table is small enough, a native window of at most MAX_WINDOW tokens."""
+    if t_win > MAX_WINDOW:
+        return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
         return f"{n_rows} query rows per KV head (the table path takes 1)"
     if not codec.name.startswith("octopus"):
@@ -41,8 +45,9 @@ def table_entries(codec: KernelCodec) -> tuple[int, bool]:
 @_outside_autocast
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
-                  scale: float | None = None, num_splits: int | None = None, block_n: int | None = None,
-                  num_warps: int | None = None, programs_per_sm: int | None = None) -> torch.Tensor:
+                  scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
+                  block_v: int | None = None, num_warps: int | None = None,
+                  programs_per_sm: int | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -51,7 +56,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     """
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
-    why = adc_limit(codec, (hq // h) * tq)
+    t_win = 0 if k_window is None else k_window.shape[2]
+    why = adc_limit(codec, (hq // h) * tq, t_win)
     if why is not None:
         raise ValueError(f"the table-lookup attention cannot take {why}")
     dev = q_BHTD.device
@@ -60,7 +66,6 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qk_scale = scale * LOG2E
     rows = b * h
     t_cap = keys.codes.shape[2]
-    t_win = 0 if k_window is None else k_window.shape[2]
     entries, fold = table_entries(codec)
     n_trip = codec.key_codes
     q = q_BHTD.contiguous()
@@ -81,12 +86,15 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
 
-    block_n = block_n or (128 if _interpreting() else (64 if d > 64 else 128))
+    nw = num_warps or 4
+    block_k = block_k or 32 * nw
+    block_v = block_v or (64 if _interpreting() else 16)
+    step = max(block_k, block_v)
     if num_splits is None:
         want = triton.cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
-        num_splits = max(1, min(want, triton.cdiv(length, 4 * block_n)))
-    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
+        num_splits = max(1, min(want, triton.cdiv(length, 4 * step)))
+    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, step))))
+    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), step) * step
     num_splits = max(1, triton.cdiv(length, chunk))
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
     direct = num_splits == 1
@@ -98,18 +106,19 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     v_words = values.codes.shape[-1]
+    scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
         lut, qlut, q, codec.centroids,
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
-        out, opart, lse,
+        scores, out, opart, lse,
         h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)),
         D=d, L=n_trip, K_BITS=codec.key_code_bits, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
-        BLOCK_N=block_n, BLOCK_W=16, RESCALE=RESCALE, DIRECT=direct, num_warps=num_warps or 4)
+        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, num_warps=nw)
     if not direct:
         _merge_kernel[(triton.cdiv(rows, 32),)](opart, lse, out, rows, num_splits, D=d, BLOCK_R=32,
                                                 num_warps=4)
