@@ -7,7 +7,6 @@ import dataclasses
 import math
 
 import torch
-import triton
 import triton.language as tl
 
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
@@ -64,6 +63,11 @@ class AttnConfig:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (triton.cdiv is a jit function: microseconds a call from Python)."""
+    return -(-a // b)
+
+
 def _key_tables(codec: KernelCodec, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the direction
     table or the xi centroids, and C_rho (octopus)."""
@@ -73,6 +77,20 @@ def _key_tables(codec: KernelCodec, dir_table: bool) -> tuple[torch.Tensor, torc
         return codec.polar_tables()
     cent = codec.centroids if codec.centroids is not None else codec.rotation_signs  # never read (0 bits)
     return cent, cent
+
+
+def _codec_constants(codec: KernelCodec) -> dict:
+    """The kernel's compile-time constants that depend on the codec alone (cached on the codec)."""
+    consts = codec.__dict__.get("_attn_constants")
+    if consts is None:
+        d = codec.head_dim
+        consts = dict(CODEC=CODEC_IDS[codec.name], D=d,
+                      LP=codec.triplet_lanes if codec.name.startswith("octopus") else 16,
+                      LOG2D=int(math.log2(d)), K_BITS=codec.key_code_bits, K_CODES=codec.key_codes,
+                      K_WORDS=codec.key_words, B_DIR=codec.b_dir, B_RHO=codec.b_rho,
+                      K_WP=_pow2(max(codec.key_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)))
+        codec.__dict__["_attn_constants"] = consts
+    return consts
 
 
 def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b: int, h: int) -> int:
@@ -96,29 +114,35 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
 
 
 def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
-                  device: torch.device) -> tuple[int, int, int, int]:
-    """(block_m, block_n, num_splits, chunk) for a problem of n_rows rows per KV head: split s covers the
-    compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with window_split,
-    when there is room for more programs).
+                  device: torch.device) -> tuple[int, int, int, bool, int, int]:
+    """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
+    covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
+    window_split, when there is room for more programs).
 
-    Defaults from the H200 sweep (benchmarks/results/kernels_2026-11-29.md, octopus b=2): one query row
-    -> no tensor cores, 32 keys a step, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128, against
-    1.81-3.94 ms for the 16-row tensor-core variants); a block of queries -> up to 128 rows, 64 keys a step
-    (0.70 ms at AAR B=64 against 0.76-1.54 ms).
+    One query row (H200 sweep, benchmarks/results/kernels_2026-11-29.md, octopus b=2): no tensor cores,
+    32 keys a step, 4 warps, word tiles, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
+    against 1.81-3.94 ms for the 16-row tensor-core variants). A block of queries: up to 128 rows (64 at
+    d > 64), 64 keys a step; at 128 rows 8 warps and gathered codes. With 16-bit operands the compiled
+    sm_90 kernel (ptxas, octopus b=2, d=64, 128 rows x 64 keys) needs 220 registers and no spill at 8 warps
+    against 255 registers plus a 560-byte spill at 4 warps, and the key loop issues 932 instructions a warp
+    with gathered codes against 1051 with word tiles (the 2026-11-29 sweep: gathers 0.76 vs tiles 0.86 ms
+    at 8 warps). benchmarks/sweep_block_attention.py times these choices on the GPU.
     """
     single = n_rows == 1
     block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
     block_n = cfg.block_n or (32 if single or d > 64 else 64)
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
-    programs = programs_bh * triton.cdiv(n_rows, block_m)
-    want = triton.cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
-    num_splits = max(1, min(want, triton.cdiv(length, cfg.split_min_keys or 4 * block_n)))
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(length, chunk))
+    num_warps = cfg.num_warps or (8 if block_m >= 128 else 4)
+    tile = cfg.tile_words if cfg.tile_words is not None else block_m < 128
+    programs = programs_bh * _cdiv(n_rows, block_m)
+    want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
+    num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
+    chunk = _cdiv(_cdiv(max(length, 1), num_splits), block_n) * block_n
+    num_splits = max(1, _cdiv(length, chunk))
     if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
         num_splits += 1  # its chunk starts past the store: the window alone
-    return block_m, block_n, num_splits, chunk
+    return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
@@ -160,11 +184,11 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     n_rows = grp * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     cfg = config or AttnConfig()
-    block_m, block_n, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
     if num_splits is not None:
-        splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, block_n))))
-        chunk = triton.cdiv(triton.cdiv(max(length, 1), splits), block_n) * block_n
-        splits = max(1, triton.cdiv(length, chunk))
+        splits = max(1, min(int(num_splits), max(1, _cdiv(length, block_n))))
+        chunk = _cdiv(_cdiv(max(length, 1), splits), block_n) * block_n
+        splits = max(1, _cdiv(length, chunk))
 
     # operands: 16-bit queries project exactly in their own dtype (the map is small integers); fp32 in IEEE
     use_dot = block_m >= 16
@@ -173,7 +197,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     opd = q_BHTD.dtype if use_dot and q16 and operands == "native" else torch.float32
     prec = "tf32" if operands == "tf32" and opd == torch.float32 else "ieee"
     qmap = codec.query_map(q_BHTD.dtype if use_dot and q16 else torch.float32)
-    if _interpreting():
+    interpreting = _interpreting()
+    if interpreting:
         _interpreter_16bit_dot()
     if q_BHTD.stride(-1) != 1:
         q_BHTD = q_BHTD.contiguous()
@@ -196,8 +221,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    lp = codec.triplet_lanes if codec.name.startswith("octopus") else 16
-    _attn_fwd_kernel[(b * h, triton.cdiv(n_rows, block_m), splits)](
+    _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
         q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
@@ -207,18 +231,15 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         out, opart, lse,
         h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
         qk_scale, qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d,
-        CODEC=CODEC_IDS[codec.name], D=d, LP=lp, NP=qmap.shape[-1], LOG2D=int(math.log2(d)),
-        K_BITS=codec.key_code_bits, K_CODES=codec.key_codes, K_WORDS=codec.key_words, B_DIR=codec.b_dir,
-        B_RHO=codec.b_rho, DIR_TABLE=octopus_directions == "table",
-        K_WP=_pow2(max(codec.key_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)),
+        **_codec_constants(codec), NP=qmap.shape[-1], DIR_TABLE=octopus_directions == "table",
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
-        V_WP=_pow2(values.codes.shape[-1]), TILE=cfg.tile_words if cfg.tile_words is not None else True,
+        V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec, PREC_Q="ieee",
-        OPD=_TL_DTYPES[opd], RNE_BY_HAND=_interpreting(),
-        num_warps=cfg.num_warps or 4, num_stages=cfg.num_stages or 1,
+        OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting,
+        num_warps=warps, num_stages=cfg.num_stages or 1,
     )
     if not direct:
         block_r = 32
-        _merge_kernel[(triton.cdiv(total_rows, block_r),)](opart, lse, out, total_rows, splits, D=d,
+        _merge_kernel[(_cdiv(total_rows, block_r),)](opart, lse, out, total_rows, splits, D=d,
                                                            BLOCK_R=block_r, num_warps=4)
     return out

@@ -146,7 +146,10 @@ class KernelCodec:
     def to(self, device: torch.device) -> KernelCodec:
         """This codec with all its tables on `device` (itself when they are all there already)."""
         device = torch.device(device)
+        if self.__dict__.get("_home") == device:  # checked before (the launchers call this every time)
+            return self
         if all(getattr(self, f) is None or getattr(self, f).device == device for f in _TENSOR_FIELDS):
+            self.__dict__["_home"] = device
             return self
         moved = {f: None if getattr(self, f) is None else getattr(self, f).to(device) for f in _TENSOR_FIELDS}
         return KernelCodec(self.name, self.head_dim, self.bits, b_dir=self.b_dir, b_rho=self.b_rho, **moved)
