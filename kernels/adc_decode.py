@@ -171,11 +171,11 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
     consecutive in the bit stream, so group row n * G + g starts at bit 16 * V_BITS * (n * G + g)).
     Returns (acc [G, 16], l)."""
     R: tl.constexpr = BLOCK_V * G
-    rho = tl.arange(0, R)
-    k = tl.arange(0, 16)
+    rho = tl.arange(0, R)[:, None]  # [R, 1]: every per-row value is born in the layout of the [R, 16] tiles
+    k = tl.arange(0, 16)[None, :]
     acc2 = tl.zeros((R, 16), tl.float32)
-    acc_min = tl.zeros((R,), tl.float32)
-    l_vec = tl.zeros((R,), tl.float32)
+    acc_min = tl.zeros((R, 1), tl.float32)
+    l_vec = tl.zeros((R, 1), tl.float32)
     first = (rho % G) == 0
     for n0 in range(start, end, BLOCK_V):
         n = n0 + rho // G
@@ -187,22 +187,19 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
         if V_BITS <= 2:
             bit0 = grow * (16 * V_BITS)
             w = tl.load(vc_ptr + (bit0 >> 5), mask=ok, other=0).to(tl.uint32, bitcast=True)
-            sh = ((bit0 & 31)[:, None] + k[None, :] * V_BITS).to(tl.uint32)
-            codes = (w[:, None] >> sh) & ((1 << V_BITS) - 1)
+            codes = (w >> ((bit0 & 31) + k * V_BITS).to(tl.uint32)) & ((1 << V_BITS) - 1)
         else:
-            WPG: tl.constexpr = V_BITS // 2
+            # the row's 16 codes fill V_BITS / 2 words: code c is in word c // PER at bit (c % PER) * V_BITS
             PER: tl.constexpr = 32 // V_BITS
-            wi = tl.arange(0, WPG)
-            w = tl.load(vc_ptr + grow[:, None] * WPG + wi[None, :], mask=ok[:, None], other=0)
-            sh = (tl.arange(0, PER) * V_BITS).to(tl.uint32)
-            codes = (w.to(tl.uint32, bitcast=True)[:, :, None] >> sh[None, None, :]) & ((1 << V_BITS) - 1)
-            codes = tl.reshape(codes, (R, 16))
-        acc2 += _as_float(codes) * (p * sc)[:, None]
+            w = tl.load(vc_ptr + grow * (V_BITS // 2) + k // PER, mask=ok, other=0)
+            w = w.to(tl.uint32, bitcast=True)
+            codes = (w >> ((k % PER) * V_BITS).to(tl.uint32)) & ((1 << V_BITS) - 1)
+        acc2 += _as_float(codes) * (p * sc)
         acc_min += p * mn
         l_vec += tl.where(first, p, 0.0)
     acc = tl.sum(tl.reshape(acc2, (BLOCK_V, G, 16)), axis=0)
     acc_min = tl.sum(tl.reshape(acc_min, (BLOCK_V, G)), axis=0)
-    return acc + acc_min[:, None], tl.sum(l_vec, 0)
+    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0)
 
 
 @triton.jit

@@ -52,9 +52,18 @@ def kernel_ops(device: str):
         _blas_interpreter_dot()
         if type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
             import octopus_audio.kernels as pkg
-            from octopus_audio.kernels import adc_decode, adc_ops, bits, codec_decode, encode, encode_ops, launch
+            from octopus_audio.kernels import (
+                adc_decode,
+                adc_ops,
+                bits,
+                codec_decode,
+                encode,
+                encode_ops,
+                launch,
+            )
 
-            for module in (bits, codec_decode, flash_decode, adc_decode, encode, launch, encode_ops, adc_ops, ops,
-                           pkg):
+            modules = (bits, codec_decode, flash_decode, adc_decode, encode, launch, encode_ops, adc_ops, ops,
+                       pkg)
+            for module in modules:
                 importlib.reload(module)
     return ops
