@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -281,8 +282,13 @@ def main() -> None:
         if what == "checks":
             if args.device == "cuda" and time.perf_counter() - start <= args.deadline_s:
                 t0 = time.perf_counter()
-                report["checks"] = device_checks(pipe, args.bits)
-                print(name, f"{time.perf_counter() - t0:.1f}s", report["checks"], flush=True)
+                try:
+                    report["checks"] = device_checks(pipe, args.bits)
+                except Exception as e:  # recorded; the timings still run
+                    report["checks_error"] = f"{type(e).__name__}: {e}"[:500]
+                    traceback.print_exc()
+                outcome = report.get("checks", report.get("checks_error"))
+                print(name, f"{time.perf_counter() - t0:.1f}s", outcome, flush=True)
             continue
         entry = report["codecs"].setdefault(name, {"rows": []})
         if time.perf_counter() - start > args.deadline_s or entry.get("error"):
@@ -316,6 +322,11 @@ def main() -> None:
         except torch.cuda.OutOfMemoryError as e:
             entry["error"] = f"{what} {batch}: out of memory: {e}"[:300]
             torch.cuda.empty_cache()
+        except Exception as e:  # a graph that fails to capture is a result to record, not the end of the run
+            if not graph:
+                raise
+            entry["error"] = f"{what} {batch}: {type(e).__name__}: {e}"[:500]
+            traceback.print_exc()
         finally:
             if handle is not None:
                 handle.unpatch(abandon=True)
@@ -368,12 +379,17 @@ def markdown(report: dict) -> str:
                          f"{c['valid_bytes']} | {c['ratio']:.2f}x | {c['store_ratio']:.2f}x | "
                          f"{c['k_bits']:.2f} | {c['v_bits']:.2f} |")
     checks = report.get("checks")
+    if report.get("checks_error"):
+        lines += ["", f"- device checks failed: {report['checks_error']}"]
     if checks:
         syncs = ", ".join(f"{k} {v}" for k, v in checks["syncs_per_generation"].items())
         nan = checks["nan"]
         lines += ["", f"- host syncs per eager generation (B=1, scale loop only): {syncs}",
                   f"- NaN mid-generation (octopus): eager {nan['eager']}; graph replay {nan['graph']}; "
                   f"all caught: {nan['ok']}"]
+    errors = [f"{n}: {e['error']}" for n, e in report["codecs"].items() if e.get("error")]
+    if errors:
+        lines += ["", *(f"- error {x}" for x in errors)]
     if report.get("skipped"):
         lines.append(f"\nskipped (deadline): {', '.join(report['skipped'])}")
     return "\n".join(lines) + "\n"
