@@ -104,7 +104,7 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
                   D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
@@ -130,7 +130,10 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
                 if i < L:
                     code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
                     if FOLD_RHO:
-                        s += tl.load(row_lut + i * N_ENTRIES + code)
+                        if PROBE == 2:  # measurement only: codes cut, no table read
+                            s += code.to(tl.float32)
+                        else:
+                            s += tl.load(row_lut + i * N_ENTRIES + code)
                     else:
                         t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
                         if B_RHO == 1:
@@ -253,6 +256,7 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
+    PROBE: tl.constexpr = 0,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -261,7 +265,8 @@ def _adc_attn_kernel(
     t_cap entries) and takes their maximum m; phase 2 (after a barrier) reads them back and accumulates
     p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
     one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
-    of flash_decode's merge kernel.
+    of flash_decode's merge kernel. PROBE (benchmarks only, wrong results): 1 skips the value phase, 2 reads
+    no score table (the codes still cut), to measure what each part costs.
     """
     r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -274,7 +279,7 @@ def _adc_attn_kernel(
     s_row = s_ptr + row
     m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                       ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
-                      D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K)
+                      D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
     last = pid_s == n_splits - 1
     n_win = tl.where(last, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
@@ -284,7 +289,10 @@ def _adc_attn_kernel(
     tl.debug_barrier()
 
     # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
-    if (V_GROUP == 16) and ((V_BITS == 1) or (V_BITS == 2) or (V_BITS == 4) or (V_BITS == 8)):
+    if PROBE == 1:  # measurement only: no value phase
+        acc = tl.zeros((G, V_GROUP), tl.float32)
+        l_i = tl.full((), 1.0, tl.float32)
+    elif (V_GROUP == 16) and ((V_BITS == 1) or (V_BITS == 2) or (V_BITS == 4) or (V_BITS == 8)):
         acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
                                     start, end, G, V_BITS, BLOCK_V)
     else:

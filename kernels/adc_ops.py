@@ -47,12 +47,14 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None) -> torch.Tensor:
+                  programs_per_sm: int | None = None, _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
     [B, H, Tw, d]); the caller has validated them (ops.attention routes here). Two launches (tables,
-    attention) plus the log-sum-exp merge when the keys are split.
+    attention) plus the log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the
+    score and value phases; the window may hold at most MAX_WINDOW tokens here. `_probe` (benchmarks only)
+    breaks the result on purpose to time the parts: 1 without the value phase, 2 without the table reads.
     """
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
@@ -118,7 +120,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         D=d, L=n_trip, K_BITS=codec.key_code_bits, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
-        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, num_warps=nw)
+        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
+        num_warps=nw)
     if not direct:
         _merge_kernel[(triton.cdiv(rows, 32),)](opart, lse, out, rows, num_splits, D=d, BLOCK_R=32,
                                                 num_warps=4)
