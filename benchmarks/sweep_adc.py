@@ -89,7 +89,8 @@ def main() -> None:
     for di, (d, h) in enumerate(LONG):
         shape = AttnShape(f"1 q x 128k, d={d}", 1, h, 1, KEYS[-1] - 1, 1, d)
         cands = [dict(block_k=32 * nw * kpt, block_v=bv, num_warps=nw, programs_per_sm=pps)
-                 for nw, kpt, bv, pps in itertools.product((4, 8), (1, 2), (16, 32), (8, 16))]
+                 for nw, kpt, bv, pps in itertools.product((4, 8), (1,), (32, 64), (4, 8, 16))]
+        cands += [dict(block_k=64, block_v=32, num_warps=2, programs_per_sm=pps) for pps in (16, 32)]
         results = []
         for i, cfg in enumerate(cands):
             try:
@@ -101,7 +102,14 @@ def main() -> None:
         best[d] = min(results, key=lambda r: r["ms"])
         print(f"best d={d}: {best[d]}", flush=True)
 
-    # 2) every length, bit width and the -qjl codec with the best configuration of its head dim
+    # 2) what bounds it: the same call without the value phase (probe 1) and without the table reads (2)
+    for d, h in LONG:
+        cfg = {k: best[d][k] for k in ("block_k", "block_v", "num_warps", "programs_per_sm")}
+        shape = AttnShape(f"1 q x 128k, d={d}", 1, h, 1, KEYS[-1] - 1, 1, d)
+        for probe in (1, 2):
+            measure("octopus", 2, shape, dict(cfg, _probe=probe))
+
+    # 3) every length, bit width and the -qjl codec with the best configuration of its head dim
     for d, h in LONG:
         cfg = {k: best[d][k] for k in ("block_k", "block_v", "num_warps", "programs_per_sm")}
         for n in KEYS:
