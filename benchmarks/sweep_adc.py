@@ -124,7 +124,8 @@ def main() -> None:
              "flash ms | GB/s | of copy | rel err |", "|" + " --- |" * 16]
     for r in rows:
         nan = float("nan")
-        lines.append(f"| {r['codec']} | {r['bits']} | {r['d']} | {r['heads']} | {r['keys']} | "
+        probe = {1: " (no values)", 2: " (no table reads)"}.get(r.get("_probe", 0), "")
+        lines.append(f"| {r['codec']}{probe} | {r['bits']} | {r['d']} | {r['heads']} | {r['keys']} | "
                      f"{r['block_k']} | {r['block_v']} | {r['num_warps']} | {r['programs_per_sm']} | "
                      f"{r['ms']:.4f} | "
                      f"{r['sdpa_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} | {r.get('flash_ms', nan):.4f} | "
