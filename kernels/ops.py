@@ -32,9 +32,10 @@ class AttnConfig:
     split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
     split, the native window gets a split of its own instead of riding on the last one (default True);
     tile_words: load each key's code words as one contiguous tile and cut codes in registers (True) or
-    gather one load per code; operands: the matmul operand dtype with tensor cores, "native" (16-bit
-    queries: decoded K, V and P in the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE
-    precision), "tf32" or "ieee" (fp32 operands).
+    gather one load per code (values whose bit width divides 32 always come from word tiles: shifts alone);
+    operands: the matmul operand dtype with tensor cores, "native" (16-bit queries: decoded K, V and P in
+    the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee"
+    (fp32 operands).
     Accumulation is fp32 always; block_m 1 runs fp32 FMAs whatever `operands` says.
     """
 
