@@ -196,7 +196,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     q16 = q_BHTD.dtype in (torch.bfloat16, torch.float16)
     operands = cfg.operands or "native"
     opd = q_BHTD.dtype if use_dot and q16 and operands == "native" else torch.float32
-    prec = "tf32" if operands == "tf32" and opd == torch.float32 else "ieee"
+    # input_precision only matters for fp32 operands; 16-bit ones take "tf32", tl.dot's default, as every
+    # bf16 flash-attention kernel does
+    prec = "ieee" if opd == torch.float32 and operands != "tf32" else "tf32"
     qmap = codec.query_map(q_BHTD.dtype if use_dot and q16 else torch.float32)
     interpreting = _interpreting()
     if interpreting:
@@ -235,7 +237,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         **_codec_constants(codec), NP=qmap.shape[-1], DIR_TABLE=octopus_directions == "table",
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
         V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
-        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec, PREC_Q="ieee",
+        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
+        PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting,
         num_warps=warps, num_stages=cfg.num_stages or 1,
     )
