@@ -40,21 +40,24 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
     return words, _pow2(max(words, 1)), _pow2(most)
 
 
-def _encode_launch(d: int, config: EncodeConfig | None, keys: bool) -> tuple[int, dict]:
-    """(rows per program, launch options). Defaults from the H200 sweep at 64k tokens x 16 heads, d=64:
-    16 rows for keys (octopus b=2 1.08 ms against 1.91-2.14 ms for 32-128 rows), 32 for values (0.186 ms,
-    all sizes within 20%). The CPU interpreter pays per op, not per element, so it takes 128."""
+def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "") -> tuple[int, dict]:
+    """(rows per program, launch options). Defaults from the H200 sweeps at 64k tokens x 16 heads, d=64
+    (benchmarks/sweep_encode.py, 2026-11-30): 64 rows for turboquant-mse keys (0.161 ms against 0.33 ms
+    at 16), 16 for the other key codecs (octopus b=2 1.51 ms against 1.66-4.9 ms for 32-64 rows), 32 for
+    the fallback values kernel. The CPU interpreter pays per op, not per element, so it takes 128."""
     cfg = config or EncodeConfig()
-    block_t = cfg.block_t or (128 if _interpreting() else (16 if keys or d > 64 else 32))
+    rows = (64 if codec == "turboquant-mse" else 16) if keys else (16 if d > 64 else 32)
+    block_t = cfg.block_t or (128 if _interpreting() else rows)
     return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
                      "enable_fp_fusion": False}
 
 
 def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
     """(groups per program, launch options) of the values kernel. `config.block_t` counts rows of d=64
-    (4 groups of 16): block_t rows = 4 * block_t groups of 16 channels."""
+    (4 groups of 16): block_t rows = 4 * block_t groups of 16 channels. Default 128 rows (the 2026-11-30
+    H200 sweep, values b=2 at 64k tokens x 16 heads: 0.070 ms = 56% of copy bandwidth; 32 rows 0.073)."""
     cfg = config or EncodeConfig()
-    rows = cfg.block_t or (64 if not _interpreting() else 128)
+    rows = cfg.block_t or 128
     return max(1, rows * 64 // group), {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
                                         "enable_fp_fusion": False}
 
@@ -119,7 +122,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = torch.zeros(1, device=dev, dtype=torch.float32)
     octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config, keys=True)
+    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
     lp = _octopus_lp(codec) if octo else 16
     native = k.dtype != torch.float32 and not _interpreting()
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](

@@ -9,6 +9,7 @@ import math
 import torch
 import triton.language as tl
 
+from .adc_ops import adc_limit, attention_adc
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
 from .flash_decode import _attn_fwd_kernel, _merge_kernel
 from .launch import _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count
@@ -37,6 +38,9 @@ class AttnConfig:
     the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee"
     (fp32 operands).
     Accumulation is fp32 always; block_m 1 runs fp32 FMAs whatever `operands` says.
+    score_tables: one query row per KV head with an octopus codec runs the table-lookup kernel
+    (adc_decode: per-query score tables, no key decode) unless this is False; there block_n is the keys
+    per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm as here.
     """
 
     block_m: int | None = None
@@ -48,6 +52,8 @@ class AttnConfig:
     operands: str | None = None
     split_min_keys: int | None = None
     window_split: bool | None = None
+    score_tables: bool | None = None
+    block_v: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -60,6 +66,7 @@ class AttnConfig:
             raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
         if self.operands not in (None, *OPERANDS):
             raise ValueError(f"operands must be one of {', '.join(OPERANDS)} or None, got {self.operands!r}")
+        _check_pow2("block_v", self.block_v, 8, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
@@ -123,19 +130,18 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     One query row (H200 sweep, benchmarks/results/kernels_2026-11-29.md, octopus b=2): no tensor cores,
     32 keys a step, 4 warps, word tiles, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
     against 1.81-3.94 ms for the 16-row tensor-core variants). A block of queries: up to 128 rows (64 at
-    d > 64), 64 keys a step; at 128 rows 8 warps and gathered codes. With 16-bit operands the compiled
-    sm_90 kernel (ptxas, octopus b=2, d=64, 128 rows x 64 keys) needs 220 registers and no spill at 8 warps
-    against 255 registers plus a 560-byte spill at 4 warps, and the key loop issues 932 instructions a warp
-    with gathered codes against 1051 with word tiles (the 2026-11-29 sweep: gathers 0.76 vs tiles 0.86 ms
-    at 8 warps). benchmarks/sweep_block_attention.py times these choices on the GPU.
+    d > 64), 64 keys a step, 4 warps, word tiles: the 2026-11-30 H200 sweep
+    (benchmarks/sweep_block_attention.py, octopus b=2, 16-bit operands) measured 0.322 ms at AAR B=64 and
+    2.45 ms at B=512 for this choice against 0.45 / 3.48 ms with 8 warps and gathered codes (which ptxas
+    prefers on paper: 220 registers and no spill against 255 and a 560-byte spill).
     """
     single = n_rows == 1
     block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
     block_n = cfg.block_n or (32 if single or d > 64 else 64)
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
-    num_warps = cfg.num_warps or (8 if block_m >= 128 else 4)
-    tile = cfg.tile_words if cfg.tile_words is not None else block_m < 128
+    num_warps = cfg.num_warps or 4
+    tile = cfg.tile_words if cfg.tile_words is not None else True
     programs = programs_bh * _cdiv(n_rows, block_m)
     want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
     num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
@@ -144,6 +150,18 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
         num_splits += 1  # its chunk starts past the store: the window alone
     return block_m, block_n, num_warps, tile, num_splits, chunk
+
+
+def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
+    """The single-query octopus path (adc_ops). Defaults from the H200 sweep at 128k keys, octopus b=2
+    (benchmarks/results/kernels_2026-11-30.md): d >= 128: 256 keys a score step, 64 a value step, 8 warps,
+    4 programs per SM (0.297 ms, 32 heads); d <= 64: 128 / 64, 4 warps, 8 programs per SM (0.121 ms, 16
+    heads)."""
+    wide = codec.head_dim >= 128
+    return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
+                         num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
+                         block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
+                         programs_per_sm=cfg.programs_per_sm or (4 if wide else 8))
 
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
@@ -185,6 +203,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     n_rows = grp * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     cfg = config or AttnConfig()
+    if cfg.score_tables is not False and adc_limit(codec, n_rows, t_win) is None:
+        return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
+                                cfg)
     block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
     if num_splits is not None:
         splits = max(1, min(int(num_splits), max(1, _cdiv(length, block_n))))

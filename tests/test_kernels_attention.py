@@ -114,8 +114,11 @@ def test_attention_matches_decoded_reference(name, bits, shape):
     assert_close(got, want, TOL[dtype])
 
 
-LAUNCHES = {"table-single-row-gathers": ("table", AttnConfig(block_m=1, block_n=32, tile_words=False)),
-            "unfold-tensor-cores-word-tiles": ("unfold", AttnConfig(block_m=16, block_n=32, tile_words=True))}
+LAUNCHES = {"table-single-row-gathers": ("table", AttnConfig(block_m=1, block_n=32, tile_words=False,
+                                                             score_tables=False)),
+            "unfold-tensor-cores-word-tiles": ("unfold", AttnConfig(block_m=16, block_n=32, tile_words=True,
+                                                                   score_tables=False)),
+            "score-tables": ("unfold", AttnConfig(block_n=64, block_v=16))}
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
