@@ -51,8 +51,9 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
                            H, inv_sqrt_d, qk_scale,
                            D: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, B_RHO: tl.constexpr,
                            FOLD_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr,
-                           HAS_QJL: tl.constexpr):
-    """One program per query row r (KV head h = r % H): the score tables of that row.
+                           HAS_QJL: tl.constexpr, TP: tl.constexpr):
+    """One program per (query row r, block of TP triplets) (KV head h = r % H): that part of the row's score
+    tables; the block-0 programs also write the QJL table.
 
     q_rot = R q = H_d (s_h * q) / sqrt(d); triplet i's components are q_rot[3i + c] (zero beyond d).
     T[r, i, e] = qk_scale * C_rho[e & mask] * (q_rot,i . D[e >> B_RHO]) when FOLD_RHO (e < 2^n), else
@@ -60,10 +61,11 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
     HAS_QJL: q_j = R' q_rot, S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1).
     """
     r = tl.program_id(0)
+    blk = tl.program_id(1)
     h = r % H
     k = tl.arange(0, D)
     qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
-    i = tl.arange(0, LP)
+    i = blk * TP + tl.arange(0, TP)
     live = i < L
     qx = _triplet_component(qs, had_ptr, k, i, 0, D)
     qy = _triplet_component(qs, had_ptr, k, i, 1, D)
@@ -83,21 +85,50 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
         t = qx[:, None] * dx[None, :] + qy[:, None] * dy[None, :] + qz[:, None] * dz[None, :]
         t = t * (rho * qk_scale)[None, :]
         tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
-    if HAS_QJL:
+    if HAS_QJL and blk == 0:
         # q_rot along the contraction axis, then q_j = H_d (s'_h * q_rot) / sqrt(d)
         hfull = tl.load(had_ptr + k[:, None] * D + k[None, :])
         q_rot = tl.sum(qs[:, None] * hfull, axis=0)
         qr = q_rot[:, None] * tl.load(qs_ptr + h * D + k)[:, None] * inv_sqrt_d
         p = tl.arange(0, D // 8)
-        e = tl.arange(0, 256)
+        byte = tl.arange(0, 256)
         s = tl.zeros((D // 8, 256), tl.float32)
         for bit in tl.static_range(8):
             col = 8 * p + bit
             hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
             qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
-            sgn = ((e >> bit) & 1).to(tl.float32) * 2.0 - 1.0
+            sgn = ((byte >> bit) & 1).to(tl.float32) * 2.0 - 1.0
             s += qj[:, None] * sgn[None, :]
-        tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + e[None, :], s * qk_scale)
+        tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
+
+
+@triton.jit
+def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    """out[r] = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), one program per row r, BLOCK_S splits a step
+    (flash_decode's merge with the splits, not the rows, across the threads: a few long rows here)."""
+    r = tl.program_id(0)
+    sp = tl.arange(0, BLOCK_S)
+    dcol = tl.arange(0, D)
+    m = tl.full((), float("-inf"), tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        ok = s0 + sp < n_splits
+        lse = tl.load(lse_ptr + (s0 + sp) * total_rows + r, mask=ok, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse, 0))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros((D,), tl.float32)
+    den = tl.zeros((), tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        ok = s0 + sp < n_splits
+        part = (s0 + sp) * total_rows + r
+        w = tl.exp2(tl.load(lse_ptr + part, mask=ok, other=float("-inf")) - m)
+        o = tl.load(opart_ptr + part[:, None] * D + dcol[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        den += tl.sum(w, 0)
+    o = acc / tl.where(den > 0, den, 1.0)
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        o = bf16_value(o)
+    tl.store(out_ptr + r * D + dcol, o.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit

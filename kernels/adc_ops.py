@@ -7,8 +7,7 @@ import math
 import torch
 import triton
 
-from .adc_decode import _adc_attn_kernel, _octopus_tables_kernel
-from .flash_decode import _merge_kernel
+from .adc_decode import _adc_attn_kernel, _merge_splits_kernel, _octopus_tables_kernel
 from .launch import _hadamard, _interpreting, _outside_autocast, _pow2, _sm_count
 from .spec import KernelCodec, PackedKeys, PackedValues
 
@@ -75,11 +74,12 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
     qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
     qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
-    _octopus_tables_kernel[(rows,)](
+    tp = 16
+    _octopus_tables_kernel[(rows, triton.cdiv(n_trip, tp))](
         q, codec.rotation_signs, qjl_signs, _hadamard(d, dev), codec.directions, codec.centroids, lut, qlut,
         h, 1.0 / math.sqrt(d), qk_scale,
         D=d, L=n_trip, LP=max(16, _pow2(n_trip)), B_RHO=codec.b_rho, FOLD_RHO=fold, N_ENTRIES=entries,
-        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, num_warps=4)
+        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
 
     if k_window is None or t_win == 0:
         k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
@@ -123,6 +123,6 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
         num_warps=nw)
     if not direct:
-        _merge_kernel[(triton.cdiv(rows, 32),)](opart, lse, out, rows, num_splits, D=d, BLOCK_R=32,
-                                                num_warps=4)
+        _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
+                                      BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
     return out

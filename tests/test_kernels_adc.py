@@ -125,3 +125,18 @@ def test_refuses_block_queries():
         "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
     with pytest.raises(ValueError, match="query rows"):
         adc_ops().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
+
+
+def test_many_splits_merge_in_steps():
+    """107 splits (16 keys each), more than one merge step holds (64): the merge loops over them."""
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=1700, window=1, d=64, dtype=torch.float32, seed=5)
+    want = naive.attention(q, keys, values, 1700, k_win, v_win, codec)
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
+                                  block_k=16, block_v=16)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
