@@ -74,19 +74,15 @@ def _triplet_hadamard(d: int, lp: int, device: torch.device) -> torch.Tensor:
     return out
 
 
-_DIR4: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _directions4(directions: torch.Tensor) -> torch.Tensor:
+def _directions4(codec: KernelCodec) -> torch.Tensor:
     """The octopus direction table [4^b_dir, 3] padded to [4^b_dir, 4] (one 16-byte load per direction),
-    cached per table (the entry holds the table, so its address is not reused while cached)."""
-    key = (directions.data_ptr(), str(directions.device), directions._version)
-    hit = _DIR4.get(key)
-    if hit is None or hit[0] is not directions:
-        if len(_DIR4) > 64:
-            _DIR4.clear()
-        hit = _DIR4[key] = (directions, torch.nn.functional.pad(directions, (0, 1)).contiguous())
-    return hit[1]
+    cached on the (frozen, per-device) codec. Not keyed on the tensor's version counter: inference tensors
+    (a generation under torch.inference_mode) have none."""
+    padded = codec.__dict__.get("_directions4")
+    if padded is None:
+        padded = torch.nn.functional.pad(codec.directions, (0, 1)).contiguous()
+        codec.__dict__["_directions4"] = padded
+    return padded
 
 
 @_outside_autocast
@@ -132,7 +128,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
         codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
         codec.centroids if codec.centroids is not None else dummy,
         codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
-        codec.xi_boundaries if octo else dummy, _directions4(codec.directions) if octo else dummy,
+        codec.xi_boundaries if octo else dummy, _directions4(codec) if octo else dummy,
         n_rows, t, h, 1.0 / math.sqrt(d),
         CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
         K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
