@@ -78,14 +78,13 @@ def tuning_jobs() -> dict[str, list[Job]]:
     from octopus_audio.kernels import AttnConfig, EncodeConfig
 
     aar = AttnShape("tune AAR B=64", 128, 16, 75, 380, 75, 64)
-    aar_cfgs = [AttnConfig(128, 64, 8, 1, tile_words=t) for t in (True, False)] + [
-        AttnConfig(64, 64, 4, 1), AttnConfig(64, 32, 4, 1), AttnConfig(128, 32, 8, 1),
-        AttnConfig(128, 64, 4, 1),
-        AttnConfig(128, 64, 8, 2)]
-    long_cfgs = [AttnConfig(16, 32, 4, 1, 8, t) for t in (True, False)] + [
-        AttnConfig(16, 64, 4, 1, 8), AttnConfig(16, 32, 8, 1, 8), AttnConfig(16, 64, 8, 1, 16),
-        AttnConfig(16, 32, 4, 1, 32), AttnConfig(1, 32, 4, 1, 8), AttnConfig(16, 16, 4, 1, 16),
-        AttnConfig(16, 32, 4, 2, 8)]
+    aar_cfgs = [AttnConfig(128, 64, 4, 1, tile_words=True), AttnConfig(128, 64, 8, 1, tile_words=False),
+                AttnConfig(128, 128, 8, 1, tile_words=False), AttnConfig(128, 128, 4, 1, tile_words=True),
+                AttnConfig(64, 64, 4, 1, tile_words=True), AttnConfig(64, 64, 4, 1, tile_words=False)]
+    # one query row: the score-table path (block_n = keys per score step, block_v per value step)
+    long_cfgs = [AttnConfig(block_n=bn, block_v=bv, num_warps=nw, programs_per_sm=pps)
+                 for bn, bv, nw, pps in ((128, 64, 4, 8), (256, 64, 8, 4), (128, 32, 4, 8), (256, 64, 8, 8),
+                                         (256, 32, 8, 4), (128, 64, 4, 4))]
     jobs = {"aar": [Job("attention", "octopus", 2, aar, config=c) for c in aar_cfgs]}
     for d, h in LONG_DIMS:
         shape = AttnShape(f"tune 1 q x 128k, d={d}", 1, h, 1, LONG_KEYS[-1] - 1, 1, d)
@@ -106,8 +105,10 @@ def plan(suite: str, codecs: list[str], bits: list[int], chosen: dict[str, objec
         for name in codecs:
             for b in bits:
                 jobs.append(Job("attention", name, b, shape, config=cfg))
-                if name == "octopus" and b == 2 and (suite == "quick" or shape.tq == 1):
+                if name == "octopus" and b == 2 and suite == "quick" and shape.tq > 1:
                     jobs.append(Job("attention", name, b, shape, directions="table", config=cfg))
+                if name == "octopus" and b == 2 and shape.tq == 1:  # the old path: keys decoded
+                    jobs.append(Job("attention", name, b, shape, directions="decoded"))
     for name in codecs:
         for b in bits:
             jobs.append(Job("encode-k", name, b, config=chosen.get("encode-k")))
@@ -176,6 +177,9 @@ def _ours_attention(job: Job, inputs):
     from octopus_audio.kernels import ops
 
     codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+    if job.directions == "decoded":  # flash_decode with the keys decoded in registers, not score tables
+        cfg = ops.AttnConfig(score_tables=False)
+        return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=cfg)
     return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc,
                                  octopus_directions=job.directions, config=job.config)
 
@@ -381,7 +385,8 @@ def table(rows: list[dict]) -> str:
             "| x vs decode+SDPA | MB moved | GB/s | of copy BW | rel err / exact |")
     lines = [head, "|" + " --- |" * 13]
     for r in rows:
-        codec = r["codec"] + (f" ({r['directions']})" if r.get("directions") == "table" else "")
+        label = {"table": " (table)", "decoded": " (decoded keys)"}.get(r.get("directions", ""), "")
+        codec = r["codec"] + label
         if "error" in r:
             lines.append(f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | error: {r['error'][:120]} |"
                          + " |" * 8)
