@@ -14,6 +14,8 @@ import json
 import time
 from pathlib import Path
 
+from octopus_audio.bench import _bench, copy_bandwidth
+
 TOKENS, HEADS, DIM = 64 * 1024, 16, 64
 BIG = (TOKENS, 32, 128)  # one codec also at d=128 x 32 heads
 KEY_JOBS = [("turboquant-mse", 2), ("turboquant-qjl", 2), ("polarquant", 2), ("octopus", 2), ("octopus", 3),
@@ -32,20 +34,6 @@ def _configs(full: bool):
     return [None, EncodeConfig(32, 4, 1)], [None, EncodeConfig(128, 4, 1)]
 
 
-def _bench(fn, rep_ms: float) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
-
-
-def copy_bandwidth(rep_ms: float) -> float:
-    """Device-to-device copy in GB/s, bytes read plus written (1 GiB copied), as octopus_audio/bench.py."""
-    import torch
-
-    src = torch.empty(2**29, dtype=torch.int16, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = _bench(lambda: dst.copy_(src), rep_ms)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
 def _nbytes(*tensors) -> int:

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from .adc_decode import _adc_attn_kernel, _merge_splits_kernel, _octopus_tables_kernel
-from .launch import _hadamard, _interpreting, _outside_autocast, _pow2, _sm_count
+from .launch import _hadamard, _interpreting, _outside_autocast, _pow2, _sm_count, split_buffers
 from .spec import KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -100,11 +100,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     num_splits = max(1, triton.cdiv(length, chunk))
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
     direct = num_splits == 1
-    if direct:
-        opart = lse = out
-    else:
-        opart = torch.empty(num_splits, rows, d, device=dev, dtype=torch.float32)
-        lse = torch.empty(num_splits, rows, device=dev, dtype=torch.float32)
+    opart, lse = split_buffers(out, num_splits, rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     v_words = values.codes.shape[-1]

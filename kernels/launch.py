@@ -79,3 +79,12 @@ def _interpreter_16bit_dot() -> None:
 
     create_dot.widens_16bit = True
     builder.create_dot = create_dot
+
+
+def split_buffers(out: torch.Tensor, splits: int, rows: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(opart [splits, rows, d], lse [splits, rows]) fp32 partial buffers of a split-K launch whose merge
+    writes `out`; a single split writes `out` directly and gets `out` for both (never read)."""
+    if splits == 1:
+        return out, out
+    return (torch.empty(splits, rows, d, device=out.device, dtype=torch.float32),
+            torch.empty(splits, rows, device=out.device, dtype=torch.float32))

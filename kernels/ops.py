@@ -12,7 +12,7 @@ import triton.language as tl
 from .adc_ops import adc_limit, attention_adc
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
 from .flash_decode import _attn_fwd_kernel, _merge_kernel
-from .launch import _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count
+from .launch import _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count, split_buffers
 from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -238,11 +238,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     total_rows = b * h * n_rows
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
     direct = splits == 1
-    if direct:
-        opart = lse = out
-    else:
-        opart = torch.empty(splits, total_rows, d, device=dev, dtype=torch.float32)
-        lse = torch.empty(splits, total_rows, device=dev, dtype=torch.float32)
+    opart, lse = split_buffers(out, splits, total_rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
