@@ -8,7 +8,7 @@ import torch
 import triton
 
 from .adc_decode import _adc_attn_kernel, _merge_splits_kernel, _octopus_tables_kernel
-from .launch import _hadamard, _interpreting, _outside_autocast, _pow2, _sm_count, split_buffers
+from .launch import _hadamard, _interpreting, _pow2, _sm_count, split_buffers
 from .spec import KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -41,7 +41,6 @@ def table_entries(codec: KernelCodec) -> tuple[int, bool]:
     return 4 ** codec.b_dir, False
 
 
-@_outside_autocast
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
