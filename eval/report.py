@@ -2,6 +2,11 @@
 
 Everything here is a function of the merged rows, the run's settings and the WAV files, so a resumed run
 writes the same report as an uninterrupted one (timings stay in rows.jsonl, not in the report).
+
+The sampling-floor row (codec `reference (other seed)`, see eval/runner.py) is listed first: its bits show as
+'-', and its teacher-forced and KV cells as '-' (empty in the CSV, null in results.json), because it has no
+codec, compresses nothing, and the unpatched model fed the reference's tokens is the reference itself. The
+metric plots draw its mean as a dashed horizontal line.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.runner import wav_name
+from octopus_audio.eval.runner import FLOOR, wav_name
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +55,33 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[tuple[str, int | None]]) -> l
         mine = [r for r in rows if r["codec"] == codec and r["bits"] == bits]
         ok = [r for r in mine if r["status"] == "ok"]
         group = {"codec": codec, "bits": bits, "clips_ok": len(ok), "clips_failed": len(mine) - len(ok),
-                 "metrics": {m.key: _stats([r["metrics"][m.key] for r in ok]) for m in METRICS}}
+                 "metrics": {m.key: _stats([r["metrics"][m.key] for r in ok
+                                            if r["metrics"].get(m.key) is not None]) for m in METRICS}}
         for key, _ in KV_FIELDS:
             group[key] = _stats([r["kv"][key] for r in ok if r["kv"] and r["kv"].get(key) is not None])
         groups.append(group)
     return groups
 
 
-def _bits_label(bits: int | None) -> str:
+def _bits_label(codec: str, bits: int | None) -> str:
+    if codec == FLOOR:
+        return "-"
     return "native" if bits is None else str(bits)
 
 
 def _job_label(codec: str, bits: int | None) -> str:
+    if codec == FLOOR:
+        return FLOOR
     return f"{codec} (native)" if bits is None else f"{codec} b{bits}"
+
+
+def _floor_text(meta: dict) -> str:
+    return (f"`{FLOOR}` is the sampling floor: the uncompressed model sampled with seed "
+            f"{meta.get('floor_seed')} against the uncompressed reference (seed {meta.get('seed')}), "
+            "with the same sampled-output metrics. It shows how far two samples of the same model lie "
+            "apart: a codec whose LSD, log-mel MSE, SNR and latent cosine are near this row's is within "
+            "sampling noise of the reference. Its teacher-forced and KV cells are '-': the unpatched "
+            "model fed the reference's tokens is the reference itself, and nothing is compressed.")
 
 
 def table_markdown(groups: list[dict], meta: dict) -> str:
@@ -79,10 +98,12 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
              "next-token distributions are compared with the reference's (top-1: fraction of positions "
              "whose most likely token is the same, higher is better; KL(reference || codec) in nats per "
              "token, lower is better), which isolates the codec's error from the divergence of sampling "
-             "after one flipped token.", "",
-             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+             "after one flipped token.", ""]
+    if any(g["codec"] == FLOOR for g in groups):
+        lines += [_floor_text(meta), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for g in groups:
-        cells = [g["codec"], _bits_label(g["bits"]),
+        cells = [g["codec"], _bits_label(g["codec"], g["bits"]),
                  f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
         for m in METRICS:
             s = g["metrics"][m.key]
@@ -110,13 +131,15 @@ def table_csv(groups: list[dict]) -> str:
 
 
 def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
-    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only)."""
+    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only); the
+    sampling floor's mean, where it has the metric, as a dashed horizontal line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     plots_dir.mkdir(parents=True, exist_ok=True)
     names = []
     codecs = list(dict.fromkeys(g["codec"] for g in groups if g["bits"] is not None))
+    floor = next((g for g in groups if g["codec"] == FLOOR), None)
     for m in METRICS:
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
@@ -132,6 +155,10 @@ def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
             err = np.array([[p[1]["mean"] - p[1]["min"] for p in pts],
                             [p[1]["max"] - p[1]["mean"] for p in pts]])
             ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=codec)
+            drawn = True
+        if floor is not None and floor["metrics"][m.key] is not None:
+            ax.axhline(floor["metrics"][m.key]["mean"], color="0.3", linestyle="--", linewidth=1,
+                       label=f"{FLOOR} (mean)")
             drawn = True
         ax.set_xlabel("bits per coordinate (nominal)")
         ax.set_ylabel(m.label)
@@ -203,7 +230,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
                + "".join(f"<th>{html.escape(m.label)} mean [min, max]</th>" for m in METRICS)
                + "".join(f"<th>{html.escape(lbl)}</th>" for _, lbl in KV_FIELDS) + "</tr>"]
     for g in groups:
-        cells = [g["codec"], _bits_label(g["bits"]), f"{g['clips_ok']} ok, {g['clips_failed']} failed"]
+        cells = [g["codec"], _bits_label(g["codec"], g["bits"]),
+                 f"{g['clips_ok']} ok, {g['clips_failed']} failed"]
         for m in METRICS:
             s = g["metrics"][m.key]
             cells.append("-" if s is None else
@@ -231,8 +259,12 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
                 continue
             mt = row["metrics"]
             note = (f"LSD {_fmt('lsd_db', mt['lsd_db'])} dB, SNR {_fmt('snr_db', mt['snr_db'])} dB, "
-                    f"cos {_fmt('latent_cos', mt['latent_cos'])}; TF top-1 {_fmt('tf_top1', mt['tf_top1'])}, "
-                    f"KL {_fmt('tf_kl_nats', mt['tf_kl_nats'])}")
+                    f"cos {_fmt('latent_cos', mt['latent_cos'])}")
+            if mt.get("tf_top1") is not None:
+                note += (f"; TF top-1 {_fmt('tf_top1', mt['tf_top1'])}, "
+                         f"KL {_fmt('tf_kl_nats', mt['tf_kl_nats'])}")
+            elif codec == FLOOR:
+                note += f" (seed {row.get('seed', meta.get('floor_seed'))})"
             cells.append("<td>" + _cell(label, name, name[:-4] + ".png", out_dir, note) + "</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p)}'>" for p in plots)
@@ -242,6 +274,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
             "<a href='table.md'>table.md</a>, <a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
             "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
             "model fed the reference's tokens): top-1 agreement and KL in nats per token.</p>\n"
+            + (f"<p>{html.escape(_floor_text(meta).replace('`', ''))}</p>\n"
+               if any(g["codec"] == FLOOR for g in groups) else "")
             + "\n".join(summary) + f"\n<div class='plots'>{plot_imgs}</div>\n"
             "<div class='clips'><table>" + head + "\n" + "\n".join(body) + "</table></div>\n</body></html>\n")
 

@@ -6,6 +6,13 @@ generate is recorded with its error and the run goes on. Under `torchrun` the cl
 processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
 writes the report.
 
+Unless turned off (`EvalConfig.floor`, `--no-floor`), each clip also gets one "sampling floor" row, codec
+`reference (other seed)`: the uncompressed model generated once more with the seed `floor_seed(seed)` (the
+run's seed + 1; the model seeds one generator once per generation, so the two draws are independent), and
+its sampled-output metrics against the reference. It shows how far two samples of the same uncompressed model
+lie apart, the yardstick for the codec rows' sampled metrics. It has no teacher-forced metrics (the unpatched
+model on the reference's tokens is the reference itself) and no KV numbers (nothing is compressed).
+
 Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
 (eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
 distributions are compared with the reference's on the same inputs, free of sampling divergence. The
@@ -44,6 +51,13 @@ DESIGN_CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octo
 ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 SETTINGS_FILE = "settings.json"
+FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
+FLOOR_SEED_OFFSET = 1
+
+
+def floor_seed(seed: int) -> int:
+    """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
+    return seed + FLOOR_SEED_OFFSET
 
 
 def codec_names() -> tuple[str, ...]:
@@ -56,7 +70,8 @@ def codec_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch)."""
+    """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch);
+    `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`)."""
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
@@ -67,6 +82,7 @@ class EvalConfig:
     window: int = 1
     v_group: int = 16
     patch_seed: int = 0
+    floor: bool = True
 
     def __post_init__(self) -> None:
         known = codec_names()
@@ -85,7 +101,7 @@ class EvalConfig:
             from octopus_audio.codecs import SUPPORTED_BITS, get_codec
 
             for c, b in self.jobs():
-                if c != "none":
+                if c not in ("none", FLOOR):
                     try:  # the codec's own validation, before any clip is generated
                         get_codec(c, b, 64)
                     except ValueError as e:
@@ -93,6 +109,8 @@ class EvalConfig:
                                          f"(it takes {SUPPORTED_BITS[c]})") from e
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        if not isinstance(self.floor, bool):
+            raise UsageError(f"floor must be True or False, got {self.floor!r}")
         if not math.isfinite(self.cfg):
             raise UsageError(f"--cfg must be a finite number, got {self.cfg!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -101,16 +119,18 @@ class EvalConfig:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
 
     def jobs(self) -> list[tuple[str, int | None]]:
-        """(codec, bits) pairs in report order; `none` gets bits None."""
-        out: list[tuple[str, int | None]] = []
+        """(codec, bits) pairs in report order: the sampling floor (FLOOR, None) first when on, then the
+        codecs; `none` gets bits None."""
+        out: list[tuple[str, int | None]] = [(FLOOR, None)] if self.floor else []
         for c in self.codecs:
             out.extend([(c, None)] if c == "none" else [(c, b) for b in self.bits])
         return out
 
     def identity(self) -> dict:
-        """The settings that must match for a rerun to reuse earlier rows (codecs and bits may change)."""
+        """The settings that must match for a rerun to reuse earlier rows (codecs, bits and the floor may
+        change: a rerun adds the missing rows)."""
         d = asdict(self)
-        del d["codecs"], d["bits"]
+        del d["codecs"], d["bits"], d["floor"]
         return d
 
 
@@ -269,9 +289,12 @@ def row_key(row: dict) -> tuple[str, str, int | None]:
 
 
 def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
-    """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__<codec>_b<bits>.wav`: sorting together."""
+    """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
+    `<clip>__<codec>_b<bits>.wav`: sorting together."""
     if codec in ("input", "reference"):
         return f"{clip_id}__00_{codec}.wav"
+    if codec == FLOOR:
+        return f"{clip_id}__00_reference_other_seed.wav"
     return f"{clip_id}__{codec}.wav" if bits is None else f"{clip_id}__{codec}_b{bits}.wav"
 
 
@@ -385,7 +408,8 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
     """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row.
 
     An ok row records its wall time (`seconds`, generation + teacher forcing + metrics) and the intra-op
-    thread count it ran with (`threads`); neither reaches the report.
+    thread count it ran with (`threads`); neither reaches the report. Every row records the sampling seed of
+    its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row.
     """
     import torch
 
@@ -393,11 +417,15 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
 
     base = {"clip": ref.clip_id, "origin": ref.origin}
 
+    def seed_of(codec: str) -> int:
+        return floor_seed(config.seed) if codec == FLOOR else config.seed
+
     def fail(jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", ref.clip_id, stage, _error_text(e))
         for codec, bits in jobs:
-            emit({**base, "codec": codec, "bits": bits, "status": "error", "stage": stage,
-                  "error": _error_text(e), "metrics": None, "kv": None, "seconds": None, "threads": None})
+            emit({**base, "codec": codec, "bits": bits, "seed": seed_of(codec), "status": "error",
+                  "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
+                  "threads": None})
 
     try:
         clip = decode(ref)
@@ -415,6 +443,11 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
         reference = _reference(out_dir, ref, cond_D, backend, config.seed)
     except Exception as e:
         return fail(todo, "reference", e)
+    if (FLOOR, None) in todo:
+        _floor(ref, out_dir, config, backend, cond_D, reference, base, emit, fail)
+    todo = [job for job in todo if job != (FLOOR, None)]
+    if not todo:
+        return None
     try:  # the unpatched model on the reference's own tokens: what every codec is compared with
         probs_ref = backend.teacher_forced(cond_D, reference.tokens)
     except Exception as e:
@@ -439,9 +472,33 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
             fail([(codec, bits)], "metrics", e)
             continue
         write_wav(out_dir / "wav" / wav_name(ref.clip_id, codec, bits), out.audio, backend.sample_rate)
-        emit({**base, "codec": codec, "bits": bits, "status": "ok", "stage": None, "error": None,
-              "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3),
+        emit({**base, "codec": codec, "bits": bits, "seed": config.seed, "status": "ok", "stage": None,
+              "error": None, "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3),
               "threads": torch.get_num_threads()})
+
+
+def _floor(ref: ClipRef, out_dir: Path, config: EvalConfig, backend: Backend, cond_D: np.ndarray,
+           reference: Generated, base: dict, emit: Callable[[dict], None], fail: Callable) -> None:
+    """The sampling-floor row: the uncompressed model (no patch) at `floor_seed(seed)`, its sampled-output
+    metrics against the reference; no teacher-forced metrics and no KV numbers (see the module docstring)."""
+    import torch
+
+    start = time.perf_counter()
+    seed = floor_seed(config.seed)
+    try:
+        other = _as_generated(backend.generate(cond_D, seed))
+    except Exception as e:
+        return fail([(FLOOR, None)], "generate", e)
+    try:
+        metrics = compute_metrics(reference.audio, other.audio, reference.fhat, other.fhat,
+                                  backend.sample_rate)
+    except Exception as e:
+        return fail([(FLOOR, None)], "metrics", e)
+    write_wav(out_dir / "wav" / wav_name(ref.clip_id, FLOOR, None), other.audio, backend.sample_rate)
+    emit({**base, "codec": FLOOR, "bits": None, "seed": seed, "status": "ok", "stage": None, "error": None,
+          "metrics": metrics, "kv": None, "seconds": round(time.perf_counter() - start, 3),
+          "threads": torch.get_num_threads()})
+    return None
 
 
 # distributed ---------------------------------------------------------------------------------------------
@@ -615,4 +672,6 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: 
             f.write(json.dumps(row, sort_keys=True) + "\n")
     os.replace(tmp, out_dir / MERGED_ROWS)
     clips = [{"clip": r.clip_id, "origin": r.origin} for r in refs]
+    if (FLOOR, None) in jobs:
+        meta = {**meta, "floor_seed": floor_seed(settings["seed"])}
     return report.write_report(out_dir, rows, clips, jobs, {**settings, **meta})

@@ -71,7 +71,8 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     assert "TF top-1 agreement" in printed
 
     names = sorted(p.name for p in (out / "wav").iterdir())
-    assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav", "misc_crow__none.wav",
+    assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav",
+                     "misc_crow__00_reference_other_seed.wav", "misc_crow__none.wav",
                      "misc_crow__octopus_b2.wav"]
     info = sf.info(out / "wav" / "misc_crow__octopus_b2.wav")
     assert (info.samplerate, info.frames) == (24000, 24000)
@@ -86,6 +87,23 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     np.testing.assert_array_equal(gen.audio[0, 0].numpy(), saved["audio"])
     np.testing.assert_array_equal(torch.cat(gen.tokens, dim=1)[0].numpy(), saved["tokens"])
     assert saved["token_sizes"].tolist() == [t.shape[1] for t in gen.tokens]
+
+    # the sampling floor: the same model at seed 42 + 1, the sampled metrics against the reference
+    from octopus_audio.eval.latent import latent_cosine
+    from octopus_audio.eval.lsd import lsd_db
+    from octopus_audio.eval.snr import snr_db
+
+    with torch.inference_mode():
+        other = aar_patch.generate(pipe, torch.from_numpy(saved["cond"])[None], cfg=4.0, top_k=200,
+                                   top_p=0.95, seed=43)
+    floor = groups[("reference (other seed)", None)]
+    assert results["meta"]["floor_seed"] == 43 and floor["clips_ok"] == 1 and floor["ratio"] is None
+    a, b = gen.audio[0, 0].numpy(), other.audio[0, 0].numpy()
+    assert floor["metrics"]["lsd_db"]["mean"] == pytest.approx(lsd_db(a, b), rel=1e-9)
+    assert floor["metrics"]["snr_db"]["mean"] == pytest.approx(snr_db(a, b), rel=1e-9)
+    assert floor["metrics"]["latent_cos"]["mean"] == pytest.approx(
+        latent_cosine(gen.fhat[0].numpy(), other.fhat[0].numpy()), rel=1e-9)
+    assert floor["metrics"]["tf_kl_nats"] is None
 
     # rerunning the same command has nothing left to do and rewrites the same report
     before = (out / "results.json").read_text()

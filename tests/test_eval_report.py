@@ -36,15 +36,16 @@ def test_tables_agree_with_the_rows(report_dir):
     assert (meta["model"], meta["conditioner"], meta["seed"]) == ("fake-aar", "fake-cond", 3)
     assert meta["clip_count"] == 3
     table = list(csv.DictReader(io.StringIO((report_dir / "table.csv").read_text())))
-    assert [(r["codec"], r["bits"]) for r in table] == [("none", ""), ("octopus", "2"), ("octopus", "4"),
-                                                        ("turboquant-mse", "2"), ("turboquant-mse", "4")]
+    assert [(r["codec"], r["bits"]) for r in table] == [
+        ("reference (other seed)", ""), ("none", ""), ("octopus", "2"), ("octopus", "4"),
+        ("turboquant-mse", "2"), ("turboquant-mse", "4")]
     for line in table:
         bits = int(line["bits"]) if line["bits"] else None
         ok = [r for r in rows if r["codec"] == line["codec"] and r["bits"] == bits and r["status"] == "ok"]
         assert int(line["clips_ok"]) == len(ok)
         assert int(line["clips_failed"]) == 3 - len(ok)
         for key in METRIC_KEYS:
-            values = np.array([r["metrics"][key] for r in ok])
+            values = np.array([r["metrics"][key] for r in ok if key in r["metrics"]])
             if len(values) == 0:
                 assert line[f"{key}_mean"] == ""
                 continue
@@ -61,7 +62,7 @@ def test_tables_agree_with_the_rows(report_dir):
             "0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
     assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
-    assert len(results["failures"]) == 5 + 2  # the broken clip's 5 rows, octopus b4 on 2 clips
+    assert len(results["failures"]) == 6 + 2  # the broken clip's 6 rows, octopus b4 on 2 clips
     for name in METRIC_KEYS:
         assert (report_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -70,7 +71,8 @@ def test_wav_names_sort_together_per_clip(report_dir):
     names = sorted(p.name for p in (report_dir / "wav").iterdir())
     clips = [n.split("__")[0] for n in names]
     assert clips == sorted(clips) and set(clips) == {"clip0", "clip1"}
-    assert names[:2] == ["clip0__00_input.wav", "clip0__00_reference.wav"]
+    assert names[:3] == ["clip0__00_input.wav", "clip0__00_reference.wav",
+                         "clip0__00_reference_other_seed.wav"]
     assert "clip0__octopus_b2.wav" in names and "clip0__octopus_b4.wav" not in names  # that row failed
 
 
@@ -204,11 +206,12 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     print(f"\nlistening-page screenshot: {shot}")
     assert found["errors"] == []
     images = found["images"]
-    assert len(images) == len(METRIC_KEYS) + 2 * 6 and all(i["ok"] for i in images), images
-    assert len(found["audio"]) == 2 * 6 and all(a["ok"] for a in found["audio"]), found["audio"]
+    assert len(images) == len(METRIC_KEYS) + 2 * 7 and all(i["ok"] for i in images), images
+    assert len(found["audio"]) == 2 * 7 and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
     assert durations["wav/clip0__00_input.wav"] == pytest.approx(10.0)
     assert durations["wav/clip1__turboquant-mse_b4.wav"] == pytest.approx(0.25)
+    assert durations["wav/clip1__00_reference_other_seed.wav"] == pytest.approx(0.25)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "injected generation failure" in page.read_text()
     assert "cos 1.0000; TF top-1 1.0000, KL 0.00000" in page.read_text()  # a codec-none cell

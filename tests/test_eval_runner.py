@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from octopus_audio.errors import UsageError
-from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate, kv_summary
+from octopus_audio.eval.runner import FLOOR, AARBackend, EvalConfig, LazyBackend, evaluate, kv_summary
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -157,17 +157,19 @@ def report_files(out: Path) -> dict:
 
 def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
     clips = make_clips(tmp_path / "clips")
-    n_jobs = 1 + 2 * len(BITS)  # none + two codecs x two widths
+    n_jobs = 2 + 2 * len(BITS)  # the sampling floor + none + two codecs x two widths
     run_fake(clips, tmp_path / "full")
     full = report_files(tmp_path / "full")
     assert len(full["rows"]) == 4 * n_jobs
 
-    # generation 9 raises KeyboardInterrupt: clip0 done (6 generations), clip1 part way
+    # generation 9 raises KeyboardInterrupt: clip0 done (7 generations: reference, floor, 5 jobs), clip1's
+    # reference is generation 8 and its floor generation 9
     with pytest.raises(KeyboardInterrupt):
         run_fake(clips, tmp_path / "resumed", pipe=FakePipe(interrupt_at=9))
     log = tmp_path / "resumed" / "rows" / "rank0.jsonl"
     first = log.read_text().splitlines()
     assert 0 < len(first) < 4 * n_jobs
+    assert [json.loads(line)["clip"] for line in first if FLOOR in line] == ["clip0"]
     with open(log, "a") as f:  # a row torn by a kill in the middle of a write
         f.write('{"clip": "clip1", "codec": "octo')
     pipe = FakePipe()
@@ -175,6 +177,7 @@ def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     keys = [(r["clip"], r["codec"], r["bits"]) for r in rows]
     assert len(keys) == len(set(keys)) == 4 * n_jobs  # nothing lost, nothing twice, torn line gone
+    assert sorted(c for c, codec, _ in keys if codec == FLOOR) == [f"clip{i}" for i in range(4)]
     assert log.read_text().splitlines()[: len(first)] == first
     remaining = 4 * n_jobs - len(first)
     assert pipe.calls <= remaining + 2  # only the missing rows (+ references not saved yet) were generated
@@ -192,17 +195,17 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     results = run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     broken = [r for r in rows if r["clip"] == "clip_broken"]
-    assert len(broken) == 5 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
+    assert len(broken) == 6 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
     failed_gen = [r for r in rows if r["status"] == "error" and r["stage"] == "generate"]
     assert {(r["clip"], r["codec"], r["bits"]) for r in failed_gen} == {("clip0", "octopus", 4),
                                                                         ("clip1", "octopus", 4)}
     assert all("injected generation failure" in r["error"] and r["metrics"] is None for r in failed_gen)
     ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) == 2 * 5 - 2
+    assert len(ok) == 2 * 6 - 2
     groups = {(g["codec"], g["bits"]): g for g in results["groups"]}
     assert groups[("octopus", 4)]["clips_ok"] == 0 and groups[("octopus", 4)]["metrics"]["snr_db"] is None
     assert groups[("octopus", 2)]["clips_ok"] == 2 and groups[("octopus", 2)]["clips_failed"] == 1
-    assert len(results["failures"]) == 5 + 2
+    assert len(results["failures"]) == 6 + 2
     # the codec-none row went through the patch and matches the reference exactly
     assert groups[("none", None)]["metrics"]["snr_db"] == {"min": 120.0, "mean": 120.0, "max": 120.0}
     # more bits, less damage: the fake's noise halves per bit (SNR +6 dB per bit)
@@ -212,6 +215,9 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     assert "octopus" in (tmp_path / "out" / "table.md").read_text()
     # teacher-forced fidelity: exact through the patch with codec none, finite and in range otherwise
     for r in ok:
+        if r["codec"] == FLOOR:  # no teacher-forced metrics (see test_eval_floor.py)
+            assert "tf_top1" not in r["metrics"] and "tf_kl_nats" not in r["metrics"]
+            continue
         top1, kl = r["metrics"]["tf_top1"], r["metrics"]["tf_kl_nats"]
         if r["codec"] == "none":
             assert (top1, kl) == (1.0, 0.0)
@@ -226,7 +232,7 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     # a rerun retries the failures (they fail again) and keeps one merged row per key
     run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * 5
+    assert len(rows) == 3 * 6
 
 
 def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
@@ -255,7 +261,7 @@ def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         run_fake(clips, tmp_path / "out", pipe=pipe)
     assert "has no tokens" in caplog.text
-    assert pipe.calls == 1 + 5 and len(pipe.forced) == 6
+    assert pipe.calls == 1 + 6 and len(pipe.forced) == 6  # reference, floor, five codec jobs
     with np.load(path) as saved:
         assert tuple(saved["tokens"].tolist()) == refs["clip1"]
     assert report_files(tmp_path / "out") == before
@@ -276,7 +282,8 @@ def test_resuming_with_another_thread_count_warns(tmp_path, caplog):
     finally:
         torch.set_num_threads(threads)
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
-    assert [(r["bits"], r["threads"]) for r in rows] == [(2, 1), (3, 2)]
+    assert [(r["codec"], r["bits"], r["threads"]) for r in rows] == [(FLOOR, None, 1), ("octopus", 2, 1),
+                                                                      ("octopus", 3, 2)]
 
 
 def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
@@ -292,7 +299,8 @@ def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=broken_teacher_forced)
     evaluate(list_folder(clips, n=1, seed=0), tmp_path / "out", cfg, lambda device: backend,
              FakeConditioner(), progress=False)
-    (row,) = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    floor, row = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert (floor["codec"], floor["status"]) == (FLOOR, "ok")  # the floor needs no teacher forcing
     assert (row["status"], row["stage"]) == ("error", "fidelity")
     assert "injected fidelity failure" in row["error"]
 
@@ -304,7 +312,7 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
         run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("octopus",), bits=(2,), seed=4))
     # more codecs or bits with the same settings extend the run
     run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus", "polarquant"), bits=(2, 3)))
-    assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 1 + 4  # the floor + 4
 
 
 def test_codecs_other_than_none_need_the_patch(monkeypatch):
@@ -380,5 +388,5 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     shards = sorted(p.name for p in (tmp_path / "two" / "rows").iterdir())
     assert shards == ["rank0.jsonl", "rank1.jsonl"]
     per_rank = [len((tmp_path / "two" / "rows" / s).read_text().splitlines()) for s in shards]
-    assert per_rank == [3 * 5, 2 * 5]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1
+    assert per_rank == [3 * 6, 2 * 6]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1 (6 rows: floor + 5 jobs)
     assert report_files(tmp_path / "two") == report_files(tmp_path / "one")
