@@ -78,10 +78,11 @@ def _job_label(codec: str, bits: int | None) -> str:
 def _floor_text(meta: dict) -> str:
     return (f"`{FLOOR}` is the sampling floor: the uncompressed model sampled with seed "
             f"{meta.get('floor_seed')} against the uncompressed reference (seed {meta.get('seed')}), "
-            "with the same sampled-output metrics. It shows how far two samples of the same model lie "
-            "apart: a codec whose LSD, log-mel MSE, SNR and latent cosine are near this row's is within "
-            "sampling noise of the reference. Its teacher-forced and KV cells are '-': the unpatched "
-            "model fed the reference's tokens is the reference itself, and nothing is compressed.")
+            "with the same sampled-output metrics: how far two independent samples of the same model lie "
+            "apart. The codec rows use the reference's seed, so their draws agree with it until the first "
+            "flipped token and usually lie nearer than this row; a codec row at or beyond it is as far "
+            "from the reference as an unrelated sample. Its teacher-forced and KV cells are '-': the "
+            "unpatched model fed the reference's tokens is the reference itself, and nothing is compressed.")
 
 
 def table_markdown(groups: list[dict], meta: dict) -> str:

@@ -9,9 +9,11 @@ writes the report.
 Unless turned off (`EvalConfig.floor`, `--no-floor`), each clip also gets one "sampling floor" row, codec
 `reference (other seed)`: the uncompressed model generated once more with the seed `floor_seed(seed)` (the
 run's seed + 1; the model seeds one generator once per generation, so the two draws are independent), and
-its sampled-output metrics against the reference. It shows how far two samples of the same uncompressed model
-lie apart, the yardstick for the codec rows' sampled metrics. It has no teacher-forced metrics (the unpatched
-model on the reference's tokens is the reference itself) and no KV numbers (nothing is compressed).
+its sampled-output metrics against the reference: how far two independent samples of the same uncompressed
+model lie apart. (The codec rows share the reference's seed, so they agree with it until a flipped token and
+usually lie nearer; a codec row as far as the floor has kept nothing of the reference's sample.) It has no
+teacher-forced metrics (the unpatched model on the reference's tokens is the reference itself) and no KV
+numbers (nothing is compressed).
 
 Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
 (eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
