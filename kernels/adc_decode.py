@@ -25,7 +25,8 @@ channels for the values) with few registers and no per-block cross-thread reduct
 import triton
 import triton.language as tl
 
-from .bits import bf16_value, cut_codes
+from .bits import cut_codes
+from .flash_decode import _store_out
 
 
 @triton.jit
@@ -40,7 +41,7 @@ def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
 
 @triton.jit
 def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
-    """q_rot[3i + C] for the triplets i [LP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
+    """q_rot[3i + C] for the triplets i [TP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
     col = 3 * i + C
     hk = tl.load(had_ptr + k[:, None] * D + col[None, :], mask=(col < D)[None, :], other=0.0)
     return tl.sum(qs[:, None] * hk, axis=0)
@@ -49,7 +50,7 @@ def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
 @triton.jit
 def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut_ptr, qlut_ptr,
                            H, inv_sqrt_d, qk_scale,
-                           D: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, B_RHO: tl.constexpr,
+                           D: tl.constexpr, L: tl.constexpr, B_RHO: tl.constexpr,
                            FOLD_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr,
                            HAS_QJL: tl.constexpr, TP: tl.constexpr):
     """One program per (query row r, block of TP triplets) (KV head h = r % H): that part of the row's score
@@ -125,10 +126,7 @@ def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: t
         o = tl.load(opart_ptr + part[:, None] * D + dcol[None, :], mask=ok[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, axis=0)
         den += tl.sum(w, 0)
-    o = acc / tl.where(den > 0, den, 1.0)
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        o = bf16_value(o)
-    tl.store(out_ptr + r * D + dcol, o.to(out_ptr.dtype.element_ty))
+    _store_out(out_ptr + r * D + dcol, acc / tl.where(den > 0, den, 1.0), None)
 
 
 @triton.jit
@@ -342,9 +340,7 @@ def _adc_attn_kernel(
 
     o = tl.reshape(acc, (D,)) / tl.where(l_i > 0, l_i, 1.0)
     if DIRECT:
-        if out_ptr.dtype.element_ty == tl.bfloat16:
-            o = bf16_value(o)
-        tl.store(out_ptr + r * D + dcol, o.to(out_ptr.dtype.element_ty))
+        _store_out(out_ptr + r * D + dcol, o, None)
     else:
         part = pid_s * total_rows + r
         tl.store(opart_ptr + part * D + dcol, o)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from .adc_decode import _adc_attn_kernel, _merge_splits_kernel, _octopus_tables_kernel
-from .launch import _hadamard, _interpreting, _pow2, _sm_count, split_buffers
+from .launch import _cdiv, _hadamard, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
 from .spec import KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -74,10 +73,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
     qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
     tp = 16
-    _octopus_tables_kernel[(rows, triton.cdiv(n_trip, tp))](
+    _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
         q, codec.rotation_signs, qjl_signs, _hadamard(d, dev), codec.directions, codec.centroids, lut, qlut,
         h, 1.0 / math.sqrt(d), qk_scale,
-        D=d, L=n_trip, LP=max(16, _pow2(n_trip)), B_RHO=codec.b_rho, FOLD_RHO=fold, N_ENTRIES=entries,
+        D=d, L=n_trip, B_RHO=codec.b_rho, FOLD_RHO=fold, N_ENTRIES=entries,
         CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
 
     if k_window is None or t_win == 0:
@@ -92,11 +91,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
     if num_splits is None:
-        want = triton.cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
-        num_splits = max(1, min(want, triton.cdiv(length, 4 * step)))
-    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(length, step))))
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), num_splits), step) * step
-    num_splits = max(1, triton.cdiv(length, chunk))
+        want = _cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
+        num_splits = max(1, min(want, _cdiv(length, 4 * step)))
+    num_splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, step))), step)
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
     direct = num_splits == 1
     opart, lse = split_buffers(out, num_splits, rows, d)

@@ -88,3 +88,16 @@ def split_buffers(out: torch.Tensor, splits: int, rows: int, d: int) -> tuple[to
         return out, out
     return (torch.empty(splits, rows, d, device=out.device, dtype=torch.float32),
             torch.empty(splits, rows, device=out.device, dtype=torch.float32))
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (triton.cdiv is a jit function: microseconds a call from Python)."""
+    return -(-a // b)
+
+
+def split_chunk(length: int, splits: int, step: int) -> tuple[int, int]:
+    """(splits, chunk) of a split-K launch over `length` keys asking for `splits`: chunks are whole steps
+    of `step` keys, and no split is left empty (at least one split, even for length 0)."""
+    chunk = _cdiv(_cdiv(max(length, 1), max(1, splits)), step) * step
+    return max(1, _cdiv(length, chunk)), chunk
+

@@ -12,7 +12,7 @@ import triton.language as tl
 from .adc_ops import adc_limit, attention_adc
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
 from .flash_decode import _attn_fwd_kernel, _merge_kernel
-from .launch import _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count, split_buffers
+from .launch import _cdiv, _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count, split_buffers, split_chunk
 from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -69,11 +69,6 @@ class AttnConfig:
         _check_pow2("block_v", self.block_v, 8, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for ints (triton.cdiv is a jit function: microseconds a call from Python)."""
-    return -(-a // b)
 
 
 def _key_tables(codec: KernelCodec, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,8 +140,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     programs = programs_bh * _cdiv(n_rows, block_m)
     want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
     num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
-    chunk = _cdiv(_cdiv(max(length, 1), num_splits), block_n) * block_n
-    num_splits = max(1, _cdiv(length, chunk))
+    num_splits, chunk = split_chunk(length, num_splits, block_n)
     if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
         num_splits += 1  # its chunk starts past the store: the window alone
     return block_m, block_n, num_warps, tile, num_splits, chunk
@@ -208,9 +202,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
                                 cfg)
     block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
     if num_splits is not None:
-        splits = max(1, min(int(num_splits), max(1, _cdiv(length, block_n))))
-        chunk = _cdiv(_cdiv(max(length, 1), splits), block_n) * block_n
-        splits = max(1, _cdiv(length, chunk))
+        splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
 
     # operands: 16-bit queries project exactly in their own dtype (the map is small integers); fp32 in IEEE
     use_dot = block_m >= 16
