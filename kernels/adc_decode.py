@@ -17,9 +17,11 @@ channels for the values) with few registers and no per-block cross-thread reduct
    compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
-   min_ng) accumulated elementwise per thread and reduced once at the end; a channel costs one shift, one
-   bit-or, one subtract and one FMA (int -> float by the exponent trick `(c | 0x4B000000) - 2^23`, exact
-   for c < 2^23).
+   min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values at 1/2/4/8 bits
+   (VALUES=1, _values_in_place): a channel costs one mask and one FMA, the code masked where it lies read
+   as an fp32 subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop;
+   VALUES=0 (the first version, kept to compare on the GPU): shift, mask, or-exponent, subtract, FMA
+   (`(c | 0x4B000000) - 2^23`).
 """
 
 import triton
@@ -235,6 +237,54 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
 
 
 @triton.jit
+def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constexpr, V_BITS: tl.constexpr,
+                     BLOCK_V: tl.constexpr):
+    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA).
+
+    Rows are (key, group) pairs as in _values_by_group. A row's 16 codes are cut into 16-bit halves (one
+    shift a word); code k of half h sits at bit pos_k = (k % (16 / V_BITS)) * V_BITS, and masking it in place
+    gives the bit pattern of the fp32 subnormal c * 2^pos_k * 2^-149, exactly (the pattern stays below bit
+    16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number: the product is normal for every term
+    that matters, p > 2^-50), and the per-column constant 2^(149 - W_EXP - pos_k) (a power of two: exact)
+    is applied once after the loop. Needs IEEE subnormals in the FMA (Triton emits FFMA without .FTZ).
+    Returns (acc [G, 16], l)."""
+    R: tl.constexpr = BLOCK_V * G
+    PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
+    W_EXP: tl.constexpr = 100  # p * scale * 2^100 < 2^116: no overflow for fp16 scales
+    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, 16] tiles
+    k = tl.arange(0, 16)[None, :]
+    half = k // PH
+    pos = (k % PH) * V_BITS
+    masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
+    acc = tl.zeros((R, 16), tl.float32)
+    acc_min = tl.zeros((R, 1), tl.float32)
+    l_vec = tl.zeros((R, 1), tl.float32)
+    first = (rho % G) == 0
+    for n0 in range(start, end, BLOCK_V):
+        n = n0 + rho // G
+        ok = n < end
+        grow = n0 * G + rho  # (key, group) index from the row's start
+        p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
+        sc = tl.load(vs_ptr + grow, mask=ok, other=0.0).to(tl.float32)
+        mn = tl.load(vm_ptr + grow, mask=ok, other=0.0).to(tl.float32)
+        if V_BITS == 1:  # two rows a word
+            w = tl.load(vc_ptr + (grow >> 1), mask=ok, other=0).to(tl.uint32, bitcast=True)
+            hw = w >> ((grow & 1) * 16).to(tl.uint32)
+        else:  # the row owns V_BITS / 2 words; half h is word h // 2 >> 16 (h % 2) (same-address loads merge)
+            w = tl.load(vc_ptr + grow * (V_BITS // 2) + half // 2, mask=ok, other=0)
+            hw = w.to(tl.uint32, bitcast=True) >> ((half % 2) * 16).to(tl.uint32)
+        x = (hw & masks).to(tl.float32, bitcast=True)
+        acc += x * (p * sc * 1.2676506002282294e30)  # 2^W_EXP
+        acc_min += p * mn
+        l_vec += tl.where(first, p, 0.0)
+    # 2^(149 - W_EXP - pos) as a bit pattern (exact; exp2 of an integer need not be)
+    col_scale = ((127 + 149 - W_EXP - pos) << 23).to(tl.float32, bitcast=True)
+    acc = tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, G, 16)), axis=0)
+    acc_min = tl.sum(tl.reshape(acc_min, (BLOCK_V, G)), axis=0)
+    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0)
+
+
+@triton.jit
 def _values_by_key(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, D: tl.constexpr, V_GROUP: tl.constexpr,
                    V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr, BLOCK_V: tl.constexpr):
     """Phase 2, any width and group: each key's word tile cut in registers (cut_codes), [BLOCK_V, G, group]
@@ -285,7 +335,7 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    PROBE: tl.constexpr = 0,
+    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -295,7 +345,8 @@ def _adc_attn_kernel(
     p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
     one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
     of flash_decode's merge kernel. PROBE (benchmarks only, wrong results): 1 skips the value phase, 2 reads
-    no score table (the codes still cut), to measure what each part costs.
+    no score table (the codes still cut), to measure what each part costs. VALUES: the group-16 value loop,
+    1 _values_in_place, 0 _values_by_group.
     """
     r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -321,7 +372,10 @@ def _adc_attn_kernel(
     if PROBE == 1:  # measurement only: no value phase
         acc = tl.zeros((G, V_GROUP), tl.float32)
         l_i = tl.full((), 1.0, tl.float32)
-    elif (V_GROUP == 16) and ((V_BITS == 1) or (V_BITS == 2) or (V_BITS == 4) or (V_BITS == 8)):
+    elif (VALUES == 1) and (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
+        acc, l_i = _values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                    start, end, G, V_BITS, BLOCK_V)
+    elif (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
         acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
                                     start, end, G, V_BITS, BLOCK_V)
     else:

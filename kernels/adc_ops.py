@@ -16,6 +16,7 @@ MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path 
 
 
 MAX_WINDOW = 64
+VALUE_LOOPS = {"in_place": 1, "shift": 0}  # phase-2 inner loops of adc_decode (the kernel's VALUES)
 
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
@@ -44,7 +45,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None, _probe: int = 0) -> torch.Tensor:
+                  programs_per_sm: int | None = None, value_loop: str = "in_place",
+                  _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -52,7 +54,12 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     attention) plus the log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the
     score and value phases; the window may hold at most MAX_WINDOW tokens here. `_probe` (benchmarks only)
     breaks the result on purpose to time the parts: 1 without the value phase, 2 without the table reads.
+    `value_loop` (group-16 values at 1, 2, 4 or 8 bits): "in_place" masks each code where it lies and
+    multiplies the subnormal it makes (two instructions a channel), "shift" (the first version, kept to
+    compare) shifts it down and converts it (five); other value formats take the general loop either way.
     """
+    if value_loop not in VALUE_LOOPS:
+        raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
@@ -113,7 +120,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
-        num_warps=nw)
+        VALUES=VALUE_LOOPS[value_loop], num_warps=nw)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

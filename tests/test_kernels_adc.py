@@ -140,3 +140,50 @@ def test_many_splits_merge_in_steps():
                                   block_k=16, block_v=16)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
+
+
+VALUE_CASES = [
+    # value_loop, value bits, d, length, splits, extreme fp16 scales/minima
+    ("in_place", 8, 64, 70, None, False),
+    ("in_place", 1, 64, 33, 2, False),
+    ("in_place", 2, 128, 90, None, True),
+    ("in_place", 4, 64, 61, None, True),
+    ("shift", 2, 64, 100, 2, False),
+]
+
+
+@pytest.mark.parametrize("loop,vbits,d,length,splits,extreme", VALUE_CASES,
+                         ids=[f"{c[0]}-v{c[1]}-d{c[2]}-L{c[3]}-s{c[4]}{'-extreme' if c[5] else ''}"
+                              for c in VALUE_CASES])
+def test_value_loops_match_reference(loop, vbits, d, length, splits, extreme):
+    """Both group-16 value loops at value widths the codec does not pair with its keys (8 and 1 bits), and
+    fp16 scales from the smallest subnormal (2^-24) to 65504 with minima near +-65504: the in-place loop's
+    subnormal products and power-of-two column scales stay exact over that range."""
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=2, length=length, window=1, d=d, dtype=torch.float32, seed=11)
+    g = torch.Generator().manual_seed(12)
+    shape = values.scale.shape
+    codes = torch.randint(-2**31, 2**31, (*shape[:3], d * vbits // 32), generator=g, dtype=torch.int64)
+    scale, minimum = values.scale, values.minimum
+    if extreme:
+        pick = torch.randint(0, 4, shape, generator=g)
+        scale = torch.tensor([2.0**-24, 6.1e-5, 1.0, 65504.0])[pick].half()
+        minimum = (torch.rand(shape, generator=g) * 2 - 1) * torch.tensor([1e-7, 1.0, 300.0, 65000.0])[pick]
+        minimum = minimum.half()
+    values = PackedValues(codes.to(torch.int32), scale, minimum, vbits)
+    want = reference(q, keys, values, length, k_win, v_win, codec, None)
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
+                                  value_loop=loop)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
+
+
+def test_rejects_unknown_value_loop():
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="value_loop must be one of"):
+        adc_ops().attention_adc(q, keys, values, 8, k_win, v_win, codec, value_loop="halves")
