@@ -33,16 +33,23 @@ def turbo_unit(rows_ptr, row_ok, cent_ptr, D: tl.constexpr, N_BITS: tl.constexpr
 
 
 @triton.jit
-def _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.constexpr,
-                 LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr, TILE: tl.constexpr):
+def _polar_pair(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, D: tl.constexpr, LVL: tl.constexpr,
+                S: tl.constexpr, N_BITS: tl.constexpr, TILE: tl.constexpr):
+    """Level LVL's S angles turn the radii r [BN, S] into (r cos psi, r sin psi): the next level's even
+    and odd radii."""
     j = (D - (D >> LVL)) + tl.arange(0, S)[None, :]
     if TILE:
         idx = cut_codes(words, j, N_BITS) + LVL * (1 << N_BITS)
     else:
         idx = unpack_codes(rows_ptr, j, row_ok, N_BITS) + LVL * (1 << N_BITS)
-    c = tl.load(cos_ptr + idx)
-    s = tl.load(sin_ptr + idx)
-    return tl.reshape(tl.join(r * c, r * s), (BN, 2 * S))
+    return r * tl.load(cos_ptr + idx), r * tl.load(sin_ptr + idx)
+
+
+@triton.jit
+def _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN: tl.constexpr, D: tl.constexpr,
+                 LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr, TILE: tl.constexpr):
+    even, odd = _polar_pair(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, D, LVL, S, N_BITS, TILE)
+    return tl.reshape(tl.join(even, odd), (BN, 2 * S))
 
 
 @triton.jit
@@ -62,6 +69,22 @@ def polar_unit(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.const
         r = _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN, D, lvl, D >> (lvl + 1), N_BITS,
                          TILE)
     return r
+
+
+@triton.jit
+def polar_halves(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+                 N_BITS: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
+    """polarquant's u_hat as its even and odd coordinates ([BN, D/2] each): the last level's cos and sin
+    products before they interleave."""
+    if TILE:
+        words = load_words(rows_ptr, row_ok, N_WORDS, WP)
+    else:
+        words = rows_ptr
+    r = tl.full((BN, 1), 1.0, tl.float32)
+    for lvl in tl.static_range(LOG2D - 1, 0, -1):
+        r = _polar_level(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, BN, D, lvl, D >> (lvl + 1), N_BITS,
+                         TILE)
+    return _polar_pair(rows_ptr, row_ok, words, cos_ptr, sin_ptr, r, D, 0, D >> 1, N_BITS, TILE)
 
 
 @triton.jit

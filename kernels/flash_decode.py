@@ -9,6 +9,7 @@ from .codec_decode import (
     OCTOPUS_QJL,
     POLAR,
     octopus_triplets,
+    polar_halves,
     polar_unit,
     qjl_signs,
     turbo_unit,
@@ -67,17 +68,20 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
 
 
 @triton.jit
-def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, n0, end, row0,
+def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
                      kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
                      CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
                      K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
                      B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
                      S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
                      V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, MASKED: tl.constexpr):
+                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+                     K_WP2: tl.constexpr, MASKED: tl.constexpr):
     """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
     softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
-    key is valid and no mask is computed."""
+    key is valid and no mask is computed. HALVES: the d-wide score dots (rotated and QJL) run as two dots of
+    d/2 (qr/qr2, qj/qj2: polarquant's even | odd coordinates, the others' first | second half; K_WP2: the
+    word-tile width of half a key's codes)."""
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
@@ -95,17 +99,38 @@ def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, n0, end, row0,
         s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     elif CODEC == POLAR:
-        u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS, K_WP,
-                       TILE)
-        s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        if HALVES:
+            ue, uo = polar_halves(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS,
+                                  K_WORDS, K_WP, TILE)
+            s = _mm_nt(qr, _operand(ue * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = _mm_nt(qr2, _operand(uo * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        else:
+            u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
+                           K_WP, TILE)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     elif K_BITS > 0:
-        u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-        s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        if HALVES:  # half a key's codes is d/2 * K_BITS bits: whole words for d >= 64
+            KW2: tl.constexpr = D * K_BITS // 64
+            u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            u = turbo_unit(k_rows + KW2, n_ok[:, None], tab_a_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
+            s = _mm_nt(qr2, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        else:
+            u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     if HAS_QJL:
         s_words = (D + 31) // 32
-        sigma = qjl_signs(ks_ptr + krow[:, None] * s_words, n_ok[:, None], D, s_words, S_WP, TILE)
         g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s_rows = ks_ptr + krow[:, None] * s_words
+        if HALVES:
+            SW2: tl.constexpr = D // 64
+            sigma = qjl_signs(s_rows, n_ok[:, None], D // 2, SW2, SW2, TILE)
+            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            sigma = qjl_signs(s_rows + SW2, n_ok[:, None], D // 2, SW2, SW2, TILE)
+            s = _mm_nt(qj2, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        else:
+            sigma = qjl_signs(s_rows, n_ok[:, None], D, s_words, S_WP, TILE)
+            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     if MASKED:
         s = tl.where(n_ok[None, :], s, float("-inf"))
     # values cut from word tiles whenever the width divides 32 (shifts alone: ptxas counts 890 instructions a
@@ -133,7 +158,8 @@ def _attn_fwd_kernel(
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+    K_WP2: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -149,7 +175,8 @@ def _attn_fwd_kernel(
     (alone when its chunk starts past the store).
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
-    centroids/C_rho (octopus).
+    centroids/C_rho (octopus). HALVES (d >= 128): the d-wide projections and score dots as two of d/2 each
+    (see _compressed_tile).
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -195,6 +222,9 @@ def _attn_fwd_kernel(
     qz = qn
     qr = qn
     qj = qn
+    qr2 = qn
+    qj2 = qn
+    hcol = tl.arange(0, D // 2)[None, :]
     if IS_OCT:
         lcol = tl.arange(0, LP)[None, :]
         qx = _operand(_mm_nn(q_pro, tl.load(qmap + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
@@ -202,12 +232,24 @@ def _attn_fwd_kernel(
         qz = _operand(_mm_nn(q_pro, tl.load(qmap + 2 * LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD,
                       RNE_BY_HAND)
         QJL_COL: tl.constexpr = 3 * LP
+    elif HALVES:
+        c0 = 2 * hcol if CODEC == POLAR else hcol  # polarquant: even | odd coordinates
+        c1 = c0 + 1 if CODEC == POLAR else hcol + D // 2
+        qr = _operand(_mm_nn(q_pro, tl.load(qmap + c0), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        qr2 = _operand(_mm_nn(q_pro, tl.load(qmap + c1), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = D
     else:
         qr = _operand(_mm_nn(q_pro, tl.load(qmap + dcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = D
     if HAS_QJL:
-        qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + dcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
-                      RNE_BY_HAND)
+        if HALVES:
+            qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + hcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
+                          RNE_BY_HAND)
+            qj2 = _operand(_mm_nn(q_pro, tl.load(qmap + (QJL_COL + D // 2) + hcol), USE_DOT, PREC_Q)
+                           * qjl_scale, OPD, RNE_BY_HAND)
+        else:
+            qj = _operand(_mm_nn(q_pro, tl.load(qmap + QJL_COL + dcol), USE_DOT, PREC_Q) * qjl_scale, OPD,
+                          RNE_BY_HAND)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk
@@ -215,16 +257,16 @@ def _attn_fwd_kernel(
     full_end = start + (end - start) // BLOCK_N * BLOCK_N
     for n0 in range(start, full_end, BLOCK_N):
         m_i, l_i, acc = _compressed_tile(
-            m_i, l_i, acc, qx, qy, qz, qr, qj, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr, kr_ptr,
-            vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS,
-            B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, BLOCK_M,
-            BLOCK_N, PREC, OPD, RNE_BY_HAND, False)
+            m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES,
+            K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
+            BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
     if full_end < end:
         m_i, l_i, acc = _compressed_tile(
-            m_i, l_i, acc, qx, qy, qz, qr, qj, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr, kr_ptr,
-            vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS,
-            B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, BLOCK_M,
-            BLOCK_N, PREC, OPD, RNE_BY_HAND, True)
+            m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS,
+            K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
+            TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if DIRECT:

@@ -21,6 +21,7 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 
 
 OPERANDS = ("native", "tf32", "ieee")
+PROJECTIONS = ("native", "ieee")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,11 @@ class AttnConfig:
     the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee"
     (fp32 operands).
     Accumulation is fp32 always; block_m 1 runs fp32 FMAs whatever `operands` says.
+    projection: the prologue's query projection q @ M_h, "native" (16-bit queries with tensor cores: in the
+    queries' dtype, exact products, fp32 sums) or "ieee" (an fp32 map and an fp32 IEEE dot).
+    score_halves: at head dim >= 128, the d-wide score dots of the non-octopus codecs and of the QJL term run
+    as two dots of d/2 each (and their projections as two of d/2 columns), the 64-deep shape octopus's
+    triplet dots have at d = 128 (default False; ignored below d = 128, where they are 64 deep already).
     score_tables: one query row per KV head with an octopus codec runs the table-lookup kernel
     (adc_decode: per-query score tables, no key decode) unless this is False; there block_n is the keys
     per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm as here.
@@ -54,6 +60,8 @@ class AttnConfig:
     window_split: bool | None = None
     score_tables: bool | None = None
     block_v: int | None = None
+    projection: str | None = None
+    score_halves: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -66,6 +74,11 @@ class AttnConfig:
             raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
         if self.operands not in (None, *OPERANDS):
             raise ValueError(f"operands must be one of {', '.join(OPERANDS)} or None, got {self.operands!r}")
+        if self.projection not in (None, *PROJECTIONS):
+            raise ValueError(f"projection must be one of {', '.join(PROJECTIONS)} or None, "
+                             f"got {self.projection!r}")
+        if self.score_halves not in (None, True, False):
+            raise ValueError(f"score_halves must be True, False or None, got {self.score_halves!r}")
         _check_pow2("block_v", self.block_v, 8, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
@@ -212,7 +225,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     # input_precision only matters for fp32 operands; 16-bit ones take "tf32", tl.dot's default, as every
     # bf16 flash-attention kernel does
     prec = "ieee" if opd == torch.float32 and operands != "tf32" else "tf32"
-    qmap = codec.query_map(q_BHTD.dtype if use_dot and q16 else torch.float32)
+    project16 = use_dot and q16 and (cfg.projection or "native") == "native"
+    qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32)
+    halves = bool(cfg.score_halves) and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
     interpreting = _interpreting()
     if interpreting:
         _interpreter_16bit_dot()
@@ -248,7 +263,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
-        OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting,
+        OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
+        K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)),
         num_warps=warps, num_stages=cfg.num_stages or 1,
     )
     if not direct:
