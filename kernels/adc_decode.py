@@ -238,50 +238,64 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
 
 @triton.jit
 def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constexpr, V_BITS: tl.constexpr,
-                     BLOCK_V: tl.constexpr):
+                     BLOCK_V: tl.constexpr, GT: tl.constexpr):
     """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA).
 
-    Rows are (key, group) pairs as in _values_by_group. A row's 16 codes are cut into 16-bit halves (one
-    shift a word); code k of half h sits at bit pos_k = (k % (16 / V_BITS)) * V_BITS, and masking it in place
-    gives the bit pattern of the fp32 subnormal c * 2^pos_k * 2^-149, exactly (the pattern stays below bit
-    16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number: the product is normal for every term
-    that matters, p > 2^-50), and the per-column constant 2^(149 - W_EXP - pos_k) (a power of two: exact)
-    is applied once after the loop. Needs IEEE subnormals in the FMA (Triton emits FFMA without .FTZ).
-    Returns (acc [G, 16], l)."""
-    R: tl.constexpr = BLOCK_V * G
+    Rows are GT consecutive groups of one key (R = BLOCK_V * G / GT a step, 16 * GT columns, a thread owns
+    whole rows, so a key's score load and exp2 serve GT groups). A group's 16 codes are cut into 16-bit
+    halves (one shift a word); code k of half h sits at bit pos_k = (k % (16 / V_BITS)) * V_BITS, and masking
+    it in place gives the bit pattern of the fp32 subnormal c * 2^pos_k * 2^-149, exactly (the pattern stays
+    below bit 16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number; the product is normal for
+    every term that matters, p * scale > 2^-50), and the per-column constant 2^(149 - W_EXP - pos_k) (a power
+    of two: exact) is applied once after the loop. Needs IEEE subnormals in the FMA (Triton emits FFMA
+    without .FTZ; the GPU runs it at full rate). Returns (acc [G, 16], l)."""
+    GR: tl.constexpr = G // GT  # rows a key
+    R: tl.constexpr = BLOCK_V * GR
+    C: tl.constexpr = 16 * GT
     PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
+    NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
     W_EXP: tl.constexpr = 100  # p * scale * 2^100 < 2^116: no overflow for fp16 scales
-    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, 16] tiles
-    k = tl.arange(0, 16)[None, :]
-    half = k // PH
-    pos = (k % PH) * V_BITS
+    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
+    col = tl.arange(0, C)[None, :]
+    cg = col // 16  # the column's group within the row
+    half = (col % 16) // PH
+    pos = (col % PH) * V_BITS
     masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
-    acc = tl.zeros((R, 16), tl.float32)
-    acc_min = tl.zeros((R, 1), tl.float32)
+    gcol = tl.arange(0, GT)[None, :]
+    acc = tl.zeros((R, C), tl.float32)
+    acc_min = tl.zeros((R, GT), tl.float32)
     l_vec = tl.zeros((R, 1), tl.float32)
-    first = (rho % G) == 0
     for n0 in range(start, end, BLOCK_V):
-        n = n0 + rho // G
+        n = n0 + rho // GR
         ok = n < end
-        grow = n0 * G + rho  # (key, group) index from the row's start
+        grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
         p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
-        sc = tl.load(vs_ptr + grow, mask=ok, other=0.0).to(tl.float32)
-        mn = tl.load(vm_ptr + grow, mask=ok, other=0.0).to(tl.float32)
-        if V_BITS == 1:  # two rows a word
-            w = tl.load(vc_ptr + (grow >> 1), mask=ok, other=0).to(tl.uint32, bitcast=True)
-            hw = w >> ((grow & 1) * 16).to(tl.uint32)
-        else:  # the row owns V_BITS / 2 words; half h is word h // 2 >> 16 (h % 2) (same-address loads merge)
-            w = tl.load(vc_ptr + grow * (V_BITS // 2) + half // 2, mask=ok, other=0)
-            hw = w.to(tl.uint32, bitcast=True) >> ((half % 2) * 16).to(tl.uint32)
+        pw = p * 1.2676506002282294e30  # p * 2^W_EXP
+        wgt = tl.zeros((R, C), tl.float32)
+        mn = tl.zeros((R, GT), tl.float32)
+        hw = tl.zeros((R, C), tl.uint32)
+        for gi in tl.static_range(GT):  # every load is [R, 1], once; the selects fold per column
+            sc_g = tl.load(vs_ptr + grow + gi, mask=ok, other=0.0).to(tl.float32)
+            mn_g = tl.load(vm_ptr + grow + gi, mask=ok, other=0.0).to(tl.float32)
+            wgt = tl.where(cg == gi, pw * sc_g, wgt)
+            mn = tl.where(gcol == gi, mn_g, mn)
+            if V_BITS == 1:  # two groups a word
+                w = tl.load(vc_ptr + ((grow + gi) >> 1), mask=ok, other=0).to(tl.uint32, bitcast=True)
+                hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
+            else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
+                for wi in tl.static_range(NW):
+                    w = tl.load(vc_ptr + (grow + gi) * NW + wi, mask=ok, other=0).to(tl.uint32, bitcast=True)
+                    hw = tl.where((cg == gi) & (half == 2 * wi), w, hw)
+                    hw = tl.where((cg == gi) & (half == 2 * wi + 1), w >> 16, hw)
         x = (hw & masks).to(tl.float32, bitcast=True)
-        acc += x * (p * sc * 1.2676506002282294e30)  # 2^W_EXP
+        acc += x * wgt
         acc_min += p * mn
-        l_vec += tl.where(first, p, 0.0)
+        l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) at the end
     # 2^(149 - W_EXP - pos) as a bit pattern (exact; exp2 of an integer need not be)
     col_scale = ((127 + 149 - W_EXP - pos) << 23).to(tl.float32, bitcast=True)
-    acc = tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, G, 16)), axis=0)
-    acc_min = tl.sum(tl.reshape(acc_min, (BLOCK_V, G)), axis=0)
-    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0)
+    acc = tl.reshape(tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, GR, C)), axis=0), (G, 16))
+    acc_min = tl.reshape(tl.sum(tl.reshape(acc_min, (BLOCK_V, GR, GT)), axis=0), (G,))
+    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0) / GR
 
 
 @triton.jit
@@ -335,7 +349,7 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1,
+    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -374,7 +388,7 @@ def _adc_attn_kernel(
         l_i = tl.full((), 1.0, tl.float32)
     elif (VALUES == 1) and (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
         acc, l_i = _values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                    start, end, G, V_BITS, BLOCK_V)
+                                    start, end, G, V_BITS, BLOCK_V, V_GT)
     elif (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
         acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
                                     start, end, G, V_BITS, BLOCK_V)

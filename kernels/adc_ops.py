@@ -46,7 +46,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, value_loop: str = "in_place",
-                  _probe: int = 0) -> torch.Tensor:
+                  value_groups: int | None = None, _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -57,9 +57,13 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     `value_loop` (group-16 values at 1, 2, 4 or 8 bits): "in_place" masks each code where it lies and
     multiplies the subnormal it makes (two instructions a channel), "shift" (the first version, kept to
     compare) shifts it down and converts it (five); other value formats take the general loop either way.
+    `value_groups` (in_place only): value groups of one key a thread takes per row (1, 2 or 4; default 2
+    where a step still has a row for every thread, else 1).
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
+    if value_groups is not None and value_groups not in (1, 2, 4):
+        raise ValueError(f"value_groups must be 1, 2 or 4, got {value_groups!r}")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
@@ -97,6 +101,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_k = block_k or 32 * nw
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
+    n_groups = d // values.group
+    if value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
+        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
+    value_groups = min(value_groups, n_groups)
     if num_splits is None:
         want = _cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
         num_splits = max(1, min(want, _cdiv(length, 4 * step)))
@@ -120,7 +128,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
-        VALUES=VALUE_LOOPS[value_loop], num_warps=nw)
+        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, num_warps=nw)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

@@ -143,19 +143,21 @@ def test_many_splits_merge_in_steps():
 
 
 VALUE_CASES = [
-    # value_loop, value bits, d, length, splits, extreme fp16 scales/minima
-    ("in_place", 8, 64, 70, None, False),
-    ("in_place", 1, 64, 33, 2, False),
-    ("in_place", 2, 128, 90, None, True),
-    ("in_place", 4, 64, 61, None, True),
-    ("shift", 2, 64, 100, 2, False),
+    # value_loop, groups a row, value bits, d, length, splits, extreme fp16 scales/minima
+    ("in_place", None, 8, 64, 70, None, False),
+    ("in_place", 1, 1, 64, 33, 2, False),
+    ("in_place", 2, 1, 64, 45, None, False),
+    ("in_place", 4, 2, 128, 90, None, True),
+    ("in_place", 1, 4, 64, 61, None, True),
+    ("in_place", 2, 4, 32, 20, None, False),
+    ("shift", None, 2, 64, 100, 2, False),
 ]
 
 
-@pytest.mark.parametrize("loop,vbits,d,length,splits,extreme", VALUE_CASES,
-                         ids=[f"{c[0]}-v{c[1]}-d{c[2]}-L{c[3]}-s{c[4]}{'-extreme' if c[5] else ''}"
+@pytest.mark.parametrize("loop,groups,vbits,d,length,splits,extreme", VALUE_CASES,
+                         ids=[f"{c[0]}-gt{c[1]}-v{c[2]}-d{c[3]}-L{c[4]}-s{c[5]}{'-extreme' if c[6] else ''}"
                               for c in VALUE_CASES])
-def test_value_loops_match_reference(loop, vbits, d, length, splits, extreme):
+def test_value_loops_match_reference(loop, groups, vbits, d, length, splits, extreme):
     """Both group-16 value loops at value widths the codec does not pair with its keys (8 and 1 bits), and
     fp16 scales from the smallest subnormal (2^-24) to 65504 with minima near +-65504: the in-place loop's
     subnormal products and power-of-two column scales stay exact over that range."""
@@ -177,7 +179,7 @@ def test_value_loops_match_reference(loop, vbits, d, length, splits, extreme):
     values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
     q_d, kw, vw = to(dev, q, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
-                                  value_loop=loop)
+                                  value_loop=loop, value_groups=groups)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
