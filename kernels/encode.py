@@ -157,18 +157,64 @@ def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexp
 
 
 @triton.jit
+def _mark_bad(flag_ptr):
+    """Record a bad input in the one-element flag at flag_ptr: +inf in a float32 flag (the cache's deferred
+    record, where anything not finite reads as bad), 1 in an int32 flag. Every program that sees a bad value
+    stores the same thing, so no atomic is needed."""
+    if flag_ptr.dtype.element_ty == tl.float32:
+        tl.store(flag_ptr, float("inf"))
+    else:
+        tl.store(flag_ptr, 1)
+
+
+@triton.jit
+def _unit_rows(rows, T, H, T_OUT, OFFSET, stride_b, stride_h, stride_t):
+    """Row r of a unit [B, H, T, .] (r = (b * H + h) * T + t) -> (element offset of its first channel in the
+    input, whose strides are given, its row in a store [B, H, T_OUT, .] at token OFFSET + t, its head)."""
+    bh = rows // T
+    t = rows - bh * T
+    head = bh % H
+    src = (bh // H) * stride_b + head * stride_h + t * stride_t
+    return src, bh * T_OUT + OFFSET + t, head
+
+
+@triton.jit(do_not_specialize=["n_rows", "T", "OFFSET"])
 def _encode_keys_kernel(
-    k_ptr, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+    k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
-    n_rows, T, H, inv_sqrt_d,
+    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
-    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Rows [BLOCK_T] of K [n_rows, D] (row r is token r % T of head (r // T) % H) -> codes, gamma, QJL.
+    """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`)."""
+    _encode_key_rows(
+        tl.program_id(0), k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
+        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+        n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+        CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
+        DOT_NATIVE, SPLIT, CHECK, BLOCK_T)
+
+
+@triton.jit
+def _encode_key_rows(
+    pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
+    had_ptr, hadt_ptr, rs_ptr, qs_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Rows [BLOCK_T] (block `pid`) of a unit K [B, H, T, D] (row r is token r % T of head (r // T) % H; the
+    input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to rows
+    (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
+    plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`_mark_bad`).
 
     gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16);
     u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a matmul with the +-1 Hadamard matrix
@@ -177,17 +223,20 @@ def _encode_keys_kernel(
     the triplet coordinates come straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2,
     `hadt_ptr` [3, D, LP]); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     """
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < n_rows
-    head = (rows // T) % H
+    src, dst, head = _unit_rows(rows, T, H, T_OUT, OFFSET, stride_kb, stride_kh, stride_kt)
     dcol = tl.arange(0, D)[None, :]
-    x = tl.load(k_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0)
+    x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
+    if CHECK:
+        if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
+            _mark_bad(flag_ptr)
     peak = tl.max(tl.abs(xf), 1)
     peak1 = tl.where(peak > 0, peak, 1.0)
     xs = _div_row(xf, peak1[:, None], tl.math.div_rn(1.0, peak1)[:, None])
     gamma = tl.sqrt_rn(tl.sum(xs * xs, 1)) * peak
-    tl.store(gamma_ptr + rows, bf16_bits(gamma), mask=ok)
+    tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
     gmax = tl.maximum(gamma, 1e-30)[:, None]
     inv_g = tl.math.div_rn(1.0, gmax)
     sgn = tl.load(rs_ptr + head[:, None] * D + dcol)
@@ -281,12 +330,12 @@ def _encode_keys_kernel(
             proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol), SPLIT)
     if K_WORDS > 0:
         wcol = tl.arange(0, WP)[None, :]
-        tl.store(codes_ptr + rows[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
+        tl.store(codes_ptr + dst[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
     if HAS_QJL:
-        tl.store(gamma_r_ptr + rows, bf16_bits(gamma_r), mask=ok)
+        tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
         sbits = _pack((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
         scol = tl.arange(0, S_WP)[None, :]
-        tl.store(signs_ptr + rows[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
+        tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 
 
 @triton.jit
@@ -308,36 +357,53 @@ def _round_code(a, s, inv_s, MAXC: tl.constexpr):
     return tl.minimum(ki + up.to(tl.int32), MAXC)
 
 
-@triton.jit
-def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, flag_ptr, n_groups,
+@triton.jit(do_not_specialize=["n_groups", "T", "OFFSET"])
+def _encode_values_kernel(v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr, min_ptr, flag_ptr,
+                          n_groups, T, H, T_OUT, OFFSET,
                           D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ROW_UNITS: tl.constexpr,
                           BLOCK_G: tl.constexpr, CHECK: tl.constexpr):
-    """Groups [BLOCK_G] of GROUP (>= 8) channels of V (rows of D) -> mn = fp16(min),
-    scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0), code = clamp(round((v - mn) / scale),
-    0, 2^b - 1) as in fp32 with ties to even (`_round_code`). A group is HC chunks of 8 channels; chunk i's
+    """Values in groups of GROUP >= 8 channels, BLOCK_G groups per program (`_encode_value_groups`)."""
+    _encode_value_groups(tl.program_id(0), v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr,
+                         min_ptr, flag_ptr, n_groups, T, H, T_OUT, OFFSET, D, GROUP, BITS, ROW_UNITS, BLOCK_G,
+                         CHECK)
+
+
+@triton.jit
+def _encode_value_groups(pid, v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr, min_ptr, flag_ptr,
+                         n_groups, T, H, T_OUT, OFFSET,
+                         D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ROW_UNITS: tl.constexpr,
+                         BLOCK_G: tl.constexpr, CHECK: tl.constexpr):
+    """Groups [BLOCK_G] (block `pid`) of GROUP (>= 8) channels of a unit V [B, H, T, D] (group g is channels
+    [(g % (D / GROUP)) * GROUP, +GROUP) of row g // (D / GROUP), rows as in `_unit_rows`; strides given, unit
+    stride along D) -> mn = fp16(min), scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
+    code = clamp(round((v - mn) / scale), 0, 2^b - 1) as in fp32 with ties to even (`_round_code`), written
+    to rows (b * H + h) * T_OUT + OFFSET + t of the outputs. A group is HC chunks of 8 channels; chunk i's
     8 codes are 8*BITS bits = BITS bytes of the little-endian stream, written with one store per chunk
     (codes_ptr typed uint8, int16, int32, int64 for BITS = 1, 2, 4, 8; otherwise uint8 and byte by byte);
-    rows start ROW_UNITS elements of codes_ptr apart. CHECK: any |v| > 65504 or NaN sets *flag_ptr to 1."""
+    rows start ROW_UNITS elements of codes_ptr apart. CHECK: any |v| > 65504 or NaN sets the flag
+    (`_mark_bad`)."""
     HC: tl.constexpr = GROUP // 8
     GPR: tl.constexpr = D // GROUP
     MAXC: tl.constexpr = (1 << BITS) - 1
-    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    g = pid * BLOCK_G + tl.arange(0, BLOCK_G)
     ok = g < n_groups
+    row = g // GPR
+    j = g - row * GPR  # the group's index within its row
+    src, dst, _ = _unit_rows(row, T, H, T_OUT, OFFSET, stride_vb, stride_vh, stride_vt)
     h = tl.arange(0, HC)[None, :, None]
     c = tl.arange(0, 8)[None, None, :]
-    v = tl.load(v_ptr + g[:, None, None] * GROUP + h * 8 + c, mask=ok[:, None, None], other=0.0)
+    v = tl.load(v_ptr + (src + j * GROUP)[:, None, None] + h * 8 + c, mask=ok[:, None, None], other=0.0)
     v = v.to(tl.float32)
     if CHECK:
-        bad = tl.max(tl.max(tl.max((~(tl.abs(v) <= 65504.0)).to(tl.int32), 2), 1), 0)
-        if bad > 0:
-            tl.atomic_max(flag_ptr, bad)
+        if tl.max(tl.max(tl.max((~(tl.abs(v) <= 65504.0)).to(tl.int32), 2), 1), 0) > 0:
+            _mark_bad(flag_ptr)
     mx = tl.max(tl.max(v, 2), 1)
     mn = tl.min(tl.min(v, 2), 1)
     mn16 = mn.to(tl.float16)
     sc16 = tl.minimum(tl.math.div_rn(mx - mn, MAXC * 1.0), 65504.0).to(tl.float16)
     sc16 = tl.where(sc16 == 0, 1.0, sc16.to(tl.float32)).to(tl.float16)
-    tl.store(scale_ptr + g, sc16, mask=ok)
-    tl.store(min_ptr + g, mn16, mask=ok)
+    tl.store(scale_ptr + dst * GPR + j, sc16, mask=ok)
+    tl.store(min_ptr + dst * GPR + j, mn16, mask=ok)
     s = sc16.to(tl.float32)[:, None, None]
     a = v - mn16.to(tl.float32)[:, None, None]
     code = _round_code(a, s, 1.0 / s, MAXC)
@@ -345,17 +411,49 @@ def _encode_values_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, flag_ptr, n_grou
         val = tl.sum(code << (c * BITS), 2)
     else:
         val = tl.sum(code.to(tl.int64) << (c * BITS).to(tl.int64), 2)
-    chunk = (g % GPR)[:, None] * HC + tl.arange(0, HC)[None, :]
+    chunk = j[:, None] * HC + tl.arange(0, HC)[None, :]
     okc = ok[:, None]
     if (BITS == 1) or (BITS == 2) or (BITS == 4) or (BITS == 8):
         # codes_ptr has the element type of one chunk (BITS bytes): one store per chunk
-        tl.store(codes_ptr + (g // GPR)[:, None] * ROW_UNITS + chunk, val.to(codes_ptr.dtype.element_ty),
+        tl.store(codes_ptr + dst[:, None] * ROW_UNITS + chunk, val.to(codes_ptr.dtype.element_ty),
                  mask=okc)
     else:
         p = tl.arange(0, 8)[None, None, :]
         piece = ((val[:, :, None] >> (p * 8)) & 255).to(tl.uint8)
-        byte = (g // GPR)[:, None] * ROW_UNITS + chunk * BITS
+        byte = dst[:, None] * ROW_UNITS + chunk * BITS
         tl.store(codes_ptr + byte[:, :, None] + p, piece, mask=okc[:, :, None] & (p < BITS))
+
+
+@triton.jit(do_not_specialize=["n_rows", "T", "OFFSET", "key_programs", "n_groups"])
+def _encode_unit_kernel(
+    k_ptr, stride_kb, stride_kh, stride_kt, v_ptr, stride_vb, stride_vh, stride_vt,
+    codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, v_codes_ptr, scale_ptr, min_ptr, flag_ptr,
+    had_ptr, hadt_ptr, rs_ptr, qs_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
+    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+    GROUP: tl.constexpr, V_BITS: tl.constexpr, ROW_UNITS: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """One unit's keys and values in one launch, straight into a store [B, H, T_OUT, .] at token OFFSET:
+    programs [0, key_programs) encode BLOCK_T key rows each (`_encode_key_rows`), the rest BLOCK_G value
+    groups each (`_encode_value_groups`). CHECK: flag_ptr[0] is set for a non-finite key, flag_ptr[1] for a
+    value that is NaN or beyond the fp16 range."""
+    pid = tl.program_id(0)
+    if pid < key_programs:
+        _encode_key_rows(
+            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+            n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
+            DOT_NATIVE, SPLIT, CHECK, BLOCK_T)
+    else:
+        _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
+                             scale_ptr, min_ptr, flag_ptr + 1, n_groups, T, H, T_OUT, OFFSET, D, GROUP,
+                             V_BITS, ROW_UNITS, BLOCK_G, CHECK)
 
 
 @triton.jit

@@ -9,7 +9,12 @@ import math
 import torch
 import triton
 
-from .encode import _encode_keys_kernel, _encode_values_any_group_kernel, _encode_values_kernel
+from .encode import (
+    _encode_keys_kernel,
+    _encode_unit_kernel,
+    _encode_values_any_group_kernel,
+    _encode_values_kernel,
+)
 from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2
 from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
 
@@ -74,6 +79,18 @@ def _triplet_hadamard(d: int, lp: int, device: torch.device) -> torch.Tensor:
     return out
 
 
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """A one-element fp32 tensor on `device` for the pointer arguments a launch never reads (made once per
+    device: a fresh torch.zeros per call is a memset a CUDA graph replays)."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.zeros(1, device=device, dtype=torch.float32)
+    return t
+
+
 def _directions4(codec: KernelCodec) -> torch.Tensor:
     """The octopus direction table [4^b_dir, 3] padded to [4^b_dir, 4] (one 16-byte load per direction),
     cached on the (frozen, per-device) codec. Not keyed on the tensor's version counter: inference tensors
@@ -83,6 +100,21 @@ def _directions4(codec: KernelCodec) -> torch.Tensor:
         padded = torch.nn.functional.pad(codec.directions, (0, 1)).contiguous()
         codec.__dict__["_directions4"] = padded
     return padded
+
+
+def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The key kernel's table arguments had_ptr .. dir4_ptr (unused ones as `dummy`), cached on the codec."""
+    tables = codec.__dict__.get("_encode_tables")
+    if tables is None or tables[0] != dev:
+        octo = codec.name.startswith("octopus")
+        d = codec.head_dim
+        args = (_hadamard(d, dev), _triplet_hadamard(d, _octopus_lp(codec), dev) if octo else dummy,
+                codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
+                codec.centroids if codec.centroids is not None else dummy,
+                codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
+                codec.xi_boundaries if octo else dummy, _directions4(codec) if octo else dummy)
+        tables = codec.__dict__["_encode_tables"] = (dev, args)
+    return tables[1]
 
 
 @_outside_autocast
@@ -116,25 +148,21 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     s_words, s_wp, s_kp = _pack_shape(1, d)
     signs = torch.empty(*lead, s_words, device=dev, dtype=torch.int32) if codec.has_qjl else None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
-    dummy = torch.zeros(1, device=dev, dtype=torch.float32)
+    dummy = _dummy(dev)
     octo = codec.name.startswith("octopus")
     block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
     lp = _octopus_lp(codec) if octo else 16
     native = k.dtype != torch.float32 and not _interpreting()
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
-        kc, codes if words else dummy, gamma.view(torch.int16),
+        kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
-        _hadamard(d, dev), _triplet_hadamard(d, lp, dev) if octo else dummy,
-        codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
-        codec.centroids if codec.centroids is not None else dummy,
-        codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
-        codec.xi_boundaries if octo else dummy, _directions4(codec) if octo else dummy,
-        n_rows, t, h, 1.0 / math.sqrt(d),
+        dummy, *_encode_tables(codec, dev, dummy),
+        n_rows, t, h, t, 0, 1.0 / math.sqrt(d),
         CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
         K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
         B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=lp,
         HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
-        DOT_NATIVE=native, SPLIT=not _interpreting(), BLOCK_T=block_t, **launch,
+        DOT_NATIVE=native, SPLIT=not _interpreting(), CHECK=False, BLOCK_T=block_t, **launch,
     )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
@@ -181,13 +209,120 @@ def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range:
             BLOCK_T=block_t, **launch)
         return PackedValues(codes, scale, minimum, bits, group)
     check = range_flag is not None or check_range
-    flag = range_flag if range_flag is not None else torch.zeros(1, device=dev, dtype=torch.int32)
+    if range_flag is not None:
+        flag = range_flag
+    else:  # without a check the flag is never written
+        flag = torch.zeros(1, device=dev, dtype=torch.int32) if check else _dummy(dev)
     n_groups = n_rows * (d // group)
     block_g, launch = _values_launch(group, config)
     unit = _CHUNK_DTYPES.get(bits, torch.uint8)
+    rows = max(n_rows, 1)  # a contiguous [rows, d]: one "head" of `rows` tokens
     _encode_values_kernel[(triton.cdiv(max(n_groups, 1), block_g),)](
-        vc, codes.view(unit), scale, minimum, flag, n_groups, D=d, GROUP=group, BITS=bits,
-        ROW_UNITS=words * 4 // unit.itemsize, BLOCK_G=block_g, CHECK=check, **launch)
+        vc, rows * d, rows * d, d, codes.view(unit), scale, minimum, flag, n_groups, rows, 1, rows, 0,
+        D=d, GROUP=group, BITS=bits, ROW_UNITS=words * 4 // unit.itemsize, BLOCK_G=block_g, CHECK=check,
+        **launch)
     if check_range and range_flag is None and v.numel() and bool(flag.item()):
         raise ValueError(_RANGE_MESSAGE.format(float(v.abs().max())))
     return PackedValues(codes, scale, minimum, bits, group)
+
+
+def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool,
+                    config: EncodeConfig | None) -> tuple[int, int, dict, torch.dtype]:
+    """(key rows per program, value groups per program, the unit kernel's compile-time arguments, the value
+    codes' chunk dtype), cached on the codec per value format, operand mode and launch configuration."""
+    cache = codec.__dict__.setdefault("_unit_constants", {})
+    key = (bits, group, native, config)
+    if key not in cache:
+        d = codec.head_dim
+        n_bits, n_codes = codec.key_code_bits, codec.key_codes
+        words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
+        s_words, s_wp, s_kp = _pack_shape(1, d)
+        block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
+        block_g, _ = _values_launch(group, config)
+        unit = _CHUNK_DTYPES.get(bits, torch.uint8)
+        v_words = -(-d * bits // 32)
+        octo = codec.name.startswith("octopus")
+        consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
+                      K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
+                      B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+                      HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
+                      DOT_NATIVE=native, SPLIT=not _interpreting(), BLOCK_T=block_t,
+                      GROUP=group, V_BITS=bits, ROW_UNITS=v_words * 4 // unit.itemsize, BLOCK_G=block_g,
+                      **launch)
+        cache[key] = (block_t, block_g, consts, unit)
+    return cache[key]
+
+
+def _expect(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+        got = None if t is None else (tuple(t.shape), t.dtype, "strided" if not t.is_contiguous() else "")
+        raise ValueError(f"{name} must be a contiguous {dtype} buffer of shape {shape} (formats.md), "
+                         f"got {got}")
+
+
+def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: PackedKeys,
+                values_out: PackedValues, offset: int, flags: torch.Tensor | None = None,
+                config: EncodeConfig | None = None) -> None:
+    """Encode one unit's keys and values straight into a compressed store, in one launch.
+
+    k, v: [B, H, T, d] (float32, float16 or bfloat16, one dtype; any strides with unit stride along d, e.g.
+    views of a fused qkv projection). keys_out / values_out: the store's buffers [B, H, Tcap, ...]
+    (formats.md, contiguous); tokens [offset, offset + T) are written, bit for bit what
+    `encode_keys(k, codec)` and `encode_values(v, values_out.bits, values_out.group)` return (value groups
+    of at least 8 channels). flags: None, or a float32 tensor of two elements on the device whose element 0
+    is set to +inf when a key is NaN or infinite and element 1 when a value is NaN or beyond the fp16 range
+    (|v| > 65504); nothing is read back (no host sync).
+
+    >>> encode_unit(k, v, codec, store_keys, store_values, offset=455, flags=row)  # doctest: +SKIP
+    """
+    d = codec.head_dim
+    if k.ndim != 4 or k.shape != v.shape or k.shape[-1] != d:
+        raise ValueError(f"k and v must both be [B, H, T, {d}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, h, t, _ = k.shape
+    if h != codec.num_heads:
+        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
+    if k.dtype != v.dtype or k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"k and v must share one dtype of float32, float16, bfloat16; "
+                         f"got {k.dtype}, {v.dtype}")
+    bits, group = values_out.bits, values_out.group
+    if group < 8 or group & (group - 1) or d % group or not 1 <= bits <= 8:
+        raise ValueError(f"encode_unit needs a power-of-two value group >= 8 dividing d and bits in 1..8, "
+                         f"got d={d}, group={group}, bits={bits} (encode_values takes smaller groups)")
+    cap = keys_out.gamma.shape[2] if keys_out.gamma is not None and keys_out.gamma.ndim == 3 else -1
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= cap - t:
+        raise ValueError(f"offset {offset!r} + {t} tokens must fit the store's {cap} tokens")
+    _expect("keys_out.codes", keys_out.codes, (b, h, cap, codec.key_words), torch.int32)
+    _expect("keys_out.gamma", keys_out.gamma, (b, h, cap), torch.bfloat16)
+    if codec.has_qjl:
+        _expect("keys_out.signs", keys_out.signs, (b, h, cap, -(-d // 32)), torch.int32)
+        _expect("keys_out.gamma_r", keys_out.gamma_r, (b, h, cap), torch.bfloat16)
+    _expect("values_out.codes", values_out.codes, (b, h, cap, -(-d * bits // 32)), torch.int32)
+    _expect("values_out.scale", values_out.scale, (b, h, cap, d // group), torch.float16)
+    _expect("values_out.minimum", values_out.minimum, (b, h, cap, d // group), torch.float16)
+    dev = k.device
+    if flags is not None and (flags.dtype != torch.float32 or flags.numel() != 2 or flags.device != dev
+                              or (flags.ndim and flags.stride(-1) != 1)):
+        raise ValueError("flags must be a float32 tensor of two consecutive elements on the keys' device")
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    codec = codec.to(dev)
+    dummy = _dummy(dev)
+    native = k.dtype != torch.float32 and not _interpreting()
+    block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config)
+    n_rows = b * h * t
+    n_groups = n_rows * (d // group)
+    key_programs = -(-n_rows // block_t)
+    if n_rows == 0:
+        return
+    _encode_unit_kernel[(key_programs + -(-n_groups // block_g),)](
+        k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2),
+        keys_out.codes if codec.key_words else dummy, keys_out.gamma.view(torch.int16),
+        keys_out.signs if codec.has_qjl else dummy,
+        keys_out.gamma_r.view(torch.int16) if codec.has_qjl else dummy,
+        values_out.codes.view(unit), values_out.scale, values_out.minimum,
+        flags if flags is not None else dummy, *_encode_tables(codec, dev, dummy),
+        n_rows, t, h, cap, offset, 1.0 / math.sqrt(d), key_programs, n_groups,
+        CHECK=flags is not None, **consts,
+    )

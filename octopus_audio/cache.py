@@ -87,28 +87,39 @@ class CacheStore:
 
 
 class DeferredFlags:
-    """The device-side record of one sequence's deferred data checks: row u of `peaks` [rows, 2] (the units'
-    dtype) holds max |k| and max |v| of unit u (NaN and Inf propagate), written by `record` without a host
-    sync; `units` rows are valid. `quantized`: values must also fit the fp16 range. A CUDA graph that
-    captured the sequence rewrites the same rows on each replay."""
+    """The device-side record of one sequence's deferred data checks, written without a host sync: row u of
+    `peaks` [rows, 2] (float32) says whether unit u's keys and values were fine, either as max |k| and max |v|
+    (`record`: torch reductions, NaN and Inf propagate) or as 0 for fine and +inf for bad (the fused encode
+    kernel writes row(u) while it encodes the unit); `units` rows are valid. `quantized`: values must also fit
+    the fp16 range. Rows start at zero (grown by doubling); a CUDA graph that captured the sequence zeroes and
+    rewrites the same rows on each replay."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, quantized: bool, rows: int = 16) -> None:
+    def __init__(self, device: torch.device, quantized: bool, rows: int = 16) -> None:
         self.quantized = quantized
         self.units = 0
-        self.peaks = torch.zeros(rows, 2, dtype=dtype, device=device)
-        self._rows = [(r[0], r[1]) for r in self.peaks]
+        self.peaks = torch.zeros(rows, 2, dtype=torch.float32, device=device)
+        self._split()
 
-    def record(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Two reductions into row `units` (rows double when full)."""
-        if self.units == len(self._rows):
-            grown = torch.zeros(2 * self.units, 2, dtype=self.peaks.dtype, device=self.peaks.device)
-            grown[:self.units].copy_(self.peaks)
+    def _split(self) -> None:
+        self._rows = [(r, r[0], r[1]) for r in self.peaks.unbind(0)]
+
+    def row(self, unit: int) -> torch.Tensor:
+        """Row `unit` ([2] float32, a view), counted valid from now on."""
+        if unit >= len(self._rows):
+            rows = max(2 * len(self._rows), unit + 1)
+            grown = torch.zeros(rows, 2, dtype=torch.float32, device=self.peaks.device)
+            grown[:self.units].copy_(self.peaks[:self.units])
             self.peaks = grown
-            self._rows = [(r[0], r[1]) for r in grown]
-        peak_k, peak_v = self._rows[self.units]
-        torch.linalg.vector_norm(k, ord=math.inf, out=peak_k)
-        torch.linalg.vector_norm(v, ord=math.inf, out=peak_v)
-        self.units += 1
+            self._split()
+        self.units = max(self.units, unit + 1)
+        return self._rows[unit][0]
+
+    def record(self, unit: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """max |k| and max |v| of unit `unit` into its row: two reductions."""
+        self.row(unit)
+        _, peak_k, peak_v = self._rows[unit]
+        torch.linalg.vector_norm(k, ord=math.inf, dtype=torch.float32, out=peak_k)
+        torch.linalg.vector_norm(v, ord=math.inf, dtype=torch.float32, out=peak_v)
 
     def error(self, rows: list[list[float]]) -> ValueError | None:
         """The append error these rows (`peaks[:units]` read back) mean, the same sentence as the immediate
@@ -158,6 +169,8 @@ def check_caches(caches, force: bool = False) -> None:
     """Run the deferred data checks of `caches` (those with unchecked units; every one with flags when
     `force`) with one host sync; raises the append ValueError of the first bad cache."""
     todo = [c for c in caches if c._flags is not None and (force or c._pending)]
+    for c in todo:
+        c._flush_checks()  # device work only: a graph capture records it
     if not todo or _capturing():
         return
     for c in todo:
@@ -220,6 +233,8 @@ class CompressedKVCache:
         self._layout: tuple | None = None  # (B, H, dtype, device) of the units held
         self._plan: _backend.CachePlan | None = None
         self._deferred = False
+        self._fused = None  # the fused encode launcher when the sequence uses it (`_fused_encoder`)
+        self._flushed = 0  # units whose deferred record is complete (fused: the window is recorded late)
         self._units_compressed = 0
         self._pending = False
 
@@ -332,7 +347,11 @@ class CompressedKVCache:
         """Finite keys; values finite (and within fp16 when quantized): now (one host sync) or deferred."""
         if self._deferred:
             if k.numel():
-                self._flags.record(k, v)
+                unit = self.num_units
+                if self._fused:
+                    self._flags.row(unit)  # written by the encode kernel, or by _flush_checks in the window
+                else:
+                    self._flags.record(unit, k, v)
                 self._pending = True
             return
         if self.value_quantizer is None:
@@ -350,9 +369,10 @@ class CompressedKVCache:
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
             # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
-            self._flags = DeferredFlags(device, k.dtype, self.value_quantizer is not None)
+            self._flags = DeferredFlags(device, self.value_quantizer is not None)
         self._deferred = deferred
         self._layout = (k.shape[0], k.shape[1], k.dtype, device)
+        self._fused = self._fused_encoder()
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add one unit (k, v [B, H, T_unit, d]); the oldest window unit beyond `window` is encoded."""
@@ -375,22 +395,83 @@ class CompressedKVCache:
         while len(self._window) > self.window:
             self._compress(*self._window.pop(0))
 
+    def _fused_encoder(self):
+        """`encode_unit` (keys and values of a unit in one launch, written into the store in place, data
+        checks recorded by the kernel) when this sequence's plan runs the encode kernels and the values come
+        in groups it takes; else None (separate encodes, then copies into the store)."""
+        plan, quant = self._plan, self.value_quantizer
+        if quant is None or not plan.kernel_encode or quant.group < 8 or quant.group & (quant.group - 1):
+            return None
+        from octopus_audio.kernels import encode_ops
+
+        return encode_ops.encode_unit
+
+    def _flush_checks(self) -> None:
+        """Deferred and fused: record the window units (the kernel records a unit only when it encodes it),
+        so the record covers every unit. Device work only."""
+        if not (self._deferred and self._fused):
+            return
+        first = max(self._flushed, self._units_compressed)
+        for i, (k, v) in enumerate(self._window[first - self._units_compressed:]):
+            if k.numel():
+                self._flags.record(first + i, k, v)
+        self._flushed = self.num_units
+
+    def _new_store(self, k: torch.Tensor, capacity: int) -> CacheStore:
+        """Empty store buffers (formats.md) for `capacity` tokens of this sequence, for the fused encode."""
+        B, H, _, d = k.shape
+        kc, quant = self._plan.kernel, self.value_quantizer
+
+        def buf(*tail, dtype, fill=False):
+            return (torch.zeros if fill else torch.empty)(B, H, capacity, *tail, dtype=dtype, device=k.device)
+
+        qjl = kc.has_qjl
+        keys = KeyState(dtype=k.dtype, codes=buf(kc.key_words, dtype=torch.int32),
+                        gamma=buf(dtype=torch.bfloat16),
+                        signs=buf(-(-d // 32), dtype=torch.int32) if qjl else None,
+                        gamma_r=buf(dtype=torch.bfloat16) if qjl else None)
+        words = -(-d * quant.bits // 32)
+        # the padding bits of a value row's last word are never written by the kernel: zero them once
+        padded = (d * quant.bits) % 32 != 0
+        values = ValueState(dtype=k.dtype, codes=buf(words, dtype=torch.int32, fill=padded),
+                            scale=buf(d // quant.group, dtype=torch.float16),
+                            minimum=buf(d // quant.group, dtype=torch.float16))
+        return CacheStore(keys, values, 0)
+
     def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_state = self._plan.encode_keys(self.codec, k)
-        v_state = self._plan.encode_values(self.value_quantizer, v)
         n = k.shape[2]
         store = self.store
+        if self._fused is not None:
+            if store is None:
+                store = self.store = self._new_store(k, max(n, self.capacity or 0))
+            elif store.length + n > store.capacity:
+                self._grow(store, n)
+            from octopus_audio.kernels import PackedKeys, PackedValues
+
+            keys, values = store.packed(PackedKeys, PackedValues, self.value_quantizer)
+            flags = self._flags.row(self._units_compressed) if self._deferred else None
+            self._fused(k, v, self._plan.kernel, keys, values, store.length, flags)
+            store.length += n
+            self._units_compressed += 1
+            return
+        k_state = self._plan.encode_keys(self.codec, k)
+        v_state = self._plan.encode_values(self.value_quantizer, v)
         if store is None:
             cap = max(n, self.capacity or 0)
             store = self.store = CacheStore(k_state.with_capacity(cap), v_state.with_capacity(cap), 0)
             store.length = n
         else:
             if store.length + n > store.capacity:
-                cap = max(store.length + n, 2 * store.capacity)
-                keys, values = store.valid()
-                store.rebind(keys.with_capacity(cap), values.with_capacity(cap))
+                self._grow(store, n)
             store.write(k_state, v_state, n)
         self._units_compressed += 1
+
+    @staticmethod
+    def _grow(store: CacheStore, n: int) -> None:
+        """Room for n more tokens: the store's capacity doubles (at least), its valid tokens copied."""
+        cap = max(store.length + n, 2 * store.capacity)
+        keys, values = store.valid()
+        store.rebind(keys.with_capacity(cap), values.with_capacity(cap))
 
     # ---- attend ----
     def _check_query(self, q: torch.Tensor) -> int:
