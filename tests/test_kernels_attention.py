@@ -5,6 +5,7 @@ kernels; `kernel_ops` re-imports them if another test imported them first). With
 OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
 """
 
+import dataclasses
 import math
 import os
 
@@ -188,6 +189,36 @@ def test_launch_variants_match_decoded_reference(variant):
     assert_close(got, want, TOL[dtype])
 
 
+# codec, bits, query dtype, config: the d = 128 score dots split in halves (the candidate workaround for the
+# H200 defect), with word tiles and gathered codes, 16-bit and fp32 projections
+HALVES = {
+    "turboquant-qjl-b3-bf16": ("turboquant-qjl", 3, torch.bfloat16,
+                               AttnConfig(block_m=32, score_halves=True)),
+    "polarquant-b3-bf16-gathers": ("polarquant", 3, torch.bfloat16,
+                                   AttnConfig(block_m=32, score_halves=True, tile_words=False)),
+    "octopus-qjl-b2-bf16-ieee-projection": ("octopus-qjl", 2, torch.bfloat16,
+                                            AttnConfig(block_m=16, score_halves=True, projection="ieee")),
+    "turboquant-mse-b3-fp32": ("turboquant-mse", 3, torch.float32, AttnConfig(block_m=32, score_halves=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(HALVES))
+def test_score_halves_match_decoded_reference(case):
+    """AttnConfig(score_halves=True) at d = 128: two d/2-deep score dots (polarquant's even | odd coordinates,
+    the others' first | second half of the codes and QJL signs) give the library's attention; 70 keys in
+    32-key steps leave a masked tail tile."""
+    name, bits, dtype, config = HALVES[case]
+    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
+        name, bits, tq=20, length=70, window=2, d=128, groups=1, dtype=dtype, seed=11)
+    want = reference(codec, quant, q, ks, vs, 70, k_win, v_win, 0.06)
+    kc = backend.kernel_codec(codec, 1, DEVICE)
+    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
+    got = kernel_ops(DEVICE).attention(*_to(DEVICE, q), keys, values, 70, *_to(DEVICE, k_win, v_win), kc,
+                                       scale=0.06, config=dataclasses.replace(config, block_n=32))
+    assert_close(got, want, TOL[dtype])
+
+
 @pytest.mark.parametrize("name", ["octopus-qjl", "turboquant-qjl"])
 def test_query_map_is_the_rotation_layout(name):
     """KernelCodec.query_map: q @ M_h is sqrt(d) R q (octopus: its triplet components x | y | z, zero past d)
@@ -265,6 +296,10 @@ def test_attention_rejects_bad_inputs():
         ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
     with pytest.raises(ValueError, match="operands must be one of native, tf32, ieee"):
         AttnConfig(operands="bf16")
+    with pytest.raises(ValueError, match="projection must be one of native, ieee"):
+        AttnConfig(projection="tf32")
+    with pytest.raises(ValueError, match="score_halves must be True, False or None"):
+        AttnConfig(score_halves=2)
 
 
 def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
