@@ -182,3 +182,118 @@ def test_octopus_encode_under_inference_mode():
         inside = kernel_ops(DEVICE).encode_keys(k.clone(), codec)
     outside = kernel_ops(DEVICE).encode_keys(k, codec)
     assert torch.equal(inside.codes, outside.codes) and torch.equal(inside.gamma, outside.gamma)
+
+
+# encode_unit: one launch for a unit's keys and values, written into a store at an offset -------------------
+# codec, key bits, head dim, dtype, value bits, value group: every codec, value chunks of 1..8 bits (1, 2, 4
+# and 8 bits a store each, 3 and 5 byte by byte) and groups of 8..32 channels
+UNIT_CASES = [("octopus", 2, 64, torch.bfloat16, 2, 16), ("octopus-qjl", 3, 64, torch.float16, 3, 16),
+              ("turboquant-mse", 4, 64, torch.float32, 8, 32),
+              ("turboquant-qjl", 1, 64, torch.bfloat16, 1, 8),
+              ("polarquant", 2, 128, torch.float32, 5, 16), ("octopus", 4, 128, torch.float16, 4, 16)]
+_SENTINEL = {torch.int32: -123456789, torch.bfloat16: -3.0, torch.float16: -5.0}
+
+
+def _store(codec, b, h, cap, d, bits, group):
+    """Store buffers of `cap` tokens filled with a sentinel (what the kernel must not touch stays)."""
+    from octopus_audio.kernels.spec import PackedKeys, PackedValues
+
+    def buf(*tail, dtype):
+        return torch.full((b, h, cap, *tail), _SENTINEL[dtype], dtype=dtype, device=DEVICE)
+
+    qjl = codec.has_qjl
+    keys = PackedKeys(buf(codec.key_words, dtype=torch.int32), buf(dtype=torch.bfloat16),
+                      buf(-(-d // 32), dtype=torch.int32) if qjl else None,
+                      buf(dtype=torch.bfloat16) if qjl else None)
+    values = PackedValues(buf(-(-d * bits // 32), dtype=torch.int32), buf(d // group, dtype=torch.float16),
+                          buf(d // group, dtype=torch.float16), bits, group)
+    return keys, values
+
+
+def _fields(keys, values):
+    return {"codes": keys.codes, "gamma": keys.gamma, "signs": keys.signs, "gamma_r": keys.gamma_r,
+            "v_codes": values.codes, "scale": values.scale, "minimum": values.minimum}
+
+
+def _qkv_views(b, t, h, d, dtype, seed):
+    """k and v as strided [B, H, T, d] views of a fused [B, T, 3, H, d] projection (as the model has them)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(b, t, 3, h, d, generator=g) * 3).to(dtype).to(DEVICE)
+    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return k, v
+
+
+@pytest.mark.parametrize("name,bits,d,dtype,v_bits,group", UNIT_CASES,
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}-v{vb}g{g}" for n, b, d, t, vb, g in UNIT_CASES])
+def test_encode_unit_writes_what_the_separate_encodes_return(name, bits, d, dtype, v_bits, group):
+    """Bit for bit the tokens encode_keys / encode_values return, at the offset; nothing else touched."""
+    ops = kernel_ops(DEVICE)
+    from octopus_audio.kernels import encode_ops
+
+    b, h, t, cap, offset = 2, 3, 7, 19, 5
+    kc = backend.kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
+    k, v = _qkv_views(b, t, h, d, dtype, seed=bits + d)
+    k[1, 2, 4] = 0.0  # a zero key
+    assert not k.is_contiguous() and not v.is_contiguous()
+    keys, values = _store(kc, b, h, cap, d, v_bits, group)
+    flags = torch.zeros(2, device=DEVICE)
+    encode_ops.encode_unit(k, v, kc, keys, values, offset, flags)
+    want = _fields(ops.encode_keys(k.contiguous(), kc), ops.encode_values(v.contiguous(), v_bits, group))
+    for field, got in _fields(keys, values).items():
+        if got is None:
+            assert want[field] is None, field
+            continue
+        assert torch.equal(got[:, :, offset:offset + t].cpu(), want[field].cpu()), field
+        rest = torch.cat((got[:, :, :offset], got[:, :, offset + t:]), 2)
+        assert bool((rest == _SENTINEL[got.dtype]).all()), f"{field} written outside the unit's tokens"
+    assert flags.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("bad", ["nan_k", "inf_k", "nan_v", "big_v", "clean"])
+def test_encode_unit_flags_bad_keys_and_values(bad):
+    """flags[0] turns +inf for a non-finite key, flags[1] for a value that is NaN or beyond fp16; rows of the
+    record beside the one passed stay untouched."""
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import encode_ops
+
+    b, h, t, d = 1, 2, 33, 64
+    kc = backend.kernel_codec(get_codec("octopus", 2, d, seed=1), h, DEVICE)
+    k, v = _qkv_views(b, t, h, d, torch.float32, seed=5)
+    spot = (0, 1, 32, 63)  # the last row of the last key block
+    if bad == "nan_k":
+        k[spot] = float("nan")
+    elif bad == "inf_k":
+        k[spot] = -float("inf")
+    elif bad == "nan_v":
+        v[spot] = float("nan")
+    elif bad == "big_v":
+        v[spot] = -65520.0
+    keys, values = _store(kc, b, h, t, d, 2, 16)
+    record = torch.zeros(3, 2, device=DEVICE)
+    encode_ops.encode_unit(k, v, kc, keys, values, 0, record[1])
+    inf = float("inf")
+    want = {"nan_k": [inf, 0.0], "inf_k": [inf, 0.0], "nan_v": [0.0, inf], "big_v": [0.0, inf],
+            "clean": [0.0, 0.0]}[bad]
+    assert record.tolist() == [[0.0, 0.0], want, [0.0, 0.0]]
+
+
+def test_encode_unit_rejects_what_it_cannot_write():
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import encode_ops
+
+    d = 64
+    kc = backend.kernel_codec(get_codec("octopus", 2, d), 2, DEVICE)
+    k, v = _qkv_views(1, 4, 2, d, torch.float32, seed=0)
+    keys, values = _store(kc, 1, 2, 10, d, 2, 16)
+    with pytest.raises(ValueError, match="must fit the store's 10 tokens"):
+        encode_ops.encode_unit(k, v, kc, keys, values, 7)
+    small = _store(kc, 1, 2, 10, d, 2, 4)[1]
+    with pytest.raises(ValueError, match="group >= 8"):
+        encode_ops.encode_unit(k, v, kc, keys, small, 0)
+    strided = type(keys)(keys.codes[:, :, ::2], keys.gamma[:, :, ::2])
+    with pytest.raises(ValueError, match="keys_out.codes must be a contiguous"):
+        encode_ops.encode_unit(k, v, kc, strided, values, 0)
+    with pytest.raises(ValueError, match="k and v must both be"):
+        encode_ops.encode_unit(k, v[:, :, :3], kc, keys, values, 0)
+    with pytest.raises(ValueError, match="flags must be a float32"):
+        encode_ops.encode_unit(k, v, kc, keys, values, 0, torch.zeros(2, dtype=torch.int32, device=DEVICE))

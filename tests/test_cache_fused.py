@@ -1,0 +1,117 @@
+"""The cache's fused encode path (one launch per unit, written into the store, checks recorded by the kernel)
+against the separate encode launches and the immediate data checks.
+
+Runs the Triton kernels on the CPU under TRITON_INTERPRET=1 (set at import, as the kernel tests do) with the
+triton backend forced; with OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU.
+"""
+
+import os
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from helpers import kernel_ops  # noqa: E402
+
+from octopus_audio import CompressedKVCache  # noqa: E402
+from octopus_audio import cache as cache_module  # noqa: E402
+
+B, H, D = 2, 2, 64
+SIZES = (1, 3, 5, 2, 4)  # five units of uneven size (scales)
+
+
+@pytest.fixture(autouse=True)
+def _triton(monkeypatch):
+    kernel_ops(DEVICE)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+
+
+def _units(seed=0, dtype=torch.bfloat16, sizes=SIZES):
+    """(k, v) per unit as strided [B, H, T, D] views of a fused projection, as the model hands them over."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in sizes:
+        qkv = (torch.randn(B, t, 3, H, D, generator=g) * 2).to(dtype).to(DEVICE)
+        _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        out.append((k, v))
+    return out
+
+
+def _fill(cache, units):
+    for k, v in units:
+        cache.append(k, v)
+    return cache
+
+
+def _unfused(monkeypatch):
+    monkeypatch.setattr(CompressedKVCache, "_fused_encoder", lambda self: None)
+
+
+# every kernel codec with a store grown from its first unit; octopus also grown once (9) and reserved (64)
+KERNEL_CODECS = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-qjl", "polarquant")
+FUSED_CASES = [(n, None) for n in KERNEL_CODECS]
+FUSED_CASES += [("octopus", 9), ("octopus", 64)]
+
+
+@pytest.mark.parametrize("name,capacity", FUSED_CASES, ids=[f"{n}-cap{c}" for n, c in FUSED_CASES])
+def test_fused_store_equals_the_separate_encodes(name, capacity, monkeypatch):
+    """Same valid tokens bit for bit and the same attention, whether the store grows (capacity None, 9) or
+    was reserved (64); the fused path runs one encode launch per unit."""
+    units = _units(seed=len(name))
+    q = torch.randn(B, 2 * H, 3, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(DEVICE)
+    options = dict(window=1, seed=4, capacity=capacity, defer_checks=True)
+    fused = _fill(CompressedKVCache(name, 2, D, **options), units)
+    assert fused._fused is not None and fused.backend == "triton"
+    _unfused(monkeypatch)
+    plain = _fill(CompressedKVCache(name, 2, D, **options), units)
+    assert plain._fused is None
+    for got, want in zip(fused.store.valid(), plain.store.valid(), strict=True):
+        for field, t in want.tensors().items():
+            assert torch.equal(getattr(got, field).cpu(), t.cpu()), field
+    assert fused.store.capacity == plain.store.capacity
+    assert torch.equal(fused.attend(q, 0.125).cpu(), plain.attend(q, 0.125).cpu())
+    fused.check()
+    plain.check()
+
+
+@pytest.mark.parametrize("where", ["stored", "window"])
+@pytest.mark.parametrize("bad", ["nan_k", "inf_v", "big_v"])
+def test_fused_deferred_checks_raise_what_append_raises(bad, where):
+    """A bad unit that was encoded (flagged by the kernel) or is still in the native window (recorded at the
+    check) raises at check() the error an immediate check raises at append."""
+    units = _units(seed=3, sizes=(1, 2, 3))
+    index = 1 if where == "stored" else len(units) - 1
+    k, v = units[index]
+    k, v = k.clone(), v.clone()
+    if bad == "nan_k":
+        k[1, 0, 0, 5] = float("nan")
+    elif bad == "inf_v":
+        v[0, 1, -1, 9] = float("inf")
+    else:
+        v[0, 0, 0, 0] = 7e4
+    units[index] = (k, v)
+    with pytest.raises(ValueError) as now:
+        _fill(CompressedKVCache("octopus", 2, D, window=1, defer_checks=False), units)
+    deferred = _fill(CompressedKVCache("octopus", 2, D, window=1, defer_checks=True), units)
+    assert deferred._fused is not None
+    with pytest.raises(ValueError) as later:
+        deferred.check()
+    assert str(later.value) == str(now.value)
+    clean = _fill(CompressedKVCache("octopus", 2, D, window=1, defer_checks=True), _units(3, sizes=(1, 2, 3)))
+    clean.check()
+
+
+def test_fused_checks_are_recorded_while_capturing_and_read_after(monkeypatch):
+    """During a (emulated) CUDA graph capture the check only records (the window units too); reading the
+    record afterwards, as replay_check does, raises for a bad window unit."""
+    units = _units(seed=8, sizes=(1, 2, 3))
+    k, v = units[-1]
+    units[-1] = (k.clone().fill_(float("nan")), v)
+    cache = _fill(CompressedKVCache("turboquant-mse", 2, D, window=1, defer_checks=True), units)
+    monkeypatch.setattr(cache_module, "_capturing", lambda: True)
+    cache.check()  # no read while capturing; the window unit is recorded
+    monkeypatch.setattr(cache_module, "_capturing", lambda: False)
+    with pytest.raises(ValueError, match="non-finite keys"):
+        cache_module.check_flags([cache.deferred_flags()])
