@@ -1,137 +1,207 @@
-"""GPU sweep of the single-query table-lookup attention (kernels/adc_*.py) at long context, against bf16 SDPA
-and the split-K flash_decode kernel on the same store.
+"""GPU sweep of the single-query score-table attention (kernels/adc_*.py) at 128k keys: value-loop variants x
+launch configurations against bf16 SDPA, each variant checked against a float64 reference on the GPU.
 
-Run from the repository root on a CUDA machine:
-    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 25]
-Checks the output against the library's decode-then-SDPA first (relative error printed per row), then times
-launch configurations (block_k x block_v x num_warps x programs_per_sm) for octopus b=2 and the best of
-them for the other bit widths and octopus-qjl. Writes OUT/sweep_adc.json and OUT/sweep_adc.md.
+Run from the repository root on a CUDA machine (package folders linked as the device notes say):
+    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 20] [--budget-s 105]
+Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys + 1 window key, octopus b=2):
+1. correctness: every value-loop variant with fp32 queries against float64 attention over the library's fp32
+   decode (relative RMS error, must be < 1e-4: a row says FAIL otherwise);
+2. timing (bf16 queries, as `octopus-audio bench`): variants x (block_k, block_v, warps, programs per SM),
+   and the ops.attention default path; the best row again with the value phase off (probe 1) and with no
+   table reads (probe 2), and per-kernel GPU times of the best row from torch.profiler;
+3. octopus b=4 and octopus-qjl b=2 at d=128 (old and new value loop) with the best d=128 launch, checked too.
+Variants: `shift` = the first value loop (5 instructions a channel), `in_place/gt1` = codes masked in place
+as subnormals (2 a channel), `in_place/gt2` = the same with two groups of a key per thread row (the default).
+Writes OUT/sweep_adc.json and OUT/sweep_adc.md; stops timing new configurations past --budget-s.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import math
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from octopus_audio.bench import (
-    AttnShape,
-    Job,
-    _attention_inputs,
-    _bench,
-    _nbytes,
-    _sdpa_inputs,
-    copy_bandwidth,
-)
+from octopus_audio.bench import AttnShape, Job, _attention_inputs, _bench, _sdpa_inputs
 from octopus_audio.kernels import adc_ops, ops
 
-LONG = [(64, 16), (128, 32)]
-KEYS = [8192, 32768, 131072]
+LENGTH = 131071  # + 1 window key = 128k keys
+SHAPES = [(128, 32), (64, 16)]
+VARIANTS = {"shift": dict(value_loop="shift", value_groups=1),
+            "in_place/gt1": dict(value_loop="in_place", value_groups=1),
+            "in_place/gt2": dict(value_loop="in_place", value_groups=2)}
+LAUNCHES = {128: [(256, 64, 8, 4), (256, 64, 8, 2), (256, 64, 8, 8), (128, 64, 4, 8), (128, 64, 4, 4)],
+            64: [(128, 64, 4, 8), (128, 64, 4, 4), (128, 64, 4, 16), (256, 64, 8, 4)]}
+TOL = 1e-4
+
+
+def reference64(inputs, length):
+    """float64 softmax(q.K/sqrt(d)) V over the library's fp32 decode of the store plus the window."""
+    lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+    d = q.shape[-1]
+    k = torch.cat([lib.decode(ks, torch.float32).double(), k_win.double()], 2)
+    s = torch.einsum("bhqd,bhnd->bhqn", q.double(), k) / math.sqrt(d)
+    del k
+    p = torch.softmax(s, -1)
+    v = torch.cat([quant.decode(vs, torch.float32).double(), v_win.double()], 2)
+    out = torch.einsum("bhqn,bhnd->bhqd", p, v)
+    assert out.shape == q.shape and ks.codes.shape[2] == length
+    return out
+
+
+def rel_err(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def sdpa_time(shape, dev, rep_ms):
+    q0, k0, v0 = _sdpa_inputs(shape, dev)
+    return _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
+
+
+def kernel_times(fn, reps=20):
+    """Mean GPU microseconds per call of each kernel fn launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {}
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if total and e.count:
+            times[e.key[:60]] = round(total / reps, 2)
+    return times
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rep-ms", type=float, default=25.0)
+    ap.add_argument("--rep-ms", type=float, default=20.0)
+    ap.add_argument("--budget-s", type=float, default=105.0)
+    ap.add_argument("--length", type=int, default=LENGTH, help="compressed keys (smoke runs only)")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing)")
     args = ap.parse_args()
+    length = args.length
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    dev = torch.device("cuda")
-    copy_gbps = copy_bandwidth(args.rep_ms)
-    print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
-    rows = []
-    sdpa_cache: dict = {}
+    dev = torch.device(args.device)
+    rows, checks, profiles = [], [], {}
+    best_d128 = None
 
-    def sdpa_ms(shape):
-        if shape not in sdpa_cache:
-            q0, k0, v0 = _sdpa_inputs(shape, dev)
-            sdpa_cache[shape] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), args.rep_ms)
-        return sdpa_cache[shape]
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
-    def measure(codec, bits, shape, cfg, with_flash=False, check=False):
-        job = Job("attention", codec, bits, shape)
-        inputs = _attention_inputs(job, dev)
+    def check(label, codec, bits, d, inputs, want, variant):
         lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
-        fn = lambda: adc_ops.attention_adc(q, keys, values, shape.length, k_win, v_win, kc, **cfg)  # noqa: E731
-        out = fn()
-        row = {"codec": codec, "bits": bits, "d": shape.d, "heads": shape.heads, "keys": shape.length + 1,
-               **{k: v for k, v in cfg.items()}}
-        if check:
-            k_all = torch.cat([lib.decode(ks, torch.bfloat16), k_win], 2)
-            v_all = torch.cat([quant.decode(vs, torch.bfloat16), v_win], 2)
-            ref = F.scaled_dot_product_attention(q, k_all, v_all).float()
-            row["rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
-            del k_all, v_all, ref
-        ms = _bench(fn, args.rep_ms)
-        moved = (_nbytes(*ks.tensors().values()) + _nbytes(*vs.tensors().values()) + _nbytes(k_win, v_win, q)
-                 + _nbytes(out))
-        s_ms = sdpa_ms(shape)
-        row.update(ms=ms, sdpa_ms=s_ms, speedup_vs_sdpa=s_ms / ms, gbps=moved / ms / 1e6,
-                   of_copy=moved / ms / 1e6 / copy_gbps)
-        if with_flash:
-            try:
-                flash = lambda: ops.attention(q, keys, values, shape.length, k_win, v_win, kc)  # noqa: E731
-                row["flash_ms"] = _bench(flash, args.rep_ms)
-            except Exception as e:  # the flash path is another helper's work in progress: report, go on
-                print(f"flash_decode failed: {type(e).__name__}: {e}", flush=True)
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
-        print(json.dumps(shown), flush=True)
+        got = adc_ops.attention_adc(q.float(), keys, values, length, k_win.float(), v_win.float(), kc,
+                                    **VARIANTS[variant])
+        err = rel_err(got, want)
+        checks.append(dict(label=label, codec=codec, bits=bits, d=d, variant=variant, rel_err=err,
+                           ok=err < TOL))
+        verdict = "ok" if err < TOL else "FAIL"
+        log(f"check {label} {codec} b={bits} d={d} {variant}: rel err {err:.2e} {verdict}")
+
+    def time_row(codec, bits, d, heads, inputs, sdpa_ms, variant, launch, probe=0):
+        lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+        bk, bv, nw, pps = launch
+        cfg = dict(block_k=bk, block_v=bv, num_warps=nw, programs_per_sm=pps, _probe=probe)
+        if variant == "ops.attention default":
+            fn = lambda: ops.attention(q, keys, values, length, k_win, v_win, kc)  # noqa: E731
+        else:
+            cfg.update(VARIANTS[variant])
+            fn = lambda: adc_ops.attention_adc(q, keys, values, length, k_win, v_win, kc, **cfg)  # noqa: E731
+        try:
+            fn()
+            ms = _bench(fn, args.rep_ms)
+        except Exception as e:  # a launch that does not compile or fit is reported, the sweep goes on
+            log(f"{codec} b={bits} d={d} {variant} {launch} failed: {type(e).__name__}: {e}")
+            return None
+        row = dict(codec=codec, bits=bits, d=d, heads=heads, keys=length + 1, variant=variant, block_k=bk,
+                   block_v=bv, warps=nw, pps=pps, probe=probe, ms=ms, sdpa_ms=sdpa_ms, x_sdpa=sdpa_ms / ms)
         rows.append(row)
-        return row
+        log(f"{codec} b={bits} d={d} {variant:22s} {launch} probe={probe}: {ms:.4f} ms "
+            f"({sdpa_ms / ms:.2f}x SDPA)")
+        return row, fn
 
-    # 1) launch configurations, octopus b=2 at 128k keys
-    best = {}
-    for di, (d, h) in enumerate(LONG):
-        shape = AttnShape(f"1 q x 128k, d={d}", 1, h, 1, KEYS[-1] - 1, 1, d)
-        cands = [dict(block_k=32 * nw * kpt, block_v=bv, num_warps=nw, programs_per_sm=pps)
-                 for nw, kpt, bv, pps in itertools.product((4, 8), (1,), (32, 64), (4, 8, 16))]
-        cands += [dict(block_k=64, block_v=32, num_warps=2, programs_per_sm=pps) for pps in (16, 32)]
-        results = []
-        for i, cfg in enumerate(cands):
-            try:
-                results.append(measure("octopus", 2, shape, cfg, check=i == 0))
-            except Exception as e:  # a config that does not compile or fit is reported and skipped
-                print(f"config {cfg} failed: {type(e).__name__}: {e}", flush=True)
-            if time.time() - t0 > 90 * (di + 1):
+    for d, heads in SHAPES:
+        shape = AttnShape(f"1 q x 128k, d={d}", 1, heads, 1, length, 1, d)
+        inputs = _attention_inputs(Job("attention", "octopus", 2, shape), dev)
+        sdpa_ms = sdpa_time(shape, dev, args.rep_ms)
+        log(f"d={d} x {heads} heads: bf16 SDPA {sdpa_ms:.4f} ms")
+        want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
+        for variant in VARIANTS:
+            check(f"{length + 1} keys", "octopus", 2, d, inputs, want, variant)
+        del want
+        torch.cuda.empty_cache()
+        timed = [time_row("octopus", 2, d, heads, inputs, sdpa_ms, "ops.attention default", (0, 0, 0, 0))]
+        for li, launch in enumerate(LAUNCHES[d]):
+            if li and time.time() - t0 > args.budget_s * (0.4 if d == 128 else 0.75):
+                log(f"budget: skipping launch {launch} and later ones at d={d}")
                 break
-        best[d] = min(results, key=lambda r: r["ms"])
-        print(f"best d={d}: {best[d]}", flush=True)
+            for variant in VARIANTS:
+                timed.append(time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, launch))
+        timed = [t for t in timed if t is not None]
+        best_row, best_fn = min(timed, key=lambda t: t[0]["ms"])
+        log(f"best d={d}: {best_row}")
+        if best_row["variant"] != "ops.attention default":
+            launch = (best_row["block_k"], best_row["block_v"], best_row["warps"], best_row["pps"])
+            for probe in (1, 2):
+                time_row("octopus", 2, d, heads, inputs, sdpa_ms, best_row["variant"], launch, probe)
+            if d == 128:
+                best_d128 = (best_row["variant"], launch)
+        profiles[f"d={d} {best_row['variant']}"] = kernel_times(best_fn)
+        log(f"kernel GPU us per call: {profiles[f'd={d} ' + best_row['variant']]}")
+        del inputs
+        torch.cuda.empty_cache()
 
-    # 2) what bounds it: the same call without the value phase (probe 1) and without the table reads (2)
-    for d, h in LONG:
-        cfg = {k: best[d][k] for k in ("block_k", "block_v", "num_warps", "programs_per_sm")}
-        shape = AttnShape(f"1 q x 128k, d={d}", 1, h, 1, KEYS[-1] - 1, 1, d)
-        for probe in (1, 2):
-            measure("octopus", 2, shape, dict(cfg, _probe=probe))
+    if best_d128 is not None:
+        variant, launch = best_d128
+        shape = AttnShape("1 q x 128k, d=128", 1, 32, 1, length, 1, 128)
+        sdpa_ms = sdpa_time(shape, dev, args.rep_ms)
+        for codec, bits in (("octopus", 4), ("octopus-qjl", 2)):
+            if time.time() - t0 > args.budget_s:
+                log(f"budget: skipping {codec} b={bits}")
+                continue
+            inputs = _attention_inputs(Job("attention", codec, bits, shape), dev)
+            want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
+            for v in dict.fromkeys(("shift", variant)):
+                check(f"{length + 1} keys", codec, bits, 128, inputs, want, v)
+            del want
+            torch.cuda.empty_cache()
+            for v in dict.fromkeys(("shift", variant)):
+                time_row(codec, bits, 128, 32, inputs, sdpa_ms, v, launch)
+            del inputs
+            torch.cuda.empty_cache()
 
-    # 3) every length, bit width and the -qjl codec with the best configuration of its head dim
-    for d, h in LONG:
-        cfg = {k: best[d][k] for k in ("block_k", "block_v", "num_warps", "programs_per_sm")}
-        for n in KEYS:
-            shape = AttnShape(f"1 q x {n // 1024}k, d={d}", 1, h, 1, n - 1, 1, d)
-            for codec, bits in (("octopus", 2), ("octopus", 3), ("octopus", 4), ("octopus-qjl", 2)):
-                if time.time() - t0 > 280:
-                    break
-                measure(codec, bits, shape, cfg, with_flash=True, check=True)
-
-    (args.out / "sweep_adc.json").write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}, indent=1))
-    lines = ["| codec | b | d | heads | keys | block_k | block_v | warps | pps | ms | SDPA ms | x SDPA | "
-             "flash ms | GB/s | of copy | rel err |", "|" + " --- |" * 16]
+    failed = [c for c in checks if not c["ok"]]
+    (args.out / "sweep_adc.json").write_text(json.dumps(
+        {"rows": rows, "checks": checks, "kernel_us": profiles, "seconds": time.time() - t0}, indent=1))
+    lines = ["| codec | b | d | heads | variant | block_k | block_v | warps | pps | probe | ms | SDPA ms "
+             "| x SDPA |", "|" + " --- |" * 13]
     for r in rows:
-        nan = float("nan")
-        probe = {1: " (no values)", 2: " (no table reads)"}.get(r.get("_probe", 0), "")
-        lines.append(f"| {r['codec']}{probe} | {r['bits']} | {r['d']} | {r['heads']} | {r['keys']} | "
-                     f"{r['block_k']} | {r['block_v']} | {r['num_warps']} | {r['programs_per_sm']} | "
-                     f"{r['ms']:.4f} | "
-                     f"{r['sdpa_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} | {r.get('flash_ms', nan):.4f} | "
-                     f"{r['gbps']:.0f} | {r['of_copy']:.0%} | {r.get('rel_err', nan):.1e} |")
+        probe = {0: "", 1: "no values", 2: "no table reads"}[r["probe"]]
+        lines.append(f"| {r['codec']} | {r['bits']} | {r['d']} | {r['heads']} | {r['variant']} | "
+                     f"{r['block_k']} | {r['block_v']} | {r['warps']} | {r['pps']} | {probe} | "
+                     f"{r['ms']:.4f} | {r['sdpa_ms']:.4f} | {r['x_sdpa']:.2f} |")
+    lines += ["", "| check | codec | b | d | variant | rel err (float64 ref) | ok |", "|" + " --- |" * 7]
+    for c in checks:
+        lines.append(f"| {c['label']} | {c['codec']} | {c['bits']} | {c['d']} | {c['variant']} | "
+                     f"{c['rel_err']:.2e} | {'ok' if c['ok'] else 'FAIL'} |")
+    lines += ["", "kernel GPU us per call (torch.profiler):"]
+    lines += [f"- {k}: {v}" for k, v in profiles.items()]
     (args.out / "sweep_adc.md").write_text("\n".join(lines) + "\n")
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    log(f"done; {len(failed)} failed checks" + (f": {failed}" if failed else ""))
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
