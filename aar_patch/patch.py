@@ -210,6 +210,10 @@ class _LayerPatch:
                                                      window=config.window, v_group=config.v_group,
                                                      seed=layer_seed(config.seed, index),
                                                      capacity=capacity)
+        weight = getattr(getattr(module, "mat_qkv", None), "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.device.type == "cuda":
+            # the codec tables' host-to-device copies (host syncs) now, not in the first generation
+            self.cache.prepare(self.num_heads, weight.device)
         self.config = config
         self.units = 0
         self.last: LayerStats | None = None

@@ -316,6 +316,21 @@ class CompressedKVCache:
                 "tokens": self.num_tokens, "window_tokens": self.window_tokens, "store_tokens": self.length,
                 "rows": rows}
 
+    def prepare(self, num_heads: int, device: torch.device | str) -> None:
+        """Build before the first sequence what a sequence of `num_heads` KV heads on `device` needs from the
+        host: the kernels' view of the codec (its tables and rotation signs, cached on the codec) and the
+        codec's own sign vectors. On CUDA each of those host-to-device copies is a host sync, six per layer
+        for octopus; made here, a generation copies nothing from the host. Optional: the first unit of the
+        first sequence builds them otherwise."""
+        device = torch.device(device)
+        _backend.CachePlan(self.codec, num_heads, device, self.codec_name)
+        if self.codec_name != "none":
+            from octopus_audio.codecs.qjl import QJL_STREAM
+
+            self.codec.signs(num_heads, device)
+            if self.codec.qjl:
+                self.codec.signs(num_heads, device, stream=QJL_STREAM)
+
     # ---- data checks ----
     def check(self) -> None:
         """Run the deferred data checks of the units appended so far (one host sync; nothing to do when the

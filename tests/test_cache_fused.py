@@ -115,3 +115,23 @@ def test_fused_checks_are_recorded_while_capturing_and_read_after(monkeypatch):
     monkeypatch.setattr(cache_module, "_capturing", lambda: False)
     with pytest.raises(ValueError, match="non-finite keys"):
         cache_module.check_flags([cache.deferred_flags()])
+
+
+@pytest.mark.parametrize("name", ["octopus", "turboquant-qjl"])
+def test_prepare_builds_every_table_from_the_host_before_the_first_unit(name, monkeypatch):
+    """After prepare() (what patch_aar calls for a CUDA model) a sequence reads no codebook and makes no
+    rotation signs: on CUDA those host-to-device copies were the first generation's host syncs."""
+    import octopus_audio.codebooks
+    import octopus_audio.rotation
+
+    cache = CompressedKVCache(name, 2, D, window=1, defer_checks=True, seed=6)
+    cache.prepare(H, DEVICE)
+
+    def no_host_tables(*args, **kwargs):
+        raise AssertionError("a table was built from the host during the sequence")
+
+    monkeypatch.setattr(octopus_audio.codebooks, "get_codebook", no_host_tables)
+    monkeypatch.setattr(octopus_audio.rotation, "head_signs", no_host_tables)
+    q = torch.randn(B, H, 2, D).to(torch.bfloat16).to(DEVICE)
+    _fill(cache, _units(seed=2, sizes=(1, 2))).attend(q, 0.125)
+    cache.check()
