@@ -237,40 +237,42 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
 
 
 @triton.jit
-def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constexpr, V_BITS: tl.constexpr,
-                     BLOCK_V: tl.constexpr, GT: tl.constexpr):
-    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA).
+def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
+    """Per-column constants of _values_in_place's [R, 16 * GT] tiles: (group in the row, 16-bit half, bit
+    position of the code in its half), each [1, 16 * GT]."""
+    col = tl.arange(0, 16 * GT)[None, :]
+    PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
+    return col // 16, (col % 16) // PH, (col % PH) * V_BITS
+
+
+@triton.jit
+def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_vec, G: tl.constexpr,
+                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr):
+    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA):
+    adds keys [c0, c1) to the accumulators acc [R, 16 GT], acc_min [R, GT], l_vec [R, 1] and returns them.
 
     Rows are GT consecutive groups of one key (R = BLOCK_V * G / GT a step, 16 * GT columns, a thread owns
     whole rows, so a key's score load and exp2 serve GT groups). A group's 16 codes are cut into 16-bit
     halves (one shift a word); code k of half h sits at bit pos_k = (k % (16 / V_BITS)) * V_BITS, and masking
     it in place gives the bit pattern of the fp32 subnormal c * 2^pos_k * 2^-149, exactly (the pattern stays
     below bit 16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number; the product is normal for
-    every term that matters, p * scale > 2^-50), and the per-column constant 2^(149 - W_EXP - pos_k) (a power
-    of two: exact) is applied once after the loop. Needs IEEE subnormals in the FMA (Triton emits FFMA
-    without .FTZ; the GPU runs it at full rate). Returns (acc [G, 16], l)."""
+    every term that matters, p * scale > 2^-50), and _in_place_sum applies the per-column constant
+    2^(149 - W_EXP - pos_k) (a power of two: exact) once. Needs IEEE subnormals in the FMA (Triton emits FFMA
+    without .FTZ; the GPU runs it at full rate)."""
     GR: tl.constexpr = G // GT  # rows a key
     R: tl.constexpr = BLOCK_V * GR
     C: tl.constexpr = 16 * GT
-    PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
     NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
-    W_EXP: tl.constexpr = 100  # p * scale * 2^100 < 2^116: no overflow for fp16 scales
     rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
-    col = tl.arange(0, C)[None, :]
-    cg = col // 16  # the column's group within the row
-    half = (col % 16) // PH
-    pos = (col % PH) * V_BITS
+    cg, half, pos = _in_place_columns(G, V_BITS, GT)
     masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
     gcol = tl.arange(0, GT)[None, :]
-    acc = tl.zeros((R, C), tl.float32)
-    acc_min = tl.zeros((R, GT), tl.float32)
-    l_vec = tl.zeros((R, 1), tl.float32)
-    for n0 in range(start, end, BLOCK_V):
+    for n0 in range(c0, c1, BLOCK_V):
         n = n0 + rho // GR
-        ok = n < end
+        ok = n < c1
         grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
         p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
-        pw = p * 1.2676506002282294e30  # p * 2^W_EXP
+        pw = p * 1.2676506002282294e30  # p * 2^W_EXP, W_EXP = 100: p * scale * 2^100 < 2^116 (fp16 scales)
         wgt = tl.zeros((R, C), tl.float32)
         mn = tl.zeros((R, GT), tl.float32)
         hw = tl.zeros((R, C), tl.uint32)
@@ -290,12 +292,22 @@ def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
         x = (hw & masks).to(tl.float32, bitcast=True)
         acc += x * wgt
         acc_min += p * mn
-        l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) at the end
+        l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) in _in_place_sum
+    return acc, acc_min, l_vec
+
+
+@triton.jit
+def _in_place_sum(acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.constexpr, BLOCK_V: tl.constexpr,
+                  GT: tl.constexpr):
+    """(acc [G, 16], l) from _values_in_place's accumulators: the column scales, the sum over rows."""
+    GR: tl.constexpr = G // GT
+    W_EXP: tl.constexpr = 100
+    cg, half, pos = _in_place_columns(G, V_BITS, GT)
     # 2^(149 - W_EXP - pos) as a bit pattern (exact; exp2 of an integer need not be)
     col_scale = ((127 + 149 - W_EXP - pos) << 23).to(tl.float32, bitcast=True)
-    acc = tl.reshape(tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, GR, C)), axis=0), (G, 16))
+    acc = tl.reshape(tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, GR, 16 * GT)), axis=0), (G, 16))
     acc_min = tl.reshape(tl.sum(tl.reshape(acc_min, (BLOCK_V, GR, GT)), axis=0), (G,))
-    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0) / GR
+    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (BLOCK_V * GR,)), 0) / GR
 
 
 @triton.jit
@@ -349,7 +361,7 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1,
+    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1, STAGE_K: tl.constexpr = 0,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -371,30 +383,58 @@ def _adc_attn_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, t_comp)
     s_row = s_ptr + row
-    m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
-                      ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
-                      D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
     last = pid_s == n_splits - 1
     n_win = tl.where(last, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
-    s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
-    m = tl.maximum(m, tl.max(s_win, 0))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    tl.debug_barrier()
-
-    # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
-    if PROBE == 1:  # measurement only: no value phase
-        acc = tl.zeros((G, V_GROUP), tl.float32)
-        l_i = tl.full((), 1.0, tl.float32)
-    elif (VALUES == 1) and (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
-        acc, l_i = _values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                    start, end, G, V_BITS, BLOCK_V, V_GT)
-    elif (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
-        acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                    start, end, G, V_BITS, BLOCK_V)
+    IN_PLACE: tl.constexpr = (VALUES == 1) and (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8)
+    if IN_PLACE and (PROBE != 1):
+        # stages of STAGE_K keys (0: the whole split): scores, then their values, the running maximum
+        # rescaling the accumulators when it grows (an online softmax by stages, exact like the two-pass one)
+        R: tl.constexpr = BLOCK_V * G // V_GT
+        acc_t = tl.zeros((R, 16 * V_GT), tl.float32)
+        acc_min = tl.zeros((R, V_GT), tl.float32)
+        l_vec = tl.zeros((R, 1), tl.float32)
+        m_run = tl.full((), float("-inf"), tl.float32)
+        stage = chunk if STAGE_K == 0 else STAGE_K
+        for c0 in range(start, end, stage):
+            c1 = tl.minimum(c0 + stage, end)
+            m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
+                                ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef,
+                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
+            tl.debug_barrier()
+            if m_c > m_run:
+                alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
+                acc_t *= alpha
+                acc_min *= alpha
+                l_vec *= alpha
+                m_run = m_c
+            acc_t, acc_min, l_vec = _values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
+                                                     vm_ptr + row * G, s_row, m_run, c0, c1, acc_t, acc_min,
+                                                     l_vec, G, V_BITS, BLOCK_V, V_GT)
+        s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
+        m = tl.maximum(m_run, tl.max(s_win, 0))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        alpha = tl.exp2(m_run - m)
+        acc, l_i = _in_place_sum(acc_t * alpha, acc_min * alpha, l_vec * alpha, G, V_BITS, BLOCK_V, V_GT)
     else:
-        acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                  start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
+        m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
+                          ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
+                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
+        s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
+        m = tl.maximum(m, tl.max(s_win, 0))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        tl.debug_barrier()
+
+        # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
+        if PROBE == 1:  # measurement only: no value phase
+            acc = tl.zeros((G, V_GROUP), tl.float32)
+            l_i = tl.full((), 1.0, tl.float32)
+        elif (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
+            acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                        start, end, G, V_BITS, BLOCK_V)
+        else:
+            acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                      start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
 
     # the native window (last split)
     p_win = tl.exp2(s_win - m)

@@ -17,6 +17,7 @@ MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path 
 
 MAX_WINDOW = 64
 VALUE_LOOPS = {"in_place": 1, "shift": 0}  # phase-2 inner loops of adc_decode (the kernel's VALUES)
+STAGE_KEYS = 1024  # keys scored before their values (in_place loop); 0: the whole split
 
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
@@ -46,7 +47,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, value_loop: str = "in_place",
-                  value_groups: int | None = None, _probe: int = 0) -> torch.Tensor:
+                  value_groups: int | None = None, stage_keys: int | None = None,
+                  _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -58,12 +60,16 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     multiplies the subnormal it makes (two instructions a channel), "shift" (the first version, kept to
     compare) shifts it down and converts it (five); other value formats take the general loop either way.
     `value_groups` (in_place only): value groups of one key a thread takes per row (1, 2 or 4; default 2
-    where a step still has a row for every thread, else 1).
+    where a step still has a row for every thread, else 1). `stage_keys` (in_place only): keys scored before
+    their values are accumulated (a power of two, a multiple of both steps, default STAGE_KEYS), the softmax
+    maximum carried across the stages; 0 scores the whole split first (one stage, the first version's order).
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
     if value_groups is not None and value_groups not in (1, 2, 4):
         raise ValueError(f"value_groups must be 1, 2 or 4, got {value_groups!r}")
+    if stage_keys is not None and (stage_keys < 0 or stage_keys & (stage_keys - 1)):
+        raise ValueError(f"stage_keys must be 0 or a power of two, got {stage_keys!r}")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
@@ -105,6 +111,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     if value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
+    stage_keys = STAGE_KEYS if stage_keys is None else stage_keys
+    if stage_keys:
+        stage_keys = max(stage_keys, step)
     if num_splits is None:
         want = _cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
         num_splits = max(1, min(want, _cdiv(length, 4 * step)))
@@ -128,7 +137,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
-        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, num_warps=nw)
+        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, num_warps=nw)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

@@ -189,3 +189,31 @@ def test_rejects_unknown_value_loop():
         "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
     with pytest.raises(ValueError, match="value_loop must be one of"):
         adc_ops().attention_adc(q, keys, values, 8, k_win, v_win, codec, value_loop="halves")
+
+
+STAGE_CASES = [
+    # stage_keys, length, splits, query scale (400: scores hundreds of log2 units apart), block_k = block_v
+    (16, 400, 1, 400.0, 16),
+    (32, 455, None, 1.0, 16),
+    (64, 300, 2, 3.0, 32),
+    (0, 300, 2, 1.0, 32),
+]
+
+
+@pytest.mark.parametrize("stage,length,splits,qscale,block", STAGE_CASES,
+                         ids=[f"stage{c[0]}-L{c[1]}-s{c[2]}-q{c[3]:g}" for c in STAGE_CASES])
+def test_stages_carry_the_maximum(stage, length, splits, qscale, block):
+    """The in-place loop scores stage_keys keys at a time and rescales its accumulators when the maximum
+    grows (many times with spread scores); 0 scores the whole split first."""
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=2, length=length, window=1, d=64, dtype=torch.float32, seed=21)
+    q = q * qscale
+    want = naive.attention(q, keys, values, length, k_win, v_win, codec)
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
+                                  block_k=block, block_v=block, stage_keys=stage)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
