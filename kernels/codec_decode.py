@@ -94,16 +94,26 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
     """octopus: the triplets gain * t_hat = gain * C_rho[i_rho] * n_hat as three component tiles [BN, LP]
     (x, y, z); `gain` [BN, 1] is the key's norm gamma, folded into the one scale each lane already needs.
 
-    DIR_TABLE: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
-    Otherwise n_hat is unfolded in registers from the xi centroids at tab_ptr (two lookups into a table of
+    DIR_TABLE 1: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
+    DIR_TABLE 2: the whole triplet is one 16-byte row of the folded table at tab_ptr (spec.folded_directions:
+    C_rho and D premultiplied, one row a code), one vector load a triplet and no C_rho lookup.
+    0: n_hat is unfolded in registers from the xi centroids at tab_ptr (two lookups into a table of
     2^b_dir floats, then the octahedral unfold and a reciprocal square root), which touches far fewer cache
     lines. Padded triplets (>= L) read code 0 and meet zero query columns.
     """
     i = tl.arange(0, LP)[None, :]
     live = row_ok & (i < L)
     codes = tl.where(live, _codes(rows_ptr, row_ok if TILE else live, i, N_BITS, N_WORDS, WP, TILE), 0)
+    if DIR_TABLE == 2:
+        BN: tl.constexpr = codes.shape[0]
+        c4 = tl.arange(0, 4)[None, None, :]
+        t = tl.load(tab_ptr + codes[:, :, None] * 4 + c4, mask=live[:, :, None], other=0.0)  # one 16-B load
+        xz, y0 = tl.split(tl.reshape(t * gain[:, :, None], (BN, LP, 2, 2)))  # (x, z) and (y, 0) pairs
+        kx, kz = tl.split(xz)
+        ky, _ = tl.split(y0)
+        return kx, ky, kz
     rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0) * gain
-    if DIR_TABLE:
+    if DIR_TABLE == 1:
         d3 = (codes >> B_RHO) * 3
         kx = rho * tl.load(tab_ptr + d3, mask=live, other=0.0)
         ky = rho * tl.load(tab_ptr + d3 + 1, mask=live, other=0.0)
@@ -120,6 +130,20 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
         ky = y * scale
         kz = z * scale
     return kx, ky, kz
+
+
+@triton.jit
+def octopus_quads(rows_ptr, row_ok, gain, tab_ptr, LP: tl.constexpr, L: tl.constexpr, N_BITS: tl.constexpr,
+                  N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
+    """octopus: the triplets gain * t_hat as one tile [BN, 4 LP] of rows (x, y, z, 0), one 16-byte load of the
+    folded table at tab_ptr a triplet (spec.folded_directions), for one dot against the `quads` query map."""
+    i = tl.arange(0, LP)[None, :]
+    live = row_ok & (i < L)
+    codes = tl.where(live, _codes(rows_ptr, row_ok if TILE else live, i, N_BITS, N_WORDS, WP, TILE), 0)
+    BN: tl.constexpr = codes.shape[0]
+    t = tl.load(tab_ptr + codes[:, :, None] * 4 + tl.arange(0, 4)[None, None, :], mask=live[:, :, None],
+                other=0.0)
+    return tl.reshape(t * gain[:, :, None], (BN, 4 * LP))
 
 
 @triton.jit

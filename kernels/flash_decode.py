@@ -8,6 +8,7 @@ from .codec_decode import (
     OCTOPUS,
     OCTOPUS_QJL,
     POLAR,
+    octopus_quads,
     octopus_triplets,
     polar_halves,
     polar_unit,
@@ -92,7 +93,10 @@ def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
     k_rows = kc_ptr + krow[:, None] * K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+    if ((CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)) and DIR_TABLE == 3:
+        t = octopus_quads(k_rows, n_ok[:, None], gamma, tab_a_ptr, LP, K_CODES, K_BITS, K_WORDS, K_WP, TILE)
+        s = _mm_nt(qx, _operand(t, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    elif (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
         kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
                                       B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
         s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
@@ -159,7 +163,7 @@ def _attn_fwd_kernel(
     TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
-    K_WP2: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -176,7 +180,7 @@ def _attn_fwd_kernel(
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
     centroids/C_rho (octopus). HALVES (d >= 128): the d-wide projections and score dots as two of d/2 each
-    (see _compressed_tile).
+    (see _compressed_tile). BLOCK_W: native window keys per step.
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -203,12 +207,12 @@ def _attn_fwd_kernel(
     w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
     vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
-    for n0 in range(0, w_end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
+    for n0 in range(0, w_end, BLOCK_W):
+        n = n0 + tl.arange(0, BLOCK_W)
         n_ok = n < t_win
         k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
-        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), USE_DOT, PREC)
+        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
         v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
@@ -225,7 +229,11 @@ def _attn_fwd_kernel(
     qr2 = qn
     qj2 = qn
     hcol = tl.arange(0, D // 2)[None, :]
-    if IS_OCT:
+    if IS_OCT and DIR_TABLE == 3:  # one dot against rows (x, y, z, 0) of the folded table
+        qcol = tl.arange(0, 4 * LP)[None, :]
+        qx = _operand(_mm_nn(q_pro, tl.load(qmap + qcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = 4 * LP
+    elif IS_OCT:
         lcol = tl.arange(0, LP)[None, :]
         qx = _operand(_mm_nn(q_pro, tl.load(qmap + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)
         qy = _operand(_mm_nn(q_pro, tl.load(qmap + LP + lcol), USE_DOT, PREC_Q) * rot_scale, OPD, RNE_BY_HAND)

@@ -29,7 +29,9 @@ class AttnConfig:
     """Launch configuration of the attention kernel; a None field takes the heuristic of `attention`.
 
     block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
-    block_n: keys per step; num_warps, num_stages (software pipelining of the loads; 1: none);
+    block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
+    keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
+    1: none);
     programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no
     split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
     split, the native window gets a split of its own instead of riding on the last one (default True);
@@ -62,6 +64,7 @@ class AttnConfig:
     block_v: int | None = None
     projection: str | None = None
     score_halves: bool | None = None
+    block_w: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -80,15 +83,21 @@ class AttnConfig:
         if self.score_halves not in (None, True, False):
             raise ValueError(f"score_halves must be True, False or None, got {self.score_halves!r}")
         _check_pow2("block_v", self.block_v, 8, 256)
+        _check_pow2("block_w", self.block_w, 16, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
-def _key_tables(codec: KernelCodec, dir_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the direction
-    table or the xi centroids, and C_rho (octopus)."""
+OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2, "quads": 3}  # the kernels' DIR_TABLE
+FOLDED_MAX_BITS = 10  # folded table rows: 2**n of 16 bytes (16 KiB at n = 10, octopus b=3; b=4 has n = 13)
+
+
+def _key_tables(codec: KernelCodec, directions: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the xi
+    centroids, the direction table or the folded table, and C_rho (octopus)."""
     if codec.name.startswith("octopus"):
-        return (codec.directions.reshape(-1) if dir_table else codec.xi_centroids), codec.centroids
+        tab = {"unfold": codec.xi_centroids, "table": codec.directions.reshape(-1)}.get(directions)
+        return (codec.folded_directions() if tab is None else tab), codec.centroids
     if codec.name == "polarquant":
         return codec.polar_tables()
     cent = codec.centroids if codec.centroids is not None else codec.rotation_signs  # never read (0 bits)
@@ -181,15 +190,25 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     which the first `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window).
     Hq = G*H, query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
     `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
-    "unfold" (decode n_hat from the xi centroids in registers) or "table" (look it up in D). `config`
-    overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation
-    and layouts happen in the kernel's prologue, so the host does no tensor math.
+    "unfold" (decode n_hat from the xi centroids in registers), "table" (look it up in D), "folded" (the
+    triplet C_rho * n_hat as one 16-byte row a code; key codes of at most 10 bits, octopus b <= 3) or
+    "quads" (the folded rows scored by one dot, K = 4 * triplets, against a query map in that layout).
+    `config` overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query
+    rotation and layouts happen in the kernel's prologue, so the host does no tensor math.
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
     b, hq, tq, d = q_BHTD.shape
     if d != codec.head_dim:
         raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
+    if octopus_directions not in OCTOPUS_DECODES:
+        raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)}, "
+                         f"got {octopus_directions!r}")
+    if (octopus_directions in ("folded", "quads") and codec.name.startswith("octopus")
+            and codec.key_code_bits > FOLDED_MAX_BITS):
+        raise ValueError(f"octopus_directions={octopus_directions!r} needs key codes of at most "
+                         f"{FOLDED_MAX_BITS} bits (octopus b <= 3), got {codec.key_code_bits}; use 'unfold' "
+                         "or 'table'")
     h = keys.codes.shape[1]
     if hq % h or codec.num_heads != h:
         raise ValueError(f"{hq} query heads cannot share {h} KV heads (codec built for {codec.num_heads})")
@@ -202,8 +221,6 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
                          f"{None if v_window is None else tuple(v_window.shape)}")
     if length + t_win == 0:
         raise ValueError("attention needs at least one key: the store and the window are both empty")
-    if octopus_directions not in ("unfold", "table"):
-        raise ValueError(f"octopus_directions must be 'unfold' or 'table', got {octopus_directions!r}")
     dev = q_BHTD.device
     codec = codec.to(dev)
     grp = hq // h
@@ -226,7 +243,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     # bf16 flash-attention kernel does
     prec = "ieee" if opd == torch.float32 and operands != "tf32" else "tf32"
     project16 = use_dot and q16 and (cfg.projection or "native") == "native"
-    qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32)
+    qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32,
+                           quads=octopus_directions == "quads" and codec.name.startswith("octopus"))
     halves = bool(cfg.score_halves) and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
     interpreting = _interpreting()
     if interpreting:
@@ -239,7 +257,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         k_window = k_window.contiguous()
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
-    tab_a, tab_b = _key_tables(codec, octopus_directions == "table")
+    tab_a, tab_b = _key_tables(codec, octopus_directions)
     qk_scale = scale * LOG2E
 
     total_rows = b * h * n_rows
@@ -258,13 +276,13 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         out, opart, lse,
         h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
         qk_scale, qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d,
-        **_codec_constants(codec), NP=qmap.shape[-1], DIR_TABLE=octopus_directions == "table",
+        **_codec_constants(codec), NP=qmap.shape[-1], DIR_TABLE=OCTOPUS_DECODES[octopus_directions],
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
         V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
-        K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)),
+        K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
         num_warps=warps, num_stages=cfg.num_stages or 1,
     )
     if not direct:
