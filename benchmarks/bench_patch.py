@@ -2,25 +2,32 @@
 
 For each codec at `--bits` (default 2) on the full-size AAR (d16, width 1024, random weights) with a random
 SAT tokenizer: samples/s of `generate` (bf16 fast path, audio decode included; the transformer-only time is
-the total minus the decode) and the peak `torch.cuda.max_memory_allocated` (weights included) at each batch
-in `--batches`; then the largest batch (multiple of 8) whose peak stays under `--budget-gib`, found from the
-linear fit of peak memory over batch and checked by running it, with its samples/s. `none` is the unpatched
-model; `none+patch` is codec none through the patch (checked token-identical to `none`). At one batch the
-cache memory freed by kv_caching(False) is measured and compared with the patch's accounting.
-Rows named `<codec>@graph` run the same generation captured in one CUDA graph (`GraphedGenerator`, capture
-time in `setup_s`, not in the timing); `none+patch@graph` is checked token-identical to `none@graph`, and a
-patched graph's tokens are compared with its eager rows. Device checks, run once after the first codecs:
-host syncs per eager generation (`torch.cuda.set_sync_debug_mode("warn")` around the scale loop; the patch
-should add exactly one, its end-of-generation data check) and a NaN put into one layer's input mid-generation
-must raise the patch's ValueError, eager and from a graph replay.
+the total minus the decode) at each batch in `--batches`, in the CUDA-graph path (rows `<codec>@graph`: the
+scale loop captured in one graph by `GraphedGenerator`, capture time in `setup_s`, not in the timing; codecs
+`--graphs`) and the eager path (codecs `--eager`, with the peak `torch.cuda.max_memory_allocated`, weights
+included). `none` is the unpatched model; `none+patch` is codec none through the patch (checked
+token-identical to `none`); graph and eager rows of one codec and batch are checked token-identical. For the
+`--budget` codecs: the largest batch (multiple of 8) whose eager peak stays under `--budget-gib`, found from
+the linear fit of peak memory over the batches above 1 and checked by running it, with its samples/s.
+Device checks (`--checks`): per codec, the compiled fused encode against the separate encodes (bit for bit)
+and the codec library; host syncs per eager generation at B=1, the first after patching and the second,
+each with the Python stack that made it (the patch should add exactly one, its end-of-generation data
+check); a NaN put into one layer's input mid-generation must raise the patch's ValueError, eager and from a
+graph replay; kernel profiles at B=1 (`--profile`: kernels per layer and scale, their summed GPU time
+against the wall time, the top kernels). At `--memcheck-batch` the cache memory freed by kv_caching(False)
+is compared with the patch's accounting. Tasks run in priority order (none and octopus in the graph path,
+the checks, the budget, the other codecs) and `--deadline-s` skips what would start after it; progress is
+printed as it goes and the JSON rewritten after every task.
 
-    python benchmarks/bench_patch.py --out benchmarks/results            # on a GPU (about 3 minutes)
-    python benchmarks/bench_patch.py --small --device cpu --batches 1,2  # smoke test of the script
+    python benchmarks/bench_patch.py --out benchmarks/results/patch --deadline-s 540  # on a GPU
+    python benchmarks/bench_patch.py --graphs none,octopus --eager '' --budget '' --checks syncs --out /tmp/p
+    python benchmarks/bench_patch.py --small --device cpu --batches 1,2 --out /tmp/p  # CPU smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import time
 import traceback
@@ -106,19 +113,134 @@ def measure(pipe, batch: int, device: str, timer: DecodeTimer, reps: int, graph:
             "setup_s": setup_s}
 
 
-def count_syncs(pipe, batch: int) -> int:
+def _sync_site(limit: int = 7) -> str:
+    """The Python stack at a host sync, innermost first, as 'file:line function' of the frames outside torch
+    and the warnings module."""
+    frames = [f for f in traceback.extract_stack()[:-2]
+              if "/torch/" not in f.filename and not f.filename.endswith("warnings.py")]
+    return " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-limit:]))
+
+
+def count_syncs(pipe, batch: int) -> dict:
     """Host syncs in one eager bf16 scale loop (the fast path of `generate`, without its input check and
-    audio decode), counted by torch.cuda.set_sync_debug_mode("warn")."""
+    audio decode), counted by torch.cuda.set_sync_debug_mode("warn"), each attributed to the Python stack
+    that made it: {"count": n, "sites": [{"count": c, "stack": "file:line fn < ..."}]}."""
     cond = check_condition(pipe, condition(batch))
     generator = torch.Generator(device=pipe.device).manual_seed(42)
-    with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
+    sites: collections.Counter = collections.Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            sites[_sync_site()] += 1
+
+    with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("always")
+        warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run_scales(pipe, cond, SamplingConfig(), exponential_draw(generator), torch.bfloat16)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return {"count": sum(sites.values()),
+            "sites": [{"count": c, "stack": where} for where, c in sites.most_common()]}
+
+
+def sync_checks(pipe, bits: int, codecs: list[str]) -> dict:
+    """Host syncs per eager generation at B=1: unpatched `none`, then each codec through the patch, its first
+    generation after patching ("cold": tables built, kernels already compiled by the rows before) and its
+    second ("warm"). The patch should add exactly one, its end-of-generation data check."""
+    out = {}
+    for name in codecs:
+        handle = None if name == "none" else patch_aar(pipe, "none" if name == "none+patch" else name, bits)
+        try:
+            out[name] = {"cold": count_syncs(pipe, 1), "warm": count_syncs(pipe, 1)}
+        finally:
+            if handle is not None:
+                handle.unpatch(abandon=True)
+        print("syncs", name, {k: v["count"] for k, v in out[name].items()}, flush=True)
+        for when, result in out[name].items():
+            for site in result["sites"]:
+                print(f"  {when} x{site['count']}: {site['stack']}", flush=True)
+    return out
+
+
+def kernel_profile(pipe, codec: str, bits: int, batch: int, graph: bool) -> dict:
+    """The GPU kernels of one generation at `batch` (after a warm-up), from torch.profiler: how many, their
+    summed GPU time against the wall time of the call, and the kernels that take the most GPU time. Eager:
+    `generate` (tokenizer decode included); graph: one GraphedGenerator replay (decode included)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    handle = None if codec == "none" else patch_aar(pipe, codec, bits)
+    try:
+        gen = GraphedGenerator(pipe, batch, cfg=4.0, top_k=200, top_p=0.95) if graph else eager(pipe)
+        cond = condition(batch)
+        gen(cond)
+        sync("cuda")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            gen(cond)
+            sync("cuda")
+            wall = time.perf_counter() - t0
+        del gen
+    finally:
+        if handle is not None:
+            handle.unpatch(abandon=True)
+    per_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            per_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    total = sum(sum(v) for v in per_name.values())
+    top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:14]
+    c = pipe.aar.config
+    n = sum(len(v) for v in per_name.values())
+    return {"codec": codec, "batch": batch, "graph": graph, "kernels": n, "gpu_us": total,
+            "wall_us": wall * 1e6, "kernels_per_layer_scale": n / (c.depth * len(c.patch_nums)),
+            "top": [{"name": k[:90], "count": len(v), "us": sum(v)} for k, v in top]}
+
+
+def kernel_check(codecs: list[str], bits: int) -> dict:
+    """Compiled-kernel check on the GPU: the fused unit encode (strided k/v views, written at an offset)
+    must equal the separate key and value encodes bit for bit, and the key codes must match the codec
+    library's encode (up to inputs within fp32 rounding of a decision boundary)."""
+    from octopus_audio import backend
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.kernels import PackedKeys, PackedValues, encode_ops, ops
+
+    out = {}
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    b, t, h, d, cap, offset = 2, 37, 16, 64, 50, 7
+    for name in codecs:
+        if name in ("none", "none+patch"):
+            continue
+        codec = get_codec(name, bits, d, seed=3)
+        kc = backend.kernel_codec(codec, h, dev)
+        qkv = torch.randn(b, t, 3, h, d, generator=g).to(torch.bfloat16).to(dev)
+        _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        k = k / k.float().norm(dim=-1, keepdim=True).to(k.dtype)
+        sep_k, sep_v = ops.encode_keys(k.contiguous(), kc), ops.encode_values(v.contiguous(), bits, 16)
+
+        def buf(like):
+            if like is None:
+                return None
+            return torch.zeros(b, h, cap, *like.shape[3:], dtype=like.dtype, device=dev)
+
+        keys = PackedKeys(buf(sep_k.codes), buf(sep_k.gamma), buf(sep_k.signs), buf(sep_k.gamma_r))
+        values = PackedValues(buf(sep_v.codes), buf(sep_v.scale), buf(sep_v.minimum), bits, 16)
+        flags = torch.zeros(2, device=dev)
+        encode_ops.encode_unit(k, v, kc, keys, values, offset, flags)
+        pairs = [(keys.codes, sep_k.codes), (keys.gamma, sep_k.gamma), (keys.signs, sep_k.signs),
+                 (keys.gamma_r, sep_k.gamma_r), (values.codes, sep_v.codes), (values.scale, sep_v.scale),
+                 (values.minimum, sep_v.minimum)]
+        fused_equal = all(a is None or torch.equal(a[:, :, offset:offset + t], want) for a, want in pairs)
+        ref = codec.encode(k.cpu())
+        rows_equal = (ref.codes == sep_k.codes.cpu()).all(-1).float().mean().item()
+        out[name] = {"fused_equals_separate": fused_equal, "flags_clean": flags.tolist() == [0.0, 0.0],
+                     "key_rows_equal_reference": rows_equal,
+                     "ok": fused_equal and flags.tolist() == [0.0, 0.0] and rows_equal > 0.99}
+        print("kernel check", name, out[name], flush=True)
+    return out
 
 
 def nan_checks(pipe, codec: str, bits: int) -> dict:
@@ -212,54 +334,77 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
     return None
 
 
-def device_checks(pipe, bits: int) -> dict:
-    """Host syncs per eager generation (unpatched, codec none through the patch, octopus) at batch 1, and
-    the NaN checks (octopus)."""
-    syncs = {}
-    for name in ("none", "none+patch", "octopus"):
-        handle = None if name == "none" else patch_aar(pipe, "none" if name == "none+patch" else name, bits)
-        try:
-            syncs[name] = count_syncs(pipe, 1)
-        finally:
-            if handle is not None:
-                handle.unpatch(abandon=True)
-    return {"syncs_per_generation": syncs, "nan": nan_checks(pipe, "octopus", bits)}
+CODECS = ("none", "octopus", "octopus-qjl", "turboquant-mse", "turboquant-qjl", "polarquant")
+CHECKS = ("kernels", "syncs", "nan", "profile")
 
 
-def plan(codecs: list[str], batches: list[int], full: int, graphs: list[str]) -> list[tuple[str, str, int]]:
-    """Tasks (codec, what, batch) in priority order: the first `full` codecs completely (batches, cache
-    memory check, max batch), then `none+patch` at one batch, the device checks, the CUDA-graph rows
-    (`graphs`: all batches, `none+patch` at the middle one), then the other codecs' batches, checks and max
-    batches, so a deadline cuts the least important work."""
-    plain = [c for c in codecs if c != "none+patch"]
-    first, rest = plain[:full], plain[full:]
-    middle = sorted(batches)[len(batches) // 2]
+def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise SystemExit(f"{what}: unknown {', '.join(bad)}; allowed: {', '.join(allowed)}")
+    return names
 
-    def tasks(names: list[str], what: str) -> list[tuple[str, str, int]]:
-        if what == "batches":
-            return [(n, what, b) for n in names for b in batches]
-        return [(n, what, 0) for n in names if what != "memcheck" or n != "none"]
 
-    out = [t for n in first for what in ("batches", "memcheck", "max") for t in tasks([n], what)]
-    if "none+patch" in codecs:
-        out.append(("none+patch", "batches", middle))
-    out.append(("device checks", "checks", 0))
-    for n in graphs:
-        out += [(f"{n}@graph", "batches", b) for b in (batches if n != "none+patch" else [middle])]
-    return out + tasks(rest, "batches") + tasks(rest, "memcheck") + tasks(rest, "max")
+def plan(graphs: list[str], eagers: list[str], budget: list[str], batches: list[int], checks: list[str],
+         memcheck: list[str], profile: list[str]) -> list[tuple[str, str, int]]:
+    """Tasks (name, what, batch) in priority order, so a deadline cuts the least important work:
+    `none` and `octopus` in the CUDA-graph path at every batch (each codec's compiled-kernel check first),
+    the device checks (host syncs with their stacks, NaN caught, kernel profiles at B=1), the budget codecs'
+    eager rows at the batches above 1 and their largest batch under the budget, the other codecs in the
+    graph path, the remaining eager rows, the cache memory checks."""
+    first = [c for c in ("none", "octopus") if c in graphs]
+    out: list[tuple[str, str, int]] = []
+
+    def graph_rows(names: list[str]) -> None:
+        for n in names:
+            if "kernels" in checks and n not in ("none", "none+patch"):
+                out.append((n, "kernels", 0))
+            out.extend((f"{n}@graph", "batches", b) for b in batches)
+
+    graph_rows(first)
+    if "syncs" in checks:
+        out.append(("device", "syncs", 1))
+    if "nan" in checks:
+        out.append(("octopus", "nan", 1))
+    if "profile" in checks:
+        out.extend((n, "profile", 1) for n in profile)
+    eager_done: set[tuple[str, int]] = set()
+    for n in budget:
+        for b in batches:
+            if b > 1:
+                out.append((n, "batches", b))
+                eager_done.add((n, b))
+        out.append((n, "max", 0))
+    graph_rows([n for n in graphs if n not in first])
+    out.extend((n, "batches", b) for n in eagers for b in batches if (n, b) not in eager_done)
+    return out + [(n, "memcheck", 0) for n in memcheck if n not in ("none", "none+patch")]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--codecs",
-                   default="none,octopus,none+patch,turboquant-mse,polarquant,octopus-qjl,turboquant-qjl")
-    p.add_argument("--full", type=int, default=2, help="codecs (from the start of --codecs) measured first")
-    p.add_argument("--graphs", default="none,octopus,none+patch",
-                   help="codecs also measured captured in a CUDA graph (rows <codec>@graph); '' for none")
+    allowed = (*CODECS, "none+patch")
+    p.add_argument("--graphs", default=",".join(CODECS),
+                   help="codecs measured in the CUDA-graph path (rows <codec>@graph), every batch; 'none' is "
+                        "the unpatched model, 'none+patch' codec none through the patch; '' for none")
+    p.add_argument("--eager", default="none,octopus", help="codecs measured in the eager path, every batch")
+    p.add_argument("--budget", default="none,octopus",
+                   help="codecs whose largest batch under --budget-gib is found (eager rows at the batches "
+                        "above 1 are measured for the fit)")
+    p.add_argument("--checks", default=",".join(CHECKS),
+                   help=f"device checks to run, from {','.join(CHECKS)}: compiled encode vs reference per "
+                        f"codec, host syncs per generation with their stacks, a NaN caught eager and after "
+                        f"a graph replay, kernel profiles at B=1; '' for none")
+    p.add_argument("--profile", default="none,octopus,none@graph,octopus@graph",
+                   help="kernel profiles at B=1 (codec or codec@graph) when --checks has profile")
+    p.add_argument("--sync-codecs", default="none,none+patch,octopus",
+                   help="codecs whose host syncs per generation are counted when --checks has syncs")
+    p.add_argument("--memcheck", default="octopus", help="codecs whose freed cache bytes are measured")
     p.add_argument("--bits", type=int, default=2)
     p.add_argument("--batches", default="1,64,256")
     p.add_argument("--budget-gib", type=float, default=16.0)
-    p.add_argument("--reps", type=int, default=1, help="timed runs after the warm-up run (the best counts)")
+    p.add_argument("--reps", type=int, default=1, help="timed runs after the warm-up run (the best counts; "
+                                                       "at least 3 at batch 1)")
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="skip what would start after this many seconds")
     p.add_argument("--memcheck-batch", type=int, default=64)
@@ -267,48 +412,77 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="depth-2 width-128 model (smoke test)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    graphs = _names(args.graphs, allowed, "--graphs")
+    eagers = _names(args.eager, allowed, "--eager")
+    budget = _names(args.budget, allowed, "--budget")
+    checks = _names(args.checks, CHECKS, "--checks")
+    memcheck = _names(args.memcheck, allowed, "--memcheck")
+    profile = _names(args.profile, (*allowed, *(f"{c}@graph" for c in allowed)), "--profile")
+    sync_codecs = _names(args.sync_codecs, allowed, "--sync-codecs")
+    batches = [int(b) for b in args.batches.split(",")]
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     pipe = build_pipeline("small" if args.small else "full", torch.device(args.device))
     timer = DecodeTimer(pipe, args.device)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     report: dict = {"gpu": gpu, "torch": torch.__version__, "bits": args.bits, "budget_gib": args.budget_gib,
-                    "codecs": {}, "skipped": [], "setup_s": time.perf_counter() - start}
+                    "codecs": {}, "checks": {}, "skipped": [], "setup_s": time.perf_counter() - start}
     out_json = args.out / "patch_bench.json"
     seen_tokens: dict[tuple[str, int], list] = {}
-    codecs = args.codecs.split(",")
-    graphs = [g for g in args.graphs.split(",") if g]
-    for name, what, batch in plan(codecs, [int(b) for b in args.batches.split(",")], args.full, graphs):
-        if what == "checks":
-            if args.device == "cuda" and time.perf_counter() - start <= args.deadline_s:
-                t0 = time.perf_counter()
-                try:
-                    report["checks"] = device_checks(pipe, args.bits)
-                except Exception as e:  # recorded; the timings still run
-                    report["checks_error"] = f"{type(e).__name__}: {e}"[:500]
-                    traceback.print_exc()
-                outcome = report.get("checks", report.get("checks_error"))
-                print(name, f"{time.perf_counter() - t0:.1f}s", outcome, flush=True)
+    tasks = plan(graphs, eagers, budget, batches, checks, memcheck, profile)
+    print(f"{len(tasks)} tasks: " + ", ".join(f"{n} {w} {b or ''}".strip() for n, w, b in tasks), flush=True)
+    for name, what, batch in tasks:
+        elapsed = time.perf_counter() - start
+        label = f"{name} {what} {batch or ''}".strip()
+        if elapsed > args.deadline_s:
+            report["skipped"].append(label)
+            continue
+        if args.device != "cuda" and (what != "batches" or name.endswith("@graph")):
+            continue
+        print(f"[{elapsed:6.1f}s] {label} ...", flush=True)
+        t0 = time.perf_counter()
+        if what in ("kernels", "syncs", "nan", "profile"):
+            checks_out = report["checks"].setdefault(what, {})
+            key = name if what != "profile" else name
+            try:
+                if what == "kernels":
+                    checks_out.update(kernel_check([name], args.bits))
+                elif what == "syncs":
+                    checks_out.update(sync_checks(pipe, args.bits, sync_codecs))
+                elif what == "nan":
+                    checks_out.update(nan_checks(pipe, "octopus", args.bits))
+                else:
+                    codec = name.removesuffix("@graph")
+                    checks_out[key] = kernel_profile(pipe, codec, args.bits, batch, name.endswith("@graph"))
+                    prof = checks_out[key]
+                    print(f"  {prof['kernels']} kernels ({prof['kernels_per_layer_scale']:.1f} per layer and "
+                          f"scale), GPU {prof['gpu_us'] / 1e3:.2f} ms of {prof['wall_us'] / 1e3:.2f} ms wall",
+                          flush=True)
+                    for row in prof["top"]:
+                        print(f"    {row['us']:9.0f} us  x{row['count']:5d}  {row['name']}", flush=True)
+            except Exception as e:  # recorded; the timings still run
+                checks_out[f"{key} error"] = f"{type(e).__name__}: {e}"[:500]
+                traceback.print_exc()
+            print(f"  {label}: {time.perf_counter() - t0:.1f}s", flush=True)
+            out_json.write_text(json.dumps(report, indent=1))
             continue
         entry = report["codecs"].setdefault(name, {"rows": []})
-        if time.perf_counter() - start > args.deadline_s or entry.get("error"):
-            report["skipped"].append(f"{name} {what} {batch or ''}".strip())
+        if entry.get("error"):
+            report["skipped"].append(label)
             continue
         graph = name.endswith("@graph")
-        if (what != "batches" or graph) and args.device != "cuda":
-            continue
         base = name.removesuffix("@graph")
         codec = "none" if base == "none+patch" else base
         handle = None if base == "none" else patch_aar(pipe, codec, args.bits)
         entry["repr"] = repr(handle)
-        t0 = time.perf_counter()
         try:
             if what == "batches":
                 row = measure(pipe, batch, args.device, timer, args.reps if batch > 1 else max(args.reps, 3),
                               graph=graph)
                 tokens = seen_tokens[name, batch] = row.pop("tokens")
+                counterpart = base if graph else f"{base}@graph"
                 same_as = {"tokens_equal_none": ("none@graph" if graph else "none") if base == "none+patch"
-                           else None, "tokens_equal_eager": base if graph else None}
+                           else None, "tokens_equal_eager" if graph else "tokens_equal_graph": counterpart}
                 for key, other in same_as.items():
                     if other is not None and (other, batch) in seen_tokens:
                         pairs = zip(tokens, seen_tokens[other, batch], strict=True)
@@ -333,12 +507,25 @@ def main() -> None:
         entry.setdefault("task_seconds", {})[f"{what} {batch}"] = time.perf_counter() - t0
         last = {"batches": (entry["rows"] or [None])[-1], "memcheck": entry.get("memcheck"),
                 "max": entry.get("max_batch")}[what]
-        print(name, what, batch, f"{time.perf_counter() - t0:.1f}s", last, entry.get("error", ""), flush=True)
+        print(f"  {label}: {time.perf_counter() - t0:.1f}s", _brief(last, name, report),
+              entry.get("error", ""), flush=True)
         out_json.write_text(json.dumps(report, indent=1))
     report["wall_s"] = time.perf_counter() - start
     out_json.write_text(json.dumps(report, indent=1))
     print(markdown(report))
     (args.out / "patch_bench.md").write_text(markdown(report))
+
+
+def _brief(row: dict | None, name: str, report: dict) -> str:
+    """One progress line for a measured row: seconds, samples/s and the time against none's same row."""
+    if not row or "seconds" not in row:
+        return str(row)
+    ref_name = "none@graph" if name.endswith("@graph") else "none"
+    ref = {r["batch"]: r for r in report["codecs"].get(ref_name, {}).get("rows", [])}.get(row["batch"])
+    rel = f", {row['seconds'] / ref['seconds']:.2f}x {ref_name}" if ref else ""
+    same = {k: v for k, v in row.items() if k.startswith("tokens_equal")}
+    return (f"B={row['batch']}: {row['seconds']:.4f} s, {row['samples_per_s']:.1f} samples/s, peak "
+            f"{row['peak_gib']:.2f} GiB{rel} {same or ''}")
 
 
 def markdown(report: dict) -> str:
@@ -356,10 +543,10 @@ def markdown(report: dict) -> str:
                    for ref in (base, base_graph)]
             capture = f"{r['setup_s']:.1f}" if name.endswith("@graph") else "-"
             same = ", ".join(f"{k.removeprefix('tokens_equal_')}: {r[k]}" for k in
-                             ("tokens_equal_none", "tokens_equal_eager") if k in r) or "-"
+                             ("tokens_equal_none", "tokens_equal_eager", "tokens_equal_graph") if k in r)
             lines.append(f"| {name} | {r['batch']} | {r['seconds']:.3f} | {r['decode_seconds']:.3f} | "
                          f"{r['samples_per_s']:.1f} | {rel[0]} | {rel[1]} | {r['peak_gib']:.2f} | "
-                         f"{capture} | {same} |")
+                         f"{capture} | {same or '-'} |")
     lines += ["", f"| codec | largest batch under {report['budget_gib']:g} GiB | samples/s | peak GiB | "
               "GiB per sample (fit) | samples/s vs none |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     none_max = (report["codecs"].get("none", {}).get("max_batch") or {}).get("samples_per_s")
@@ -378,15 +565,33 @@ def markdown(report: dict) -> str:
             lines.append(f"| {n} | {c['batch']} | {c['freed_bytes']} | {c['allocated_bytes']} | "
                          f"{c['valid_bytes']} | {c['ratio']:.2f}x | {c['store_ratio']:.2f}x | "
                          f"{c['k_bits']:.2f} | {c['v_bits']:.2f} |")
-    checks = report.get("checks")
-    if report.get("checks_error"):
-        lines += ["", f"- device checks failed: {report['checks_error']}"]
-    if checks:
-        syncs = ", ".join(f"{k} {v}" for k, v in checks["syncs_per_generation"].items())
-        nan = checks["nan"]
-        lines += ["", f"- host syncs per eager generation (B=1, scale loop only): {syncs}",
-                  f"- NaN mid-generation (octopus): eager {nan['eager']}; graph replay {nan['graph']}; "
-                  f"all caught: {nan['ok']}"]
+    checks = report.get("checks", {})
+    lines.append("")
+    for name, c in checks.get("kernels", {}).items():
+        lines.append(f"- compiled encode check {name}: {c}")
+    for name, c in checks.get("syncs", {}).items():
+        if isinstance(c, dict):
+            lines.append(f"- host syncs per eager generation (B=1, scale loop), {name}: first after patching "
+                         f"{c['cold']['count']}, second {c['warm']['count']}")
+            for when in ("cold", "warm"):
+                lines += [f"  - {when} x{site['count']}: `{site['stack']}`" for site in c[when]["sites"]]
+        else:
+            lines.append(f"- host syncs {name}: {c}")
+    nan = checks.get("nan", {})
+    if "eager" in nan:
+        lines.append(f"- NaN mid-generation (octopus): eager {nan['eager']}; graph replay {nan['graph']}; "
+                     f"all caught: {nan['ok']}")
+    profiles = {n: p for n, p in checks.get("profile", {}).items() if isinstance(p, dict)}
+    if profiles:
+        lines += ["", "| profile (B=1) | kernels | per layer and scale | GPU ms (kernel sum) | wall ms |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {n} | {p['kernels']} | {p['kernels_per_layer_scale']:.1f} | {p['gpu_us'] / 1e3:.2f} | "
+                  f"{p['wall_us'] / 1e3:.2f} |" for n, p in profiles.items()]
+        for n, p in profiles.items():
+            lines.append(f"\n{n}: " + "; ".join(f"{r['name'][:60]} x{r['count']} {r['us']:.0f} us"
+                                                for r in p["top"][:8]))
+    errors = [f"{n}: {v}" for group in checks.values() for n, v in group.items() if n.endswith(" error")]
+    lines += [f"- check error {x}" for x in errors]
     errors = [f"{n}: {e['error']}" for n, e in report["codecs"].items() if e.get("error")]
     if errors:
         lines += ["", *(f"- error {x}" for x in errors)]

@@ -88,26 +88,27 @@ class CacheStore:
 
 class DeferredFlags:
     """The device-side record of one sequence's deferred data checks, written without a host sync: row u of
-    `peaks` [rows, 2] (float32) says whether unit u's keys and values were fine, either as max |k| and max |v|
-    (`record`: torch reductions, NaN and Inf propagate) or as 0 for fine and +inf for bad (the fused encode
-    kernel writes row(u) while it encodes the unit); `units` rows are valid. `quantized`: values must also fit
-    the fp16 range. Rows start at zero (grown by doubling); a CUDA graph that captured the sequence zeroes and
-    rewrites the same rows on each replay."""
+    `peaks` [rows, 2] (float32) says whether unit u's keys and values were fine, either as max |k| and
+    max |v| (`record`: torch reductions, NaN and Inf propagate) or as 0 for fine and +inf for bad (the fused
+    encode kernel writes row(u) while it encodes the unit); `units` rows are valid. `quantized`: values must
+    also fit the fp16 range. Rows start at zero (grown by doubling) and 16 bytes apart (a view of [rows, 4]),
+    so every row a kernel writes has the same pointer alignment (one compiled variant). A CUDA graph that
+    captured the sequence zeroes and rewrites the same rows on each replay."""
 
     def __init__(self, device: torch.device, quantized: bool, rows: int = 16) -> None:
         self.quantized = quantized
         self.units = 0
-        self.peaks = torch.zeros(rows, 2, dtype=torch.float32, device=device)
+        self.peaks = torch.zeros(rows, 4, dtype=torch.float32, device=device)[:, :2]
         self._split()
 
     def _split(self) -> None:
         self._rows = [(r, r[0], r[1]) for r in self.peaks.unbind(0)]
 
     def row(self, unit: int) -> torch.Tensor:
-        """Row `unit` ([2] float32, a view), counted valid from now on."""
+        """Row `unit` ([2] float32, a view starting 16-byte aligned), counted valid from now on."""
         if unit >= len(self._rows):
             rows = max(2 * len(self._rows), unit + 1)
-            grown = torch.zeros(rows, 2, dtype=torch.float32, device=self.peaks.device)
+            grown = torch.zeros(rows, 4, dtype=torch.float32, device=self.peaks.device)[:, :2]
             grown[:self.units].copy_(self.peaks[:self.units])
             self.peaks = grown
             self._split()
