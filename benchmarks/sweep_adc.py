@@ -2,7 +2,7 @@
 launch configurations against bf16 SDPA, each variant checked against a float64 reference on the GPU.
 
 Run from the repository root on a CUDA machine (package folders linked as the device notes say):
-    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 20] [--budget-s 105]
+    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 20] [--budget-s 95]
 Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys + 1 window key, octopus b=2):
 1. correctness: every value-loop variant with fp32 queries against float64 attention over the library's fp32
    decode (relative RMS error, must be < 1e-4: a row says FAIL otherwise);
@@ -10,8 +10,10 @@ Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys
    and the ops.attention default path; the best row again with the value phase off (probe 1) and with no
    table reads (probe 2), and per-kernel GPU times of the best row from torch.profiler;
 3. octopus b=4 and octopus-qjl b=2 at d=128 (old and new value loop) with the best d=128 launch, checked too.
-Variants: `shift` = the first value loop (5 instructions a channel), `in_place/gt1` = codes masked in place
-as subnormals (2 a channel), `in_place/gt2` = the same with two groups of a key per thread row (the default).
+Variants: `shift` = the first value loop (5 instructions a channel, all scores of a split first);
+`in_place/gtN/...` = codes masked in place as subnormals (2 a channel), N groups of a key per thread row, and
+the split scored in stages of 1024 or 4096 keys (the default: gt2, 1024) or at once ("one stage"). Every
+variant runs at the default launch; the two fastest then at the other launches.
 Writes OUT/sweep_adc.json and OUT/sweep_adc.md; stops timing new configurations past --budget-s.
 """
 
@@ -31,11 +33,16 @@ from octopus_audio.kernels import adc_ops, ops
 
 LENGTH = 131071  # + 1 window key = 128k keys
 SHAPES = [(128, 32), (64, 16)]
-VARIANTS = {"shift": dict(value_loop="shift", value_groups=1),
-            "in_place/gt1": dict(value_loop="in_place", value_groups=1),
-            "in_place/gt2": dict(value_loop="in_place", value_groups=2)}
-LAUNCHES = {128: [(256, 64, 8, 4), (256, 64, 8, 2), (256, 64, 8, 8), (128, 64, 4, 8), (128, 64, 4, 4)],
-            64: [(128, 64, 4, 8), (128, 64, 4, 4), (128, 64, 4, 16), (256, 64, 8, 4)]}
+VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0),
+            "in_place/gt2/one stage": dict(value_loop="in_place", value_groups=2, stage_keys=0),
+            "in_place/gt2/stage1024": dict(value_loop="in_place", value_groups=2, stage_keys=1024),
+            "in_place/gt2/stage4096": dict(value_loop="in_place", value_groups=2, stage_keys=4096),
+            "in_place/gt1/stage1024": dict(value_loop="in_place", value_groups=1, stage_keys=1024)}
+# (block_k, block_v, warps, splits): the first is ops.attention's default at 128k keys (4 programs per SM at
+# d=128: 17 splits x 32 rows; 8 at d=64: 66 x 16), the others fill 2-3 programs per SM in one wave or more
+LAUNCHES = {128: [(256, 64, 8, 17), (256, 64, 8, 12), (256, 64, 8, 8), (256, 64, 8, 24), (128, 64, 4, 17),
+                  (128, 64, 4, 33)],
+            64: [(128, 64, 4, 66), (128, 64, 4, 33), (128, 64, 4, 25), (256, 64, 8, 33)]}
 TOL = 1e-4
 
 
@@ -86,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rep-ms", type=float, default=20.0)
-    ap.add_argument("--budget-s", type=float, default=105.0)
+    ap.add_argument("--budget-s", type=float, default=95.0)
     ap.add_argument("--length", type=int, default=LENGTH, help="compressed keys (smoke runs only)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing)")
     args = ap.parse_args()
@@ -100,9 +107,11 @@ def main() -> None:
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
-    def check(label, codec, bits, d, inputs, want, variant):
+    def check(label, codec, bits, d, inputs, want, variant, launch):
         lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+        bk, bv, nw, splits = launch
         got = adc_ops.attention_adc(q.float(), keys, values, length, k_win.float(), v_win.float(), kc,
+                                    block_k=bk, block_v=bv, num_warps=nw, num_splits=splits,
                                     **VARIANTS[variant])
         err = rel_err(got, want)
         checks.append(dict(label=label, codec=codec, bits=bits, d=d, variant=variant, rel_err=err,
@@ -112,8 +121,8 @@ def main() -> None:
 
     def time_row(codec, bits, d, heads, inputs, sdpa_ms, variant, launch, probe=0):
         lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
-        bk, bv, nw, pps = launch
-        cfg = dict(block_k=bk, block_v=bv, num_warps=nw, programs_per_sm=pps, _probe=probe)
+        bk, bv, nw, splits = launch
+        cfg = dict(block_k=bk, block_v=bv, num_warps=nw, num_splits=splits, _probe=probe)
         if variant == "ops.attention default":
             fn = lambda: ops.attention(q, keys, values, length, k_win, v_win, kc)  # noqa: E731
         else:
@@ -126,7 +135,8 @@ def main() -> None:
             log(f"{codec} b={bits} d={d} {variant} {launch} failed: {type(e).__name__}: {e}")
             return None
         row = dict(codec=codec, bits=bits, d=d, heads=heads, keys=length + 1, variant=variant, block_k=bk,
-                   block_v=bv, warps=nw, pps=pps, probe=probe, ms=ms, sdpa_ms=sdpa_ms, x_sdpa=sdpa_ms / ms)
+                   block_v=bv, warps=nw, splits=splits, probe=probe, ms=ms, sdpa_ms=sdpa_ms,
+                   x_sdpa=sdpa_ms / ms)
         rows.append(row)
         log(f"{codec} b={bits} d={d} {variant:22s} {launch} probe={probe}: {ms:.4f} ms "
             f"({sdpa_ms / ms:.2f}x SDPA)")
@@ -139,25 +149,31 @@ def main() -> None:
         log(f"d={d} x {heads} heads: bf16 SDPA {sdpa_ms:.4f} ms")
         want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
         for variant in VARIANTS:
-            check(f"{length + 1} keys", "octopus", 2, d, inputs, want, variant)
+            check(f"{length + 1} keys", "octopus", 2, d, inputs, want, variant, LAUNCHES[d][0])
         del want
         torch.cuda.empty_cache()
         timed = [time_row("octopus", 2, d, heads, inputs, sdpa_ms, "ops.attention default", (0, 0, 0, 0))]
-        for li, launch in enumerate(LAUNCHES[d]):
-            if li and time.time() - t0 > args.budget_s * (0.4 if d == 128 else 0.75):
+        for variant in VARIANTS:
+            timed.append(time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, LAUNCHES[d][0]))
+        ranked = sorted((t[0] for t in timed if t is not None and t[0]["variant"] in VARIANTS),
+                        key=lambda r: r["ms"])
+        for launch in LAUNCHES[d][1:]:
+            if time.time() - t0 > args.budget_s * (0.45 if d == 128 else 0.8):
                 log(f"budget: skipping launch {launch} and later ones at d={d}")
                 break
-            for variant in VARIANTS:
-                timed.append(time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, launch))
+            for row in ranked[:2]:
+                timed.append(time_row("octopus", 2, d, heads, inputs, sdpa_ms, row["variant"], launch))
         timed = [t for t in timed if t is not None]
         best_row, best_fn = min(timed, key=lambda t: t[0]["ms"])
         log(f"best d={d}: {best_row}")
-        if best_row["variant"] != "ops.attention default":
-            launch = (best_row["block_k"], best_row["block_v"], best_row["warps"], best_row["pps"])
-            for probe in (1, 2):
-                time_row("octopus", 2, d, heads, inputs, sdpa_ms, best_row["variant"], launch, probe)
-            if d == 128:
-                best_d128 = (best_row["variant"], launch)
+        variant, launch = best_row["variant"], (best_row["block_k"], best_row["block_v"], best_row["warps"],
+                                                best_row["splits"])
+        if variant == "ops.attention default":  # the same kernel as the default variant at the first launch
+            variant, launch = "in_place/gt2/stage1024", LAUNCHES[d][0]
+        for probe in (1, 2):
+            time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, launch, probe)
+        if d == 128:
+            best_d128 = (variant, launch)
         profiles[f"d={d} {best_row['variant']}"] = kernel_times(best_fn)
         log(f"kernel GPU us per call: {profiles[f'd={d} ' + best_row['variant']]}")
         del inputs
@@ -174,7 +190,7 @@ def main() -> None:
             inputs = _attention_inputs(Job("attention", codec, bits, shape), dev)
             want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
             for v in dict.fromkeys(("shift", variant)):
-                check(f"{length + 1} keys", codec, bits, 128, inputs, want, v)
+                check(f"{length + 1} keys", codec, bits, 128, inputs, want, v, launch)
             del want
             torch.cuda.empty_cache()
             for v in dict.fromkeys(("shift", variant)):
@@ -185,12 +201,12 @@ def main() -> None:
     failed = [c for c in checks if not c["ok"]]
     (args.out / "sweep_adc.json").write_text(json.dumps(
         {"rows": rows, "checks": checks, "kernel_us": profiles, "seconds": time.time() - t0}, indent=1))
-    lines = ["| codec | b | d | heads | variant | block_k | block_v | warps | pps | probe | ms | SDPA ms "
+    lines = ["| codec | b | d | heads | variant | block_k | block_v | warps | splits | probe | ms | SDPA ms "
              "| x SDPA |", "|" + " --- |" * 13]
     for r in rows:
         probe = {0: "", 1: "no values", 2: "no table reads"}[r["probe"]]
         lines.append(f"| {r['codec']} | {r['bits']} | {r['d']} | {r['heads']} | {r['variant']} | "
-                     f"{r['block_k']} | {r['block_v']} | {r['warps']} | {r['pps']} | {probe} | "
+                     f"{r['block_k']} | {r['block_v']} | {r['warps']} | {r['splits']} | {probe} | "
                      f"{r['ms']:.4f} | {r['sdpa_ms']:.4f} | {r['x_sdpa']:.2f} |")
     lines += ["", "| check | codec | b | d | variant | rel err (float64 ref) | ok |", "|" + " --- |" * 7]
     for c in checks:
