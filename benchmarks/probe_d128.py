@@ -7,13 +7,15 @@ Run from the repository root on the device (no editable install there):
 The cases are tests/test_kernels_attention.py's `*-b3-q128-L455-w1-d128-g1-bf16` (same generator, seed and
 tolerance, rebuilt here): turboquant-mse, polarquant, turboquant-qjl and octopus-qjl fail compiled on the H200
 (relative RMS error 1.6e-2..2.3e-2 against 2e-3) while octopus passes; turboquant-mse b=2 (2-bit codes cut by
-shifts, no gather) is added. Each variant changes one thing (AttnConfig field, split count or query dtype);
+shifts, no gather) is added. Each variant changes one thing (AttnConfig field, split count or query dtype)
+from the launch the failing tests got (score_halves=False unless the variant says otherwise);
 the pattern kernels check one tl.dot shape each against torch (exact products, fp32 sums: 1e-4).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -52,6 +54,7 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-3, "float16": 5e-4}
 DEVICE = "cuda"  # --cpu-check: "cpu" with the Triton interpreter
 
 
+@functools.cache
 def _make_case(name: str, bits: int, dtype_name: str, seed: int = 3):
     """tests/test_kernels_attention.make_case + reference for the q128-L455-w1-d128-g1 shape: random packed
     codes, a one-token window; the float64 decode-then-softmax reference (CPU)."""
@@ -104,7 +107,8 @@ def _run_case(case: int, variant: int):
     keys = PackedKeys(*[None if t is None else t.to(dev) for t in (ks.codes, ks.gamma, ks.signs, ks.gamma_r)])
     values = PackedValues(vs.codes.to(dev), vs.scale.to(dev), vs.minimum.to(dev), bits)
     got = ops.attention(q.to(dev), keys, values, LENGTH, k_win.to(dev), v_win.to(dev), kc, scale=scale,
-                        num_splits=splits, config=AttnConfig(score_tables=False, **kwargs))
+                        num_splits=splits,
+                        config=AttnConfig(**{"score_tables": False, "score_halves": False, **kwargs}))
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     return got, want

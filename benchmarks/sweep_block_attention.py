@@ -21,43 +21,44 @@ import time
 from pathlib import Path
 
 DEVICE = "cuda"
-# (label, AttnConfig kwargs, octopus_directions); index = job config id, so workers rebuild them by index
+# (label, AttnConfig kwargs, octopus_directions); index = job config id, so workers rebuild them by index.
+# The 2026-11-30 sweep's losers (w16, n32 w8, m32, stages2 with w8) are gone; "folded"/"quads" (one 16-byte
+# row of C_rho * D a triplet; "quads": one 4*LP-deep score dot) and block_w (window keys a step) are new.
+W4 = dict(block_m=128, block_n=64, num_warps=4, tile_words=True)
 CANDIDATES = [
     ("default", {}, "unfold"),
-    ("m128 n64 w4 tf32 tiles (old default)", dict(block_m=128, block_n=64, num_warps=4, operands="tf32",
-                                                 tile_words=True), "unfold"),
-    ("m128 n64 w4 tiles", dict(block_m=128, block_n=64, num_warps=4, tile_words=True), "unfold"),
-    ("m128 n64 w8 tiles", dict(block_m=128, block_n=64, num_warps=8, tile_words=True), "unfold"),
-    ("m128 n64 w8 gathers", dict(block_m=128, block_n=64, num_warps=8, tile_words=False), "unfold"),
-    ("m128 n64 w8 gathers table", dict(block_m=128, block_n=64, num_warps=8, tile_words=False), "table"),
-    ("m128 n64 w8 tiles table", dict(block_m=128, block_n=64, num_warps=8, tile_words=True), "table"),
-    ("m128 n32 w8 gathers", dict(block_m=128, block_n=32, num_warps=8, tile_words=False), "unfold"),
-    ("m128 n128 w8 gathers", dict(block_m=128, block_n=128, num_warps=8, tile_words=False), "unfold"),
-    ("m128 n64 w16 gathers", dict(block_m=128, block_n=64, num_warps=16, tile_words=False), "unfold"),
-    ("m128 n64 w8 gathers stages2", dict(block_m=128, block_n=64, num_warps=8, tile_words=False,
-                                         num_stages=2), "unfold"),
-    ("m64 n64 w4 tiles", dict(block_m=64, block_n=64, num_warps=4, tile_words=True), "unfold"),
-    ("m64 n64 w4 gathers", dict(block_m=64, block_n=64, num_warps=4, tile_words=False), "unfold"),
-    ("m64 n32 w4 tiles", dict(block_m=64, block_n=32, num_warps=4, tile_words=True), "unfold"),
-    ("m32 n64 w4 gathers", dict(block_m=32, block_n=64, num_warps=4, tile_words=False), "unfold"),
-    ("m128 n64 w8 gathers, window rides the last split",
-     dict(block_m=128, block_n=64, num_warps=8, tile_words=False, window_split=False), "unfold"),
-    ("m128 n64 w8 gathers, splits >= 64 keys", dict(block_m=128, block_n=64, num_warps=8, tile_words=False,
-                                                    split_min_keys=64, programs_per_sm=16), "unfold"),
-    ("m64 n32 w4 tiles, splits >= 32 keys", dict(block_m=64, block_n=32, num_warps=4, split_min_keys=32,
-                                                 programs_per_sm=16), "unfold"),
-    ("m128 n64 w8 gathers, no split", dict(block_m=128, block_n=64, num_warps=8, tile_words=False,
-                                           split_min_keys=100000), "unfold"),
+    ("m128 n64 w4 tiles table", W4, "table"),
+    ("m128 n64 w4 tiles folded", W4, "folded"),
+    ("m128 n64 w4 tiles quads", W4, "quads"),
+    ("m128 n32 w4 tiles", {**W4, "block_n": 32}, "unfold"),
+    ("m128 n32 w4 tiles folded", {**W4, "block_n": 32}, "folded"),
+    ("m128 n64 w4 tiles folded, window 32 a step", {**W4, "block_w": 32}, "folded"),
+    ("m128 n64 w4 tiles folded, window 16 a step", {**W4, "block_w": 16}, "folded"),
+    ("m128 n64 w4 tiles folded stages2", {**W4, "num_stages": 2}, "folded"),
+    ("m128 n64 w4 tiles stages2", {**W4, "num_stages": 2}, "unfold"),
+    ("m128 n64 w4 gathers folded", {**W4, "tile_words": False}, "folded"),
+    ("m128 n128 w4 tiles folded", {**W4, "block_n": 128}, "folded"),
+    ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}, "unfold"),
+    ("m128 n128 w8 tiles folded", {**W4, "block_n": 128, "num_warps": 8}, "folded"),
+    ("m128 n128 w8 gathers", {**W4, "block_n": 128, "num_warps": 8, "tile_words": False}, "unfold"),
+    ("m128 n64 w8 tiles folded", {**W4, "num_warps": 8}, "folded"),
+    ("m128 n64 w8 tiles quads", {**W4, "num_warps": 8}, "quads"),
+    ("m64 n64 w4 tiles folded", {**W4, "block_m": 64}, "folded"),
+    ("m128 n64 w4 tiles folded, window rides the last split", {**W4, "window_split": False}, "folded"),
+    ("m128 n64 w4 tiles folded, splits >= 64 keys", {**W4, "split_min_keys": 64, "programs_per_sm": 16},
+     "folded"),
 ]
-# (codec, bits, B): the timed problems; turboquant-mse runs a subset of the candidates
+# (codec, bits, B): the timed problems; turboquant-mse runs the candidates without an octopus decode option
 PROBLEMS = [("octopus", 2, 1), ("octopus", 2, 64), ("octopus", 2, 512), ("turboquant-mse", 2, 64)]
-TQ_SUBSET = (0, 1, 3, 4, 8, 11, 12, 14)
+TQ_SUBSET = tuple(i for i, (_, _, directions) in enumerate(CANDIDATES) if directions == "unfold")
 # correctness on the GPU: (codec, bits, B, query dtype, candidate index)
 CHECKS = [("octopus", 2, 2, "bfloat16", 0), ("octopus", 2, 2, "float32", 0),
-          ("octopus-qjl", 3, 2, "bfloat16", 11), ("turboquant-mse", 2, 2, "bfloat16", 3),
-          ("turboquant-qjl", 3, 2, "float32", 13), ("polarquant", 2, 2, "bfloat16", 14),
-          ("octopus", 2, 2, "float16", 5), ("octopus", 4, 1, "bfloat16", 17),
-          ("octopus", 2, 1, "bfloat16", 0)]
+          ("octopus", 2, 2, "bfloat16", 2), ("octopus", 2, 2, "float32", 3),
+          ("octopus-qjl", 3, 2, "bfloat16", 3), ("octopus", 3, 2, "float16", 5),
+          ("octopus", 2, 2, "bfloat16", 7), ("octopus-qjl", 2, 2, "float32", 16),
+          ("octopus", 2, 1, "bfloat16", 13), ("turboquant-mse", 2, 2, "bfloat16", 12),
+          ("turboquant-qjl", 3, 2, "float32", 4), ("polarquant", 2, 2, "bfloat16", 17),
+          ("octopus", 4, 1, "bfloat16", 1), ("octopus", 2, 1, "bfloat16", 0)]
 
 
 def _shape(batch: int):

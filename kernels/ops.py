@@ -22,6 +22,9 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 
 OPERANDS = ("native", "tf32", "ieee")
 PROJECTIONS = ("native", "ieee")
+# AttnConfig.score_halves's default. The H200 defect at d=128 (issue 3, benchmarks/probe_d128.py) appears in
+# exactly the codecs with d-wide score dots; True makes them 64 deep, octopus's shape, which passes there.
+SCORE_HALVES = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,7 @@ class AttnConfig:
     queries' dtype, exact products, fp32 sums) or "ieee" (an fp32 map and an fp32 IEEE dot).
     score_halves: at head dim >= 128, the d-wide score dots of the non-octopus codecs and of the QJL term run
     as two dots of d/2 each (and their projections as two of d/2 columns), the 64-deep shape octopus's
-    triplet dots have at d = 128 (default False; ignored below d = 128, where they are 64 deep already).
+    triplet dots have at d = 128 (default: SCORE_HALVES; ignored below d = 128, where they are 64 deep).
     score_tables: one query row per KV head with an octopus codec runs the table-lookup kernel
     (adc_decode: per-query score tables, no key decode) unless this is False; there block_n is the keys
     per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm as here.
@@ -245,7 +248,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     project16 = use_dot and q16 and (cfg.projection or "native") == "native"
     qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32,
                            quads=octopus_directions == "quads" and codec.name.startswith("octopus"))
-    halves = bool(cfg.score_halves) and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
+    halves = SCORE_HALVES if cfg.score_halves is None else cfg.score_halves
+    halves = halves and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
     interpreting = _interpreting()
     if interpreting:
         _interpreter_16bit_dot()
