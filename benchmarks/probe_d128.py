@@ -146,9 +146,10 @@ def _pattern_kernels():
 
     @triton.jit
     def chain_kernel(q_ptr, m_ptr, x_ptr, g_ptr, o_ptr, c, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
-                     CHAIN: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+                     CHAIN: tl.constexpr, TWICE: tl.constexpr, RNE_BY_HAND: tl.constexpr):
         """A [64, N] bf16 = (q @ M * c) (CHAIN: a dot's result in registers) or (x0 * c) loaded; B [BN, N]
-        bf16 = x * g decoded in registers; o = A @ B^T (the score dot of the compressed loop)."""
+        bf16 = x * g decoded in registers; o = A @ B^T (the score dot of the compressed loop), TWICE: twice,
+        chained through one accumulator (as the score terms are)."""
         r = tl.arange(0, 64)[:, None]
         k = tl.arange(0, K)
         n = tl.arange(0, N)
@@ -167,7 +168,10 @@ def _pattern_kernels():
             b = ((bb + 0x7FFF + ((bb >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
         a = a.to(tl.bfloat16)
         b = b.to(tl.bfloat16)
-        tl.store(o_ptr + r * BN + tl.arange(0, BN)[None, :], tl.dot(a, tl.trans(b)))
+        o = tl.dot(a, tl.trans(b))
+        if TWICE:
+            o = tl.dot(a, tl.trans(b), o)
+        tl.store(o_ptr + r * BN + tl.arange(0, BN)[None, :], o)
 
     return proj_kernel, chain_kernel
 
@@ -198,26 +202,25 @@ def _patterns() -> list[dict]:
             check(f"projection q[64,128] @ M[128,{n}] (SS wgmma)", o, q.float() @ m.float())
         except Exception as e:
             rows.append({"pattern": f"projection N={n}", "error": f"{type(e).__name__}: {e}", "ok": False})
-    for chain in (True, False):
-        for n in (64, 128):
-            for bn in (32, 64):
-                label = (f"{'dot->bf16' if chain else 'loaded*c->bf16'} A[64,{n}] @ decoded B[{bn},{n}]^T "
-                         "(RS wgmma)")
-                try:
-                    q = torch.randn(64, 128, generator=g, device=dev).bfloat16()
-                    m = torch.randint(-3, 4, (128, n), generator=g, device=dev).bfloat16()
-                    x0 = torch.randn(64, n, generator=g, device=dev).bfloat16()
-                    x = torch.randn(bn, n, generator=g, device=dev)
-                    gam = torch.rand(bn, generator=g, device=dev) + 0.5
-                    o = torch.empty(64, bn, device=dev)
-                    c = 0.37
-                    chain_kernel[(1,)](q if chain else x0, m, x, gam, o, c, K=128, N=n, BN=bn, CHAIN=chain,
-                                       RNE_BY_HAND=DEVICE == "cpu", num_warps=4)
-                    a = ((q.float() @ m.float()) * c) if chain else x0.float() * c
-                    want = a.bfloat16().float() @ (x * gam[:, None]).bfloat16().float().T
-                    check(label, o, want)
-                except Exception as e:
-                    rows.append({"pattern": label, "error": f"{type(e).__name__}: {e}", "ok": False})
+    shapes = [(c, n, bn, False) for c in (True, False) for n in (64, 128) for bn in (32, 64)]
+    for chain, n, bn, twice in shapes + [(True, 64, 32, True), (True, 128, 32, True)]:
+        label = (f"{'dot->bf16' if chain else 'loaded*c->bf16'} A[64,{n}] @ decoded B[{bn},{n}]^T (RS wgmma)"
+                 f"{', twice into one accumulator' if twice else ''}")
+        try:
+            q = torch.randn(64, 128, generator=g, device=dev).bfloat16()
+            m = torch.randint(-3, 4, (128, n), generator=g, device=dev).bfloat16()
+            x0 = torch.randn(64, n, generator=g, device=dev).bfloat16()
+            x = torch.randn(bn, n, generator=g, device=dev)
+            gam = torch.rand(bn, generator=g, device=dev) + 0.5
+            o = torch.empty(64, bn, device=dev)
+            c = 0.37
+            chain_kernel[(1,)](q if chain else x0, m, x, gam, o, c, K=128, N=n, BN=bn, CHAIN=chain,
+                               TWICE=twice, RNE_BY_HAND=DEVICE == "cpu", num_warps=4)
+            a = ((q.float() @ m.float()) * c) if chain else x0.float() * c
+            want = a.bfloat16().float() @ (x * gam[:, None]).bfloat16().float().T
+            check(label, o, want * (2 if twice else 1))
+        except Exception as e:
+            rows.append({"pattern": label, "error": f"{type(e).__name__}: {e}", "ok": False})
     return rows
 
 

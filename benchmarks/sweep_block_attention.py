@@ -37,7 +37,7 @@ CANDIDATES = [
     ("m128 n64 w4 tiles folded stages2", {**W4, "num_stages": 2}, "folded"),
     ("m128 n64 w4 tiles stages2", {**W4, "num_stages": 2}, "unfold"),
     ("m128 n64 w4 gathers folded", {**W4, "tile_words": False}, "folded"),
-    ("m128 n128 w4 tiles folded", {**W4, "block_n": 128}, "folded"),
+    ("m128 n32 w4 gathers folded", {**W4, "block_n": 32, "tile_words": False}, "folded"),
     ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}, "unfold"),
     ("m128 n128 w8 tiles folded", {**W4, "block_n": 128, "num_warps": 8}, "folded"),
     ("m128 n128 w8 gathers", {**W4, "block_n": 128, "num_warps": 8, "tile_words": False}, "unfold"),
