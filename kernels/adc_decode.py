@@ -238,11 +238,21 @@ def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constex
 
 @triton.jit
 def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
-    """Per-column constants of _values_in_place's [R, 16 * GT] tiles: (group in the row, 16-bit half, bit
-    position of the code in its half), each [1, 16 * GT]."""
+    """Per-column constants of _values_in_place's [R, 16 * GT] tiles, each [1, 16 * GT]: (group in the row,
+    source, bit position of the code in its source). V_BITS | 32: source = the 16-bit half h of the group
+    (word h // 2 of the group, shifted by 16 (h % 2)). Otherwise (GT = 2, the row's 32 codes are V_BITS whole
+    words): source = 3 * word + kind, kind 0 the word itself (code below bit 23), 1 the word >> 16, 2 the
+    word funnel-shifted with the next one (a code straddling them, moved to bit 0)."""
     col = tl.arange(0, 16 * GT)[None, :]
-    PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
-    return col // 16, (col % 16) // PH, (col % PH) * V_BITS
+    if 32 % V_BITS == 0:
+        PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
+        return col // 16, (col % 16) // PH, (col % PH) * V_BITS
+    else:
+        bit = col * V_BITS
+        inw = bit % 32
+        kind = tl.where(inw + V_BITS <= 23, 0, tl.where(inw + V_BITS <= 32, 1, 2))
+        pos = tl.where(kind == 0, inw, tl.where(kind == 1, inw - 16, 0))
+        return col // 16, 3 * (bit // 32) + kind, pos
 
 
 @triton.jit
@@ -264,9 +274,10 @@ def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_v
     C: tl.constexpr = 16 * GT
     NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
     rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
-    cg, half, pos = _in_place_columns(G, V_BITS, GT)
+    cg, src, pos = _in_place_columns(G, V_BITS, GT)
     masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
     gcol = tl.arange(0, GT)[None, :]
+    inw = ((tl.arange(0, 16 * GT)[None, :] * V_BITS) % 32).to(tl.uint32)
     for n0 in range(c0, c1, BLOCK_V):
         n = n0 + rho // GR
         ok = n < c1
@@ -281,14 +292,25 @@ def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_v
             mn_g = tl.load(vm_ptr + grow + gi, mask=ok, other=0.0).to(tl.float32)
             wgt = tl.where(cg == gi, pw * sc_g, wgt)
             mn = tl.where(gcol == gi, mn_g, mn)
-            if V_BITS == 1:  # two groups a word
+            if 32 % V_BITS != 0:  # the row's codes are a stream of V_BITS words, cut after this loop
+                pass
+            elif V_BITS == 1:  # two groups a word
                 w = tl.load(vc_ptr + ((grow + gi) >> 1), mask=ok, other=0).to(tl.uint32, bitcast=True)
                 hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
             else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
                 for wi in tl.static_range(NW):
                     w = tl.load(vc_ptr + (grow + gi) * NW + wi, mask=ok, other=0).to(tl.uint32, bitcast=True)
-                    hw = tl.where((cg == gi) & (half == 2 * wi), w, hw)
-                    hw = tl.where((cg == gi) & (half == 2 * wi + 1), w >> 16, hw)
+                    hw = tl.where((cg == gi) & (src == 2 * wi), w, hw)
+                    hw = tl.where((cg == gi) & (src == 2 * wi + 1), w >> 16, hw)
+        if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+            w_prev = tl.zeros((R, 1), tl.uint32)
+            for wi in tl.static_range(V_BITS):
+                w = tl.load(vc_ptr + (grow // 2) * V_BITS + wi, mask=ok, other=0).to(tl.uint32, bitcast=True)
+                hw = tl.where(src == 3 * wi, w, hw)
+                hw = tl.where(src == 3 * wi + 1, w >> 16, hw)
+                if wi > 0:  # codes straddling words wi - 1 and wi (a funnel shift; inw > 23 there)
+                    hw = tl.where(src == 3 * wi - 1, (w_prev >> inw) | (w << (32 - inw)), hw)
+                w_prev = w
         x = (hw & masks).to(tl.float32, bitcast=True)
         acc += x * wgt
         acc_min += p * mn
@@ -386,7 +408,8 @@ def _adc_attn_kernel(
     last = pid_s == n_splits - 1
     n_win = tl.where(last, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
-    IN_PLACE: tl.constexpr = (VALUES == 1) and (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8)
+    IN_PLACE: tl.constexpr = (VALUES == 1) and (V_GROUP == 16) and (V_BITS <= 8) and (
+        (32 % V_BITS == 0) or (V_GT == 2))
     if IN_PLACE and (PROBE != 1):
         # stages of STAGE_K keys (0: the whole split): scores, then their values, the running maximum
         # rescaling the accumulators when it grows (an online softmax by stages, exact like the two-pass one)

@@ -56,13 +56,14 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     attention) plus the log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the
     score and value phases; the window may hold at most MAX_WINDOW tokens here. `_probe` (benchmarks only)
     breaks the result on purpose to time the parts: 1 without the value phase, 2 without the table reads.
-    `value_loop` (group-16 values at 1, 2, 4 or 8 bits): "in_place" masks each code where it lies and
+    `value_loop` (group-16 values up to 8 bits): "in_place" masks each code where it lies and
     multiplies the subnormal it makes (two instructions a channel), "shift" (the first version, kept to
     compare) shifts it down and converts it (five); other value formats take the general loop either way.
     `value_groups` (in_place only): value groups of one key a thread takes per row (1, 2 or 4; default 2
-    where a step still has a row for every thread, else 1). `stage_keys` (in_place only): keys scored before
-    their values are accumulated (a power of two, a multiple of both steps, default STAGE_KEYS), the softmax
-    maximum carried across the stages; 0 scores the whole split first (one stage, the first version's order).
+    where a step still has a row for every thread, else 1; always 2 for widths not dividing 32, 3 bits).
+    `stage_keys` (in_place only): keys scored before their values are accumulated (a power of two, at least
+    one step; default STAGE_KEYS), the softmax maximum carried across the stages; 0 scores the whole split
+    first (one stage, the first version's order).
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -108,7 +109,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
     n_groups = d // values.group
-    if value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
+    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
+        value_groups = 2
+    elif value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
     stage_keys = STAGE_KEYS if stage_keys is None else stage_keys

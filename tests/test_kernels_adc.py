@@ -150,6 +150,9 @@ VALUE_CASES = [
     ("in_place", 4, 2, 128, 90, None, True),
     ("in_place", 1, 4, 64, 61, None, True),
     ("in_place", 2, 4, 32, 20, None, False),
+    ("in_place", None, 3, 128, 77, None, True),  # 3 bits: pairs of groups cut as a 3-word stream
+    ("in_place", None, 5, 64, 40, 2, False),
+    ("in_place", None, 7, 32, 30, None, False),
     ("shift", None, 2, 64, 100, 2, False),
 ]
 
@@ -158,14 +161,14 @@ VALUE_CASES = [
                          ids=[f"{c[0]}-gt{c[1]}-v{c[2]}-d{c[3]}-L{c[4]}-s{c[5]}{'-extreme' if c[6] else ''}"
                               for c in VALUE_CASES])
 def test_value_loops_match_reference(loop, groups, vbits, d, length, splits, extreme):
-    """Both group-16 value loops at value widths the codec does not pair with its keys (8 and 1 bits), and
+    """Both group-16 value loops at value widths the codec does not pair with its keys (1, 5, 7, 8 bits), and
     fp16 scales from the smallest subnormal (2^-24) to 65504 with minima near +-65504: the in-place loop's
     subnormal products and power-of-two column scales stay exact over that range."""
     codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=2, length=length, window=1, d=d, dtype=torch.float32, seed=11)
     g = torch.Generator().manual_seed(12)
     shape = values.scale.shape
-    codes = torch.randint(-2**31, 2**31, (*shape[:3], d * vbits // 32), generator=g, dtype=torch.int64)
+    codes = torch.randint(-2**31, 2**31, (*shape[:3], -(-d * vbits // 32)), generator=g, dtype=torch.int64)
     scale, minimum = values.scale, values.minimum
     if extreme:
         pick = torch.randint(0, 4, shape, generator=g)
