@@ -16,7 +16,7 @@ from .launch import _cdiv, _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count
 from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
-OCTOPUS_DIRECTIONS = "unfold"
+OCTOPUS_DIRECTIONS = "unfold"  # "auto" once the H200 sweep (sweep_block_attention.py) confirms "folded"
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -195,7 +195,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
     "unfold" (decode n_hat from the xi centroids in registers), "table" (look it up in D), "folded" (the
     triplet C_rho * n_hat as one 16-byte row a code; key codes of at most 10 bits, octopus b <= 3) or
-    "quads" (the folded rows scored by one dot, K = 4 * triplets, against a query map in that layout).
+    "quads" (the folded rows scored by one dot, K = 4 * triplets, against a query map in that layout);
+    "auto": "folded" where the key codes allow it, else "unfold".
     `config` overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query
     rotation and layouts happen in the kernel's prologue, so the host does no tensor math.
 
@@ -204,8 +205,10 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     b, hq, tq, d = q_BHTD.shape
     if d != codec.head_dim:
         raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
+    if octopus_directions == "auto":
+        octopus_directions = "folded" if codec.key_code_bits <= FOLDED_MAX_BITS else "unfold"
     if octopus_directions not in OCTOPUS_DECODES:
-        raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)}, "
+        raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)} or auto, "
                          f"got {octopus_directions!r}")
     if (octopus_directions in ("folded", "quads") and codec.name.startswith("octopus")
             and codec.key_code_bits > FOLDED_MAX_BITS):

@@ -135,7 +135,8 @@ LAUNCHES = {"table-single-row-gathers": ("table", AttnConfig(block_m=1, block_n=
             "folded-tensor-cores-word-tiles": ("folded", AttnConfig(block_m=16, block_n=32, tile_words=True,
                                                                     score_tables=False)),
             "quads-single-row-gathers": ("quads", AttnConfig(block_m=1, block_n=32, tile_words=False,
-                                                             score_tables=False))}
+                                                             score_tables=False)),
+            "auto-tensor-cores": ("auto", AttnConfig(block_m=32, score_tables=False))}
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
@@ -304,7 +305,7 @@ def test_attention_rejects_bad_inputs():
         ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
     with pytest.raises(ValueError, match="operands must be one of native, tf32, ieee"):
         AttnConfig(operands="bf16")
-    with pytest.raises(ValueError, match="octopus_directions must be one of unfold, table, folded, quads"):
+    with pytest.raises(ValueError, match="must be one of unfold, table, folded, quads or auto"):
         ops.attention(q.to(DEVICE), keys, values, 1, None, None, kc, octopus_directions="rows")
     wide = backend.kernel_codec(get_codec("octopus", 4, 64, seed=1), 2, DEVICE)
     with pytest.raises(ValueError, match="at most 10 bits"):
