@@ -132,10 +132,23 @@ def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: t
 
 
 @triton.jit
+def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr):
+    """Words WI and WI + 1 of each key row (one [BK, 2] load, a thread's two words adjacent: an 8-byte load
+    when the rows are 8-byte aligned); the second is 0 past the row."""
+    if WI + 1 < K_WORDS:
+        two = tl.load(krow[:, None] + (WI + tl.arange(0, 2))[None, :], mask=n_ok[:, None], other=0)
+        a, b = tl.split(two.to(tl.uint32, bitcast=True))
+    else:
+        a = tl.load(krow + WI, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
+        b = tl.zeros_like(a)
+    return a, b
+
+
+@triton.jit
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
                   D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
@@ -151,12 +164,21 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
         n_ok = n < end
         s = tl.zeros((BLOCK_K,), tl.float32)
         krow = kc_ptr + n.to(tl.int64) * K_WORDS
-        w_cur = tl.load(krow, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
+        if PAIRS:  # words two at a time (8-byte loads where the row stride allows): pa, pb = words 2j, 2j + 1
+            pa, pb = _word_pair(krow, n_ok, 0, K_WORDS)
+            w_cur = pa
+        else:
+            w_cur = tl.load(krow, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
         for wi in tl.static_range(K_WORDS):
-            if wi + 1 < K_WORDS:
-                w_next = tl.load(krow + (wi + 1), mask=n_ok, other=0).to(tl.uint32, bitcast=True)
-            else:
+            if wi + 1 >= K_WORDS:
                 w_next = w_cur
+            elif not PAIRS:
+                w_next = tl.load(krow + (wi + 1), mask=n_ok, other=0).to(tl.uint32, bitcast=True)
+            elif wi % 2 == 0:
+                w_next = pb
+            else:
+                pa, pb = _word_pair(krow, n_ok, wi + 1, K_WORDS)
+                w_next = pa
             for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
                 if i < L:
                     code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
@@ -384,6 +406,7 @@ def _adc_attn_kernel(
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
     PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1, STAGE_K: tl.constexpr = 0,
+    PAIRS: tl.constexpr = 0,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -423,7 +446,8 @@ def _adc_attn_kernel(
             c1 = tl.minimum(c0 + stage, end)
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                                 ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef,
-                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
+                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
+                                PAIRS)
             tl.debug_barrier()
             if m_c > m_run:
                 alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
@@ -442,7 +466,8 @@ def _adc_attn_kernel(
     else:
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                           ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
-                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE)
+                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
+                                PAIRS)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)

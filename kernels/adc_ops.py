@@ -48,7 +48,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, value_loop: str = "in_place",
                   value_groups: int | None = None, stage_keys: int | None = None,
-                  _probe: int = 0) -> torch.Tensor:
+                  word_pairs: bool | None = None, _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -63,7 +63,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     where a step still has a row for every thread, else 1; always 2 for widths not dividing 32, 3 bits).
     `stage_keys` (in_place only): keys scored before their values are accumulated (a power of two, at least
     one step; default STAGE_KEYS), the softmax maximum carried across the stages; 0 scores the whole split
-    first (one stage, the first version's order).
+    first (one stage, the first version's order). `word_pairs`: the score phase loads a key's code words
+    two at a time (8-byte loads; default where a key has an even number of words, else one at a time).
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -114,6 +115,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     elif value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
+    if word_pairs is None:  # odd rows are not 8-byte aligned: a pair would go through a layout conversion
+        word_pairs = codec.key_words % 2 == 0
     stage_keys = STAGE_KEYS if stage_keys is None else stage_keys
     if stage_keys:
         stage_keys = max(stage_keys, step)
@@ -140,7 +143,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
-        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, num_warps=nw)
+        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, PAIRS=int(word_pairs),
+        num_warps=nw)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
