@@ -11,10 +11,11 @@ Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys
    table reads (probe 2), and per-kernel GPU times of the best row from torch.profiler;
 3. octopus b=3, b=4 and octopus-qjl b=2 at d=128 (old and new value loop) with the best d=128 launch, checked
    too.
-Variants: `shift` = the first value loop (5 instructions a channel, all scores of a split first);
-`in_place/gt2/...` = codes masked in place as subnormals (2 a channel), 2 groups of a key per thread row, and
-the split scored in stages of 1024 or 4096 keys (the default: 1024) or at once ("one stage"). Every variant
-runs at the default launch; the two fastest then at the other launches.
+Variants: `shift` = the first kernel (value loop of 5 instructions a channel, all scores of a split first, one
+code word a load); `in_place/gt2/...` = codes masked in place as subnormals (2 a channel), 2 groups of a key
+per thread row, the split scored in stages of 1024 or 4096 keys (the default: 1024) or at once ("one
+stage"), code words loaded in pairs (`/words`: one at a time). Every variant runs at the default launch; the
+two fastest then at the other launches.
 Writes OUT/sweep_adc.json and OUT/sweep_adc.md; stops timing new configurations past --budget-s.
 """
 
@@ -34,9 +35,11 @@ from octopus_audio.kernels import adc_ops, ops
 
 LENGTH = 131071  # + 1 window key = 128k keys
 SHAPES = [(128, 32), (64, 16)]
-VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0),
-            "in_place/gt2/one stage": dict(value_loop="in_place", value_groups=2, stage_keys=0),
+VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0, word_pairs=False),
             "in_place/gt2/stage1024": dict(value_loop="in_place", value_groups=2, stage_keys=1024),
+            "in_place/gt2/stage1024/words": dict(value_loop="in_place", value_groups=2, stage_keys=1024,
+                                                 word_pairs=False),
+            "in_place/gt2/one stage": dict(value_loop="in_place", value_groups=2, stage_keys=0),
             "in_place/gt2/stage4096": dict(value_loop="in_place", value_groups=2, stage_keys=4096)}
 # (block_k, block_v, warps, splits): the first is ops.attention's default at 128k keys (4 programs per SM at
 # d=128: 17 splits x 32 rows; 8 at d=64: 66 x 16), the others fill 2-3 programs per SM in one wave or more
