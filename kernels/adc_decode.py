@@ -278,6 +278,73 @@ def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
 
 
 @triton.jit
+def _ld(ptr, ok, other, MASKED: tl.constexpr, CG: tl.constexpr = False):
+    """tl.load with the mask only where MASKED (the tail step); CG: through L2 only (.cg)."""
+    if MASKED:
+        if CG:
+            return tl.load(ptr, mask=ok, other=other, cache_modifier=".cg")
+        else:
+            return tl.load(ptr, mask=ok, other=other)
+    else:
+        if CG:
+            return tl.load(ptr, cache_modifier=".cg")
+        else:
+            return tl.load(ptr)
+
+
+@triton.jit
+def _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G: tl.constexpr,
+                   V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, MASKED: tl.constexpr):
+    """One step of _values_in_place: keys [n0, n0 + BLOCK_V), those from c1 on masked off when MASKED."""
+    GR: tl.constexpr = G // GT  # rows a key
+    R: tl.constexpr = BLOCK_V * GR
+    C: tl.constexpr = 16 * GT
+    NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
+    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
+    cg, src, pos = _in_place_columns(G, V_BITS, GT)
+    masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
+    gcol = tl.arange(0, GT)[None, :]
+    inw = ((tl.arange(0, 16 * GT)[None, :] * V_BITS) % 32).to(tl.uint32)
+    n = n0 + rho // GR
+    ok = n < c1
+    grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
+    p = tl.exp2(_ld(s_ptr + n, ok, float("-inf"), MASKED, True) - m)
+    pw = p * 1.2676506002282294e30  # p * 2^W_EXP, W_EXP = 100: p * scale * 2^100 < 2^116 (fp16 scales)
+    wgt = tl.zeros((R, C), tl.float32)
+    mn = tl.zeros((R, GT), tl.float32)
+    hw = tl.zeros((R, C), tl.uint32)
+    for gi in tl.static_range(GT):  # every load is [R, 1], once; the selects fold per column
+        sc_g = _ld(vs_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
+        mn_g = _ld(vm_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
+        wgt = tl.where(cg == gi, pw * sc_g, wgt)
+        mn = tl.where(gcol == gi, mn_g, mn)
+        if 32 % V_BITS != 0:  # the row's codes are a stream of V_BITS words, cut after this loop
+            pass
+        elif V_BITS == 1:  # two groups a word
+            w = _ld(vc_ptr + ((grow + gi) >> 1), ok, 0, MASKED).to(tl.uint32, bitcast=True)
+            hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
+        else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
+            for wi in tl.static_range(NW):
+                w = _ld(vc_ptr + (grow + gi) * NW + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
+                hw = tl.where((cg == gi) & (src == 2 * wi), w, hw)
+                hw = tl.where((cg == gi) & (src == 2 * wi + 1), w >> 16, hw)
+    if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+        w_prev = tl.zeros((R, 1), tl.uint32)
+        for wi in tl.static_range(V_BITS):
+            w = _ld(vc_ptr + (grow // 2) * V_BITS + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
+            hw = tl.where(src == 3 * wi, w, hw)
+            hw = tl.where(src == 3 * wi + 1, w >> 16, hw)
+            if wi > 0:  # codes straddling words wi - 1 and wi (a funnel shift; inw > 23 there)
+                hw = tl.where(src == 3 * wi - 1, (w_prev >> inw) | (w << (32 - inw)), hw)
+            w_prev = w
+    x = (hw & masks).to(tl.float32, bitcast=True)
+    acc += x * wgt
+    acc_min += p * mn
+    l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) in _in_place_sum
+    return acc, acc_min, l_vec
+
+
+@triton.jit
 def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_vec, G: tl.constexpr,
                      V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr):
     """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA):
@@ -291,52 +358,13 @@ def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_v
     every term that matters, p * scale > 2^-50), and _in_place_sum applies the per-column constant
     2^(149 - W_EXP - pos_k) (a power of two: exact) once. Needs IEEE subnormals in the FMA (Triton emits FFMA
     without .FTZ; the GPU runs it at full rate)."""
-    GR: tl.constexpr = G // GT  # rows a key
-    R: tl.constexpr = BLOCK_V * GR
-    C: tl.constexpr = 16 * GT
-    NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
-    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
-    cg, src, pos = _in_place_columns(G, V_BITS, GT)
-    masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
-    gcol = tl.arange(0, GT)[None, :]
-    inw = ((tl.arange(0, 16 * GT)[None, :] * V_BITS) % 32).to(tl.uint32)
-    for n0 in range(c0, c1, BLOCK_V):
-        n = n0 + rho // GR
-        ok = n < c1
-        grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
-        p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
-        pw = p * 1.2676506002282294e30  # p * 2^W_EXP, W_EXP = 100: p * scale * 2^100 < 2^116 (fp16 scales)
-        wgt = tl.zeros((R, C), tl.float32)
-        mn = tl.zeros((R, GT), tl.float32)
-        hw = tl.zeros((R, C), tl.uint32)
-        for gi in tl.static_range(GT):  # every load is [R, 1], once; the selects fold per column
-            sc_g = tl.load(vs_ptr + grow + gi, mask=ok, other=0.0).to(tl.float32)
-            mn_g = tl.load(vm_ptr + grow + gi, mask=ok, other=0.0).to(tl.float32)
-            wgt = tl.where(cg == gi, pw * sc_g, wgt)
-            mn = tl.where(gcol == gi, mn_g, mn)
-            if 32 % V_BITS != 0:  # the row's codes are a stream of V_BITS words, cut after this loop
-                pass
-            elif V_BITS == 1:  # two groups a word
-                w = tl.load(vc_ptr + ((grow + gi) >> 1), mask=ok, other=0).to(tl.uint32, bitcast=True)
-                hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
-            else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
-                for wi in tl.static_range(NW):
-                    w = tl.load(vc_ptr + (grow + gi) * NW + wi, mask=ok, other=0).to(tl.uint32, bitcast=True)
-                    hw = tl.where((cg == gi) & (src == 2 * wi), w, hw)
-                    hw = tl.where((cg == gi) & (src == 2 * wi + 1), w >> 16, hw)
-        if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
-            w_prev = tl.zeros((R, 1), tl.uint32)
-            for wi in tl.static_range(V_BITS):
-                w = tl.load(vc_ptr + (grow // 2) * V_BITS + wi, mask=ok, other=0).to(tl.uint32, bitcast=True)
-                hw = tl.where(src == 3 * wi, w, hw)
-                hw = tl.where(src == 3 * wi + 1, w >> 16, hw)
-                if wi > 0:  # codes straddling words wi - 1 and wi (a funnel shift; inw > 23 there)
-                    hw = tl.where(src == 3 * wi - 1, (w_prev >> inw) | (w << (32 - inw)), hw)
-                w_prev = w
-        x = (hw & masks).to(tl.float32, bitcast=True)
-        acc += x * wgt
-        acc_min += p * mn
-        l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) in _in_place_sum
+    full = c0 + (c1 - c0) // BLOCK_V * BLOCK_V  # whole steps without masks, then the tail step with them
+    for n0 in range(c0, full, BLOCK_V):
+        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G,
+                                             V_BITS, BLOCK_V, GT, False)
+    if full < c1:
+        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, full, c1, acc, acc_min, l_vec,
+                                             G, V_BITS, BLOCK_V, GT, True)
     return acc, acc_min, l_vec
 
 
