@@ -135,3 +135,87 @@ def test_prepare_builds_every_table_from_the_host_before_the_first_unit(name, mo
     q = torch.randn(B, H, 2, D).to(torch.bfloat16).to(DEVICE)
     _fill(cache, _units(seed=2, sizes=(1, 2))).attend(q, 0.125)
     cache.check()
+
+
+class _FakeStream:
+    """Stands in for a CUDA stream on the CPU: logs what the cache asks of the streams, in order."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.device = name, log, torch.device(DEVICE)
+
+    def wait_stream(self, other):
+        self.log.append(f"{self.name} waits {other.name}")
+
+    def wait_event(self, event):
+        self.log.append(f"{self.name} waits event {event.index}")
+
+
+def _fake_streams(monkeypatch, log):
+    main = _FakeStream("main", log)
+    events = []
+
+    class Event:
+        def __init__(self):
+            self.index = len(events)
+            events.append(self)
+
+        def record(self, stream):
+            log.append(f"{stream.name} records event {self.index}")
+
+    monkeypatch.setattr(CompressedKVCache, "_streams", staticmethod(lambda device: True))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream("side", log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+@pytest.mark.parametrize("name", ["octopus", "turboquant-qjl"])
+def test_overlapped_encode_writes_the_same_store_and_waits_in_order(name, monkeypatch):
+    """overlap_encode (streams faked on the CPU): each unit is encoded as it arrives, the main stream waits
+    for a unit's event just before the unit leaves the window, the unit beyond the capacity is left alone,
+    and the store, the attention and the checks are those of the plain fused path."""
+    sizes = (1, 3, 5, 2, 4)
+    capacity = sum(sizes[:-1])  # as the patch reserves it: every unit but the last
+    units = _units(seed=5, sizes=sizes)
+    q = torch.randn(B, H, 2, D, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
+    plain = _fill(CompressedKVCache(name, 2, D, window=1, capacity=capacity, defer_checks=True), units)
+    log: list[str] = []
+    _fake_streams(monkeypatch, log)
+    cache = CompressedKVCache(name, 2, D, window=1, capacity=capacity, defer_checks=True)
+    cache.overlap_encode = True
+    _fill(cache, units)
+    assert cache._overlap is False and len(cache._early) == 0  # the last unit did not fit: overlap ended
+    assert cache.length == plain.length == capacity
+    for got, want in zip(cache.store.valid(), plain.store.valid(), strict=True):
+        for field, t in want.tensors().items():
+            assert torch.equal(getattr(got, field).cpu(), t.cpu()), field
+    assert torch.equal(cache.attend(q, 0.125).cpu(), plain.attend(q, 0.125).cpu())
+    expected = []
+    for i in range(len(sizes) - 1):  # unit i encoded at its arrival, waited for when unit i + 1 arrives
+        expected += ["side waits main", f"side records event {i}"]
+        if i:
+            expected.append(f"main waits event {i - 1}")
+    expected.append(f"main waits event {len(sizes) - 2}")  # the last unit pushes the one before out
+    assert log == expected
+    cache.check()
+    assert log[-1] == "main waits side"  # joined before the record is read
+
+
+def test_overlapped_encode_reports_a_bad_unit(monkeypatch):
+    """A NaN key in an early-encoded unit (flagged by the kernel on the side stream) and bad values in the
+    last, never encoded unit (recorded at the check) raise as the immediate checks do."""
+    log: list[str] = []
+    _fake_streams(monkeypatch, log)
+    for index, field in ((1, "k"), (2, "v")):
+        units = _units(seed=6, sizes=(1, 2, 3))
+        k, v = (t.clone() for t in units[index])
+        (k if field == "k" else v)[0, 1, 0, 3] = float("nan")
+        units[index] = (k, v)
+        with pytest.raises(ValueError) as now:
+            _fill(CompressedKVCache("octopus", 2, D, window=1, capacity=3, defer_checks=False), units)
+        cache = CompressedKVCache("octopus", 2, D, window=1, capacity=3, defer_checks=True)
+        cache.overlap_encode = True
+        _fill(cache, units)
+        with pytest.raises(ValueError) as later:
+            cache.check()
+        assert str(later.value) == str(now.value)
