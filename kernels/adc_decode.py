@@ -146,9 +146,9 @@ def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr):
 
 @triton.jit
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
-                  D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
+                  zero, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr, GATE: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
@@ -164,7 +164,23 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
         n_ok = n < end
         s = tl.zeros((BLOCK_K,), tl.float32)
         krow = kc_ptr + n.to(tl.int64) * K_WORDS
-        if PAIRS:  # words two at a time (8-byte loads where the row stride allows): pa, pb = words 2j, 2j + 1
+        if GATE:  # every word and gamma first, and every table read predicated on all of them (below)
+            gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+            ws = ()
+            for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
+                if PAIRS:
+                    pa, pb = _word_pair(krow, n_ok, wi, K_WORDS)
+                    ws = ws + (pa, pb)
+                else:
+                    ws = ws + (tl.load(krow + wi, mask=n_ok, other=0).to(tl.uint32, bitcast=True),)
+            mix = gamma.to(tl.uint32, bitcast=True)
+            for wi in tl.static_range(K_WORDS):
+                mix = mix ^ ws[wi]
+            # always true (zero == 0 at run time), but the compiler cannot know: the table reads wait for
+            # all loads of the step, so the loads are issued together (one memory round trip, not one a word)
+            gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
+            w_cur = ws[0]
+        elif PAIRS:  # words two at a time (8-byte loads where rows allow): pa, pb = words 2j, 2j + 1
             pa, pb = _word_pair(krow, n_ok, 0, K_WORDS)
             w_cur = pa
         else:
@@ -172,6 +188,8 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
         for wi in tl.static_range(K_WORDS):
             if wi + 1 >= K_WORDS:
                 w_next = w_cur
+            elif GATE:
+                w_next = ws[wi + 1]
             elif not PAIRS:
                 w_next = tl.load(krow + (wi + 1), mask=n_ok, other=0).to(tl.uint32, bitcast=True)
             elif wi % 2 == 0:
@@ -185,10 +203,15 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
                     if FOLD_RHO:
                         if PROBE == 2:  # measurement only: codes cut, no table read
                             s += code.to(tl.float32)
+                        elif GATE:
+                            s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
                         else:
                             s += tl.load(row_lut + i * N_ENTRIES + code)
                     else:
-                        t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
+                        if GATE:
+                            t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
+                        else:
+                            t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
                         if B_RHO == 1:
                             rho = tl.where((code & 1) != 0, rho1, rho0)
                         else:
@@ -206,7 +229,8 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
                     sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e)
             g_r = tl.load(kr_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
             s += qjl_coef * g_r * sq
-        gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        if not GATE:
+            gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
         s = s * gamma
         tl.store(s_ptr + n, s, mask=n_ok)
         m_vec = tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
@@ -428,13 +452,13 @@ def _adc_attn_kernel(
     vc_ptr, vs_ptr, vm_ptr,
     kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
     s_ptr, out_ptr, opart_ptr, lse_ptr,
-    H, t_cap, t_comp, t_win, chunk, n_splits, total_rows, qk_scale, qjl_coef,
+    H, t_cap, t_comp, t_win, chunk, n_splits, total_rows, qk_scale, qjl_coef, zero,
     D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr, B_RHO: tl.constexpr,
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
     PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1, STAGE_K: tl.constexpr = 0,
-    PAIRS: tl.constexpr = 0,
+    PAIRS: tl.constexpr = 0, GATE: tl.constexpr = 0,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -473,9 +497,9 @@ def _adc_attn_kernel(
         for c0 in range(start, end, stage):
             c1 = tl.minimum(c0 + stage, end)
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
-                                ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef,
+                                ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef, zero,
                                 D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
-                                PAIRS)
+                                PAIRS, GATE)
             tl.debug_barrier()
             if m_c > m_run:
                 alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
@@ -493,9 +517,9 @@ def _adc_attn_kernel(
         acc, l_i = _in_place_sum(acc_t * alpha, acc_min * alpha, l_vec * alpha, G, V_BITS, BLOCK_V, V_GT)
     else:
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
-                          ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef,
+                          ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
                           D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
-                                PAIRS)
+                                PAIRS, GATE)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)

@@ -48,7 +48,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, value_loop: str = "in_place",
                   value_groups: int | None = None, stage_keys: int | None = None,
-                  word_pairs: bool | None = None, _probe: int = 0) -> torch.Tensor:
+                  word_pairs: bool | None = None, gate_loads: bool = True, _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -65,6 +65,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     one step; default STAGE_KEYS), the softmax maximum carried across the stages; 0 scores the whole split
     first (one stage, the first version's order). `word_pairs`: the score phase loads a key's code words
     two at a time (8-byte loads; default where a key has an even number of words, else one at a time).
+    `gate_loads`: the score phase's table reads wait for all of a step's code words and norms (a predicate
+    on all of them that is always true), so the compiler issues those loads together: one memory round trip
+    a step instead of one per word (ptxas otherwise sinks each load to its first use); 19 more registers.
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -138,13 +141,13 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
-        h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)),
+        h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
         D=d, L=n_trip, K_BITS=codec.key_code_bits, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
         VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, PAIRS=int(word_pairs),
-        num_warps=nw)
+        GATE=int(gate_loads), num_warps=nw)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

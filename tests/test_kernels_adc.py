@@ -222,10 +222,13 @@ def test_stages_carry_the_maximum(stage, length, splits, qscale, block):
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
 
-@pytest.mark.parametrize("d,bits,pairs", [(64, 2, True), (128, 2, False), (128, 3, True)],
-                         ids=["d64-b2-5words-pairs", "d128-b2-10words-single", "d128-b3-14words-pairs"])
-def test_word_pairs_either_way(d, bits, pairs):
-    """Key code words loaded two at a time (an odd count ends with a single word) or one at a time."""
+@pytest.mark.parametrize("d,bits,pairs,gate", [(64, 2, True, True), (128, 2, False, False),
+                                                (128, 3, True, False), (64, 3, False, True)],
+                         ids=["d64-b2-5words-pairs-gated", "d128-b2-10words-single", "d128-b3-14words-pairs",
+                              "d64-b3-7words-single-gated"])
+def test_word_pairs_either_way(d, bits, pairs, gate):
+    """Key code words loaded two at a time (an odd count ends with a single word) or one at a time, with the
+    table reads gated on all loads of the step or not."""
     codec, q, keys, values, k_win, v_win = make_store(
         "octopus", bits, batch=1, heads=2, length=70, window=1, d=d, dtype=torch.float32, seed=31)
     want = naive.attention(q, keys, values, 70, k_win, v_win, codec)
@@ -233,6 +236,7 @@ def test_word_pairs_either_way(d, bits, pairs):
     keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
     q_d, kw, vw = to(dev, q, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev), word_pairs=pairs)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev), word_pairs=pairs,
+                                  gate_loads=gate)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
