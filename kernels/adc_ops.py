@@ -48,7 +48,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, value_loop: str = "in_place",
                   value_groups: int | None = None, stage_keys: int | None = None,
-                  word_pairs: bool | None = None, gate_loads: bool = True, _probe: int = 0) -> torch.Tensor:
+                  word_pairs: bool | None = None, gate_loads: bool = True, max_registers: int | None = None,
+                  _probe: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
@@ -68,6 +69,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     `gate_loads`: the score phase's table reads wait for all of a step's code words and norms (a predicate
     on all of them that is always true), so the compiler issues those loads together: one memory round trip
     a step instead of one per word (ptxas otherwise sinks each load to its first use); 19 more registers.
+    `max_registers`: a register cap for the attention kernel (Triton's maxnreg; 80 keeps 3 programs of 8
+    warps on an SM with the gated loads, without spills at d=128).
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -147,7 +150,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
         VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, PAIRS=int(word_pairs),
-        GATE=int(gate_loads), num_warps=nw)
+        GATE=int(gate_loads), num_warps=nw, **({} if max_registers is None else {"maxnreg": max_registers}))
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

@@ -240,3 +240,17 @@ def test_word_pairs_either_way(d, bits, pairs, gate):
                                   gate_loads=gate)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
+
+
+def test_register_cap_accepted():
+    """max_registers reaches the launch (a compile option on the GPU; the interpreter ignores it)."""
+    codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=40, window=1, d=64, dtype=torch.float32, seed=41)
+    want = naive.attention(q, keys, values, 40, k_win, v_win, codec)
+    dev = torch.device(DEVICE)
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    got = adc_ops().attention_adc(q_d, keys_d, values_d, 40, kw, vw, codec.to(dev), max_registers=80)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
