@@ -11,11 +11,11 @@ Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys
    table reads (probe 2), and per-kernel GPU times of the best row from torch.profiler;
 3. octopus b=3, b=4 and octopus-qjl b=2 at d=128 (old and new value loop) with the best d=128 launch, checked
    too.
-Variants: `shift` = the first kernel (value loop of 5 instructions a channel, all scores of a split first, one
-code word a load); `in_place/gt2/...` = codes masked in place as subnormals (2 a channel), 2 groups of a key
-per thread row, the split scored in stages of 1024 or 4096 keys (the default: 1024) or at once ("one
-stage"), code words loaded in pairs (`/words`: one at a time). Every variant runs at the default launch; the
-two fastest then at the other launches.
+Variants: `shift` = the first kernel (value loop of 5 instructions a channel, all scores of a split first,
+one code word a load, loads sunk to their uses); `new default` = attention_adc's defaults (codes masked in
+place as subnormals, 2 a channel; 2 groups of a key per thread row; stages of 1024 keys; code words in
+pairs; table reads gated on all of a step's loads); the others change one of those (or cap the registers at
+80). Every variant runs at the default launch; the two fastest then at the other launches.
 Writes OUT/sweep_adc.json and OUT/sweep_adc.md; stops timing new configurations past --budget-s.
 """
 
@@ -35,17 +35,19 @@ from octopus_audio.kernels import adc_ops, ops
 
 LENGTH = 131071  # + 1 window key = 128k keys
 SHAPES = [(128, 32), (64, 16)]
-VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0, word_pairs=False),
-            "in_place/gt2/stage1024": dict(value_loop="in_place", value_groups=2, stage_keys=1024),
-            "in_place/gt2/stage1024/words": dict(value_loop="in_place", value_groups=2, stage_keys=1024,
-                                                 word_pairs=False),
-            "in_place/gt2/one stage": dict(value_loop="in_place", value_groups=2, stage_keys=0),
-            "in_place/gt2/stage4096": dict(value_loop="in_place", value_groups=2, stage_keys=4096)}
+VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0, word_pairs=False,
+                          gate_loads=False),
+            "new default": dict(),
+            "new, 80 registers": dict(max_registers=80),
+            "new, ungated loads": dict(gate_loads=False),
+            "new, one stage": dict(stage_keys=0),
+            "new, stages of 4096": dict(stage_keys=4096)}
 # (block_k, block_v, warps, splits): the first is ops.attention's default at 128k keys (4 programs per SM at
-# d=128: 17 splits x 32 rows; 8 at d=64: 66 x 16), the others fill 2-3 programs per SM in one wave or more
-LAUNCHES = {128: [(256, 64, 8, 17), (256, 64, 8, 12), (256, 64, 8, 8), (512, 64, 8, 12), (128, 64, 4, 17),
-                  (256, 64, 8, 24)],
-            64: [(128, 64, 4, 66), (128, 64, 4, 33), (128, 64, 4, 25), (256, 64, 8, 33)]}
+# d=128: 17 splits x 32 rows; 8 at d=64: 66 x 16); the others fill 2 or 3 programs of 8 warps per SM in one
+# wave (the gated kernel takes 99 registers at d=128: 2 programs of 8 warps an SM; 80 registers: 3)
+LAUNCHES = {128: [(256, 64, 8, 17), (256, 64, 8, 8), (256, 64, 8, 12), (256, 64, 8, 16), (512, 64, 8, 8),
+                  (128, 64, 4, 16)],
+            64: [(128, 64, 4, 66), (128, 64, 4, 33), (128, 64, 4, 25), (256, 64, 8, 16)]}
 TOL = 1e-4
 
 
@@ -172,7 +174,7 @@ def main() -> None:
         variant, launch = best_row["variant"], (best_row["block_k"], best_row["block_v"], best_row["warps"],
                                                 best_row["splits"])
         if variant == "ops.attention default":  # the same kernel as the default variant at the first launch
-            variant, launch = "in_place/gt2/stage1024", LAUNCHES[d][0]
+            variant, launch = "new default", LAUNCHES[d][0]
         for probe in (1, 2):
             time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, launch, probe)
         if d == 128:
