@@ -238,7 +238,10 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool,
         words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
         s_words, s_wp, s_kp = _pack_shape(1, d)
         block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
-        block_g, _ = _values_launch(group, config)
+        # values: 64 rows of d=64 (256 groups of 16) per program; with 128 rows (the values kernel's own
+        # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
+        # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
+        block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
         unit = _CHUNK_DTYPES.get(bits, torch.uint8)
         v_words = -(-d * bits // 32)
         octo = codec.name.startswith("octopus")
