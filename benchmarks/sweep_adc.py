@@ -2,10 +2,11 @@
 launch configurations against bf16 SDPA, each variant checked against a float64 reference on the GPU.
 
 Run from the repository root on a CUDA machine (package folders linked as the device notes say):
-    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 20] [--budget-s 95]
+    python3 benchmarks/sweep_adc.py --out OUT [--rep-ms 20] [--budget-s 90]
 Per head dim (d=128 x 32 heads, d=64 x 16 heads; 1 query, 131071 compressed keys + 1 window key, octopus b=2):
-1. correctness: every value-loop variant with fp32 queries against float64 attention over the library's fp32
-   decode (relative RMS error, must be < 1e-4: a row says FAIL otherwise);
+1. correctness against float64 attention over the library's fp32 decode (relative RMS error; a row says FAIL
+   and the script exits 1 past the tolerance): the default variant with fp32 query and window (< 1e-4),
+   every variant with the timed bf16 inputs (< 2e-3 + the reference's own bf16 rounding);
 2. timing (bf16 queries, as `octopus-audio bench`): variants x (block_k, block_v, warps, split count),
    and the ops.attention default path; the best row again with the value phase off (probe 1) and with no
    table reads (probe 2), and per-kernel GPU times of the best row from torch.profiler;
@@ -42,13 +43,14 @@ VARIANTS = {"shift": dict(value_loop="shift", value_groups=1, stage_keys=0, word
             "new, ungated loads": dict(gate_loads=False),
             "new, one stage": dict(stage_keys=0),
             "new, stages of 4096": dict(stage_keys=4096)}
+D64_VARIANTS = ("shift", "new default", "new, 80 registers")  # fewer compiles at d=64 (the target is d=128)
 # (block_k, block_v, warps, splits): the first is ops.attention's default at 128k keys (4 programs per SM at
 # d=128: 17 splits x 32 rows; 8 at d=64: 66 x 16); the others fill 2 or 3 programs of 8 warps per SM in one
 # wave (the gated kernel takes 99 registers at d=128: 2 programs of 8 warps an SM; 80 registers: 3)
 LAUNCHES = {128: [(256, 64, 8, 17), (256, 64, 8, 8), (256, 64, 8, 12), (256, 64, 8, 16), (512, 64, 8, 8),
                   (128, 64, 4, 16)],
             64: [(128, 64, 4, 66), (128, 64, 4, 33), (128, 64, 4, 25), (256, 64, 8, 16)]}
-TOL = 1e-4
+TOL, TOL_BF16 = 1e-4, 2e-3
 
 
 def reference64(inputs, length):
@@ -98,7 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rep-ms", type=float, default=20.0)
-    ap.add_argument("--budget-s", type=float, default=95.0)
+    ap.add_argument("--budget-s", type=float, default=90.0)
     ap.add_argument("--length", type=int, default=LENGTH, help="compressed keys (smoke runs only)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing)")
     args = ap.parse_args()
@@ -112,17 +114,22 @@ def main() -> None:
     def log(msg):
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
-    def check(label, codec, bits, d, inputs, want, variant, launch):
+    def check(label, codec, bits, d, inputs, want, variant, launch, fp32=False):
+        """fp32: fp32 query and window (another compile), within TOL; else the timed bf16 call, within
+        TOL_BF16 plus the bf16 rounding of the reference itself (as tests/test_kernels_adc.py)."""
         lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
         bk, bv, nw, splits = launch
-        got = adc_ops.attention_adc(q.float(), keys, values, length, k_win.float(), v_win.float(), kc,
-                                    block_k=bk, block_v=bv, num_warps=nw, num_splits=splits,
-                                    **VARIANTS[variant])
+        if fp32:
+            q, k_win, v_win = q.float(), k_win.float(), v_win.float()
+        got = adc_ops.attention_adc(q, keys, values, length, k_win, v_win, kc, block_k=bk, block_v=bv,
+                                    num_warps=nw, num_splits=splits, **VARIANTS[variant])
         err = rel_err(got, want)
-        checks.append(dict(label=label, codec=codec, bits=bits, d=d, variant=variant, rel_err=err,
-                           ok=err < TOL))
-        verdict = "ok" if err < TOL else "FAIL"
-        log(f"check {label} {codec} b={bits} d={d} {variant}: rel err {err:.2e} {verdict}")
+        tol = TOL if fp32 else TOL_BF16 + rel_err(want.to(torch.bfloat16), want)
+        checks.append(dict(label=label + (" fp32" if fp32 else " bf16"), codec=codec, bits=bits, d=d,
+                           variant=variant, rel_err=err, tol=tol, ok=err < tol))
+        verdict = "ok" if err < tol else "FAIL"
+        log(f"check {label} {'fp32' if fp32 else 'bf16'} {codec} b={bits} d={d} {variant}: rel err {err:.2e} "
+            f"(tolerance {tol:.1e}) {verdict}")
 
     def time_row(codec, bits, d, heads, inputs, sdpa_ms, variant, launch, probe=0):
         lib, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
@@ -153,12 +160,13 @@ def main() -> None:
         sdpa_ms = sdpa_time(shape, dev, args.rep_ms)
         log(f"d={d} x {heads} heads: bf16 SDPA {sdpa_ms:.4f} ms")
         want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
-        for variant in VARIANTS:
+        check(f"{length + 1} keys", "octopus", 2, d, inputs, want, "new default", LAUNCHES[d][0], fp32=True)
+        for variant in VARIANTS if d == 128 else D64_VARIANTS:
             check(f"{length + 1} keys", "octopus", 2, d, inputs, want, variant, LAUNCHES[d][0])
         del want
         torch.cuda.empty_cache()
         timed = [time_row("octopus", 2, d, heads, inputs, sdpa_ms, "ops.attention default", (0, 0, 0, 0))]
-        for variant in VARIANTS:
+        for variant in VARIANTS if d == 128 else D64_VARIANTS:
             timed.append(time_row("octopus", 2, d, heads, inputs, sdpa_ms, variant, LAUNCHES[d][0]))
         ranked = sorted((t[0] for t in timed if t is not None and t[0]["variant"] in VARIANTS),
                         key=lambda r: r["ms"])
@@ -194,6 +202,7 @@ def main() -> None:
                 continue
             inputs = _attention_inputs(Job("attention", codec, bits, shape), dev)
             want = reference64((*inputs[:4], inputs[4].float(), *inputs[5:]), length)
+            check(f"{length + 1} keys", codec, bits, 128, inputs, want, "new default", launch, fp32=True)
             for v in dict.fromkeys(("shift", variant)):
                 check(f"{length + 1} keys", codec, bits, 128, inputs, want, v, launch)
             del want
@@ -213,10 +222,11 @@ def main() -> None:
         lines.append(f"| {r['codec']} | {r['bits']} | {r['d']} | {r['heads']} | {r['variant']} | "
                      f"{r['block_k']} | {r['block_v']} | {r['warps']} | {r['splits']} | {probe} | "
                      f"{r['ms']:.4f} | {r['sdpa_ms']:.4f} | {r['x_sdpa']:.2f} |")
-    lines += ["", "| check | codec | b | d | variant | rel err (float64 ref) | ok |", "|" + " --- |" * 7]
+    lines += ["", "| check | codec | b | d | variant | rel err (float64 ref) | tolerance | ok |",
+              "|" + " --- |" * 8]
     for c in checks:
         lines.append(f"| {c['label']} | {c['codec']} | {c['bits']} | {c['d']} | {c['variant']} | "
-                     f"{c['rel_err']:.2e} | {'ok' if c['ok'] else 'FAIL'} |")
+                     f"{c['rel_err']:.2e} | {c['tol']:.1e} | {'ok' if c['ok'] else 'FAIL'} |")
     lines += ["", "kernel GPU us per call (torch.profiler):"]
     lines += [f"- {k}: {v}" for k, v in profiles.items()]
     (args.out / "sweep_adc.md").write_text("\n".join(lines) + "\n")
