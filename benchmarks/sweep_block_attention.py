@@ -23,7 +23,8 @@ from pathlib import Path
 DEVICE = "cuda"
 # (label, AttnConfig kwargs, octopus_directions); index = job config id, so workers rebuild them by index.
 # The 2026-11-30 sweep's losers (w16, n32 w8, m32, stages2 with w8) are gone; "folded"/"quads" (one 16-byte
-# row of C_rho * D a triplet; "quads": one 4*LP-deep score dot) and block_w (window keys a step) are new.
+# row of C_rho * D a triplet; "quads": one 4*LP-deep score dot), block_w (window keys a step) and
+# host_projection (projected queries read from memory: shared-memory dot operands, fewer registers) are new.
 W4 = dict(block_m=128, block_n=64, num_warps=4, tile_words=True)
 CANDIDATES = [
     ("default", {}, "unfold"),
@@ -35,7 +36,7 @@ CANDIDATES = [
     ("m128 n64 w4 tiles folded, window 32 a step", {**W4, "block_w": 32}, "folded"),
     ("m128 n64 w4 tiles folded, window 16 a step", {**W4, "block_w": 16}, "folded"),
     ("m128 n64 w4 tiles folded stages2", {**W4, "num_stages": 2}, "folded"),
-    ("m128 n64 w4 tiles stages2", {**W4, "num_stages": 2}, "unfold"),
+    ("m128 n64 w4 tiles, host projection", {**W4, "host_projection": True}, "unfold"),
     ("m128 n64 w4 gathers folded", {**W4, "tile_words": False}, "folded"),
     ("m128 n32 w4 gathers folded", {**W4, "block_n": 32, "tile_words": False}, "folded"),
     ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}, "unfold"),
@@ -47,6 +48,14 @@ CANDIDATES = [
     ("m128 n64 w4 tiles folded, window rides the last split", {**W4, "window_split": False}, "folded"),
     ("m128 n64 w4 tiles folded, splits >= 64 keys", {**W4, "split_min_keys": 64, "programs_per_sm": 16},
      "folded"),
+    ("m128 n64 w4 tiles folded, host projection", {**W4, "host_projection": True}, "folded"),
+    ("m128 n64 w4 gathers folded, host projection", {**W4, "tile_words": False, "host_projection": True},
+     "folded"),
+    ("m128 n32 w4 gathers folded, host projection",
+     {**W4, "block_n": 32, "tile_words": False, "host_projection": True}, "folded"),
+    ("m128 n16 w4 gathers folded, host projection (160 registers: 3 programs an SM)",
+     {**W4, "block_n": 16, "tile_words": False, "host_projection": True}, "folded"),
+    ("m128 n64 w4 tiles quads, host projection", {**W4, "host_projection": True}, "quads"),
 ]
 # (codec, bits, B): the timed problems; turboquant-mse runs the candidates without an octopus decode option
 PROBLEMS = [("octopus", 2, 1), ("octopus", 2, 64), ("octopus", 2, 512), ("turboquant-mse", 2, 64)]
@@ -58,7 +67,9 @@ CHECKS = [("octopus", 2, 2, "bfloat16", 0), ("octopus", 2, 2, "float32", 0),
           ("octopus", 2, 2, "bfloat16", 7), ("octopus-qjl", 2, 2, "float32", 16),
           ("octopus", 2, 1, "bfloat16", 13), ("turboquant-mse", 2, 2, "bfloat16", 12),
           ("turboquant-qjl", 3, 2, "float32", 4), ("polarquant", 2, 2, "bfloat16", 17),
-          ("octopus", 4, 1, "bfloat16", 1), ("octopus", 2, 1, "bfloat16", 0)]
+          ("octopus", 4, 1, "bfloat16", 1), ("octopus", 2, 1, "bfloat16", 0),
+          ("octopus", 2, 2, "bfloat16", 21), ("octopus-qjl", 3, 2, "float32", 24),
+          ("turboquant-qjl", 3, 2, "bfloat16", 9)]
 
 
 def _shape(batch: int):

@@ -49,6 +49,10 @@ class AttnConfig:
     score_halves: at head dim >= 128, the d-wide score dots of the non-octopus codecs and of the QJL term run
     as two dots of d/2 each (and their projections as two of d/2 columns), the 64-deep shape octopus's
     triplet dots have at d = 128 (default: SCORE_HALVES; ignored below d = 128, where they are 64 deep).
+    host_projection: the launcher projects the queries (one torch matmul in fp32, exact for 16-bit queries;
+    fp64 for fp32 ones) and the kernel reads the scaled projections from memory, so the score dots take
+    them from shared memory instead of registers (AAR octopus b=2, 128 rows, 4 warps on sm_90: 255
+    registers and a 78-byte spill -> 244 and none); default False.
     score_tables: one query row per KV head with an octopus codec runs the table-lookup kernel
     (adc_decode: per-query score tables, no key decode) unless this is False; there block_n is the keys
     per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm as here.
@@ -68,6 +72,7 @@ class AttnConfig:
     projection: str | None = None
     score_halves: bool | None = None
     block_w: int | None = None
+    host_projection: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -83,8 +88,9 @@ class AttnConfig:
         if self.projection not in (None, *PROJECTIONS):
             raise ValueError(f"projection must be one of {', '.join(PROJECTIONS)} or None, "
                              f"got {self.projection!r}")
-        if self.score_halves not in (None, True, False):
-            raise ValueError(f"score_halves must be True, False or None, got {self.score_halves!r}")
+        for flag in ("score_halves", "host_projection"):
+            if getattr(self, flag) not in (None, True, False):
+                raise ValueError(f"{flag} must be True, False or None, got {getattr(self, flag)!r}")
         _check_pow2("block_v", self.block_v, 8, 256)
         _check_pow2("block_w", self.block_w, 16, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
@@ -93,6 +99,22 @@ class AttnConfig:
 
 OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2, "quads": 3}  # the kernels' DIR_TABLE
 FOLDED_MAX_BITS = 10  # folded table rows: 2**n of 16 bytes (16 KiB at n = 10, octopus b=3; b=4 has n = 13)
+
+
+def _host_projection(q_BHTD: torch.Tensor, qmap_HDN: torch.Tensor, h: int, n_rows: int, rot_scale: float,
+                     qjl_scale: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """[B, H, rows, NP] projections q @ M_h (rows g * Tq + t, as the kernel numbers them), the rotated block
+    times rot_scale and the QJL block (the last d columns, when qjl_scale is given) times qjl_scale, in the
+    kernel's operand dtype. fp32 products of 16-bit queries and the integer maps are exact (also as TF32);
+    fp32 queries project in fp64."""
+    b, hq, tq, d = q_BHTD.shape
+    work = torch.float64 if q_BHTD.dtype == torch.float32 else torch.float32
+    with torch.autocast(q_BHTD.device.type, enabled=False):
+        proj = torch.matmul(q_BHTD.reshape(b, h, n_rows, d).to(work), qmap_HDN.to(work))
+        col_scale = torch.full((qmap_HDN.shape[-1],), rot_scale, dtype=work, device=q_BHTD.device)
+        if qjl_scale is not None:
+            col_scale[-d:] = qjl_scale
+        return (proj * col_scale).to(dtype).contiguous()
 
 
 def _key_tables(codec: KernelCodec, directions: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,6 +288,10 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         v_window = v_window.contiguous()
     tab_a, tab_b = _key_tables(codec, octopus_directions)
     qk_scale = scale * LOG2E
+    rot_scale, qjl_scale = qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d
+    if cfg.host_projection:
+        qmap = _host_projection(q_BHTD, qmap, h, n_rows, rot_scale, qjl_scale if codec.has_qjl else None,
+                                opd)
 
     total_rows = b * h * n_rows
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
@@ -282,7 +308,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         tab_a, tab_b,
         out, opart, lse,
         h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
-        qk_scale, qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d,
+        qk_scale, rot_scale, qjl_scale,
         **_codec_constants(codec), NP=qmap.shape[-1], DIR_TABLE=OCTOPUS_DECODES[octopus_directions],
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
         V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
@@ -290,6 +316,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
         K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
+        QP=bool(cfg.host_projection),
         num_warps=warps, num_stages=cfg.num_stages or 1,
     )
     if not direct:

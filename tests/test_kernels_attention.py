@@ -170,6 +170,12 @@ VARIANTS = {
                                           AttnConfig(block_m=128, block_n=64, block_w=16), False),
     "octopus-qjl-fp16-quads-m64-window32": ("octopus-qjl", 3, torch.float16, "quads",
                                             AttnConfig(block_m=64, block_n=32, block_w=32), False),
+    "octopus-bf16-host-projection-folded-strided-q": (
+        "octopus", 2, torch.bfloat16, "folded", AttnConfig(block_m=128, block_n=32, host_projection=True),
+        True),
+    "turboquant-qjl-fp32-host-projection-m16": (
+        "turboquant-qjl", 2, torch.float32, "unfold",
+        AttnConfig(block_m=16, block_n=32, host_projection=True), False),
     "polarquant-fp32-ieee-many-splits": ("polarquant", 2, torch.float32, "unfold",
                                          AttnConfig(block_m=64, block_n=32, split_min_keys=32,
                                                     programs_per_sm=64), False),
@@ -179,8 +185,9 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_launch_variants_match_decoded_reference(variant):
     """Operand dtypes (16-bit tensor-core operands, tf32, ieee), block sizes, split counts, direction
-    decodes and a strided query view (q as [B, T, H, d].transpose(1, 2), two query heads per KV head) all
-    match the library at the dtype's tolerance, at an AAR-like block of 75 queries."""
+    decodes, the launcher's query projection (host_projection) and a strided query view (q as
+    [B, T, H, d].transpose(1, 2), two query heads per KV head) all match the library at the dtype's
+    tolerance, at an AAR-like block of 75 queries."""
     name, bits, dtype, directions, config, strided = VARIANTS[variant]
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         name, bits, tq=75, length=100, window=5, d=64, groups=2, dtype=dtype, seed=7)
@@ -316,6 +323,8 @@ def test_attention_rejects_bad_inputs():
         AttnConfig(projection="tf32")
     with pytest.raises(ValueError, match="score_halves must be True, False or None"):
         AttnConfig(score_halves=2)
+    with pytest.raises(ValueError, match="host_projection must be True, False or None"):
+        AttnConfig(host_projection="yes")
 
 
 def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
