@@ -35,6 +35,8 @@ VARIANTS = [
     ("projection=ieee + operands=ieee", dict(projection="ieee", operands="ieee"), None, "bfloat16"),
     ("score_halves (64-deep score dots)", dict(score_halves=True), None, "bfloat16"),
     ("score_halves + projection=ieee", dict(score_halves=True, projection="ieee"), None, "bfloat16"),
+    ("host_projection (projected q read from memory)", dict(host_projection=True), None, "bfloat16"),
+    ("host_projection + score_halves", dict(host_projection=True, score_halves=True), None, "bfloat16"),
     ("block_m=16 (mma.sync, no wgmma)", dict(block_m=16), None, "bfloat16"),
     ("block_m=32 (mma.sync, no wgmma)", dict(block_m=32), None, "bfloat16"),
     ("block_m=128 w4", dict(block_m=128, num_warps=4), None, "bfloat16"),
