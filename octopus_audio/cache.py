@@ -340,6 +340,8 @@ class CompressedKVCache:
         for octopus; made here, a generation copies nothing from the host. Optional: the first unit of the
         first sequence builds them otherwise."""
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # as a tensor's device says it: "cuda:0"
+            device = torch.device("cuda", torch.cuda.current_device())
         _backend.CachePlan(self.codec, num_heads, device, self.codec_name)
         if self.codec_name != "none":
             from octopus_audio.codecs.qjl import QJL_STREAM
