@@ -18,6 +18,7 @@ MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path 
 MAX_WINDOW = 64
 VALUE_LOOPS = {"in_place": 1, "shift": 0}  # phase-2 inner loops of adc_decode (the kernel's VALUES)
 STAGE_KEYS = 1024  # keys scored before their values (in_place loop); 0: the whole split
+MAX_REGISTERS = 80  # default register cap where a thread holds one value row (see attention_adc)
 
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
@@ -69,8 +70,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     `gate_loads`: the score phase's table reads wait for all of a step's code words and norms (a predicate
     on all of them that is always true), so the compiler issues those loads together: one memory round trip
     a step instead of one per word (ptxas otherwise sinks each load to its first use); 19 more registers.
-    `max_registers`: a register cap for the attention kernel (Triton's maxnreg; 80 keeps 3 programs of 8
-    warps on an SM with the gated loads, without spills at d=128).
+    `max_registers`: a register cap for the attention kernel (Triton's maxnreg). Default MAX_REGISTERS where
+    a thread holds one value row (block_v * groups / value_groups == 32 * num_warps): it keeps 3 programs of
+    8 warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4, -qjl); none otherwise
+    (two rows a thread spill under it); 0: no cap.
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -121,6 +124,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     elif value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
+    if max_registers is None and block_v * n_groups // value_groups == 32 * nw:
+        max_registers = MAX_REGISTERS
+    max_registers = max_registers or None  # 0: no cap
     if word_pairs is None:  # odd rows are not 8-byte aligned: a pair would go through a layout conversion
         word_pairs = codec.key_words % 2 == 0
     stage_keys = STAGE_KEYS if stage_keys is None else stage_keys
