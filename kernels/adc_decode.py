@@ -469,7 +469,12 @@ def _adc_attn_kernel(
     one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
     of flash_decode's merge kernel. PROBE (benchmarks only, wrong results): 1 skips the value phase, 2 reads
     no score table (the codes still cut), to measure what each part costs. VALUES: the group-16 value loop,
-    1 _values_in_place, 0 _values_by_group.
+    1 _values_in_place (V_GT groups of a key a thread row; widths not dividing 32 need V_GT = 2), 0
+    _values_by_group. With _values_in_place the split runs in stages of STAGE_K keys (0: one stage), each
+    scored, then its values accumulated, the accumulators rescaled when the running maximum grows. PAIRS:
+    the score phase loads code words two at a time; GATE: its table reads are predicated on all of a step's
+    loads (`zero` must be 0: the predicate is always true, but the compiler cannot know), so the compiler
+    issues those loads together instead of each before its first use.
     """
     r = tl.program_id(0)
     pid_s = tl.program_id(1)
