@@ -17,11 +17,14 @@ channels for the values) with few registers and no per-block cross-thread reduct
    compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
-   min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values at 1/2/4/8 bits
+   min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
    (VALUES=1, _values_in_place): a channel costs one mask and one FMA, the code masked where it lies read
    as an fp32 subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop;
    VALUES=0 (the first version, kept to compare on the GPU): shift, mask, or-exponent, subtract, FMA
    (`(c | 0x4B000000) - 2^23`).
+With VALUES=1 the phases alternate by stages of STAGE_K keys (an online softmax by stages: the running
+maximum rescales the accumulators when it grows), so warps done with a stage's values score the next stage
+while others still accumulate, and the scores are re-read while still in L2.
 """
 
 import triton
