@@ -22,6 +22,7 @@ printed as it goes and the JSON rewritten after every task.
     python benchmarks/bench_patch.py --out benchmarks/results/patch --deadline-s 540  # on a GPU
     python benchmarks/bench_patch.py --graphs none,octopus --eager '' --budget '' --checks syncs --out /tmp/p
     python benchmarks/bench_patch.py --small --device cpu --batches 1,2 --out /tmp/p  # CPU smoke test
+    python benchmarks/bench_patch.py --count-launches none,octopus --out /tmp/p  # launches per scale, CPU
 """
 
 from __future__ import annotations
@@ -212,6 +213,89 @@ def kernel_profile(pipe, codec: str, bits: int, batch: int, graph: bool) -> dict
     return {"codec": codec, "batch": batch, "graph": graph, "kernels": n, "gpu_us": total,
             "wall_us": wall * 1e6, "kernels_per_layer_scale": n / (c.depth * len(c.patch_nums)),
             "top": [{"name": k[:90], "count": len(v), "us": sum(v)} for k, v in top]}
+
+
+def count_launches(codec: str, bits: int) -> dict:
+    """Kernel launches per scale of one patched attention layer, counted on the CPU (CUDA not needed): the
+    Triton kernels run interpreted and are counted per launch, every torch op that would launch a kernel on
+    CUDA is counted per op (views and empty allocations are not), the caches defer their checks as on CUDA.
+    One layer of a depth-2 width-128 AAR (2 heads of 64) is driven scale by scale in bf16, as run_scales
+    does, twice; the second generation is counted. `codec` "none" is the unpatched layer; "none+patch" codec
+    none through the patch. Returns the counts per scale (model ops included: compare with "none") and at
+    the end of the generation. Must run before anything imports the kernels (it sets TRITON_INTERPRET)."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from octopus_audio.aar_patch.aar import AAR, AARConfig
+
+    free = ("aten.empty", "aten.view", "aten.permute", "aten.unbind", "aten.slice", "aten.select",
+            "aten.narrow", "aten._unsafe_view", "aten.t.", "aten.expand", "aten.transpose", "aten.unsqueeze",
+            "aten.alias",
+            "aten.detach", "aten.as_strided", "aten.split", "aten.squeeze", "aten.reshape", "aten.lift_fresh",
+            "aten._reshape_alias", "aten.resolve_", "aten.new_empty")
+    counts: collections.Counter = collections.Counter()
+    active = [False]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if active[0] and not str(func).startswith(free):
+                counts[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    run = InterpretedFunction.run
+
+    def counted_run(self, *args, **kwargs):
+        if not active[0]:
+            return run(self, *args, **kwargs)
+        counts["triton " + self.fn.__name__] += 1
+        active[0] = False  # the interpreter's own torch ops are not launches
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            active[0] = True
+
+    InterpretedFunction.run = counted_run
+    cfg = AARConfig(depth=2, embed_dim=128, num_heads=2)
+    torch.manual_seed(0)
+    aar = AAR(cfg).eval()
+    attn = aar.blocks[0].attn
+    handle = patch_for(aar, codec, bits)
+    if handle is not None:
+        for cache in handle.caches:
+            cache.defer_checks = True
+
+    def generation(count: bool) -> tuple[list[collections.Counter], collections.Counter]:
+        g = torch.Generator().manual_seed(0)
+        per_scale = []
+        with torch.inference_mode(), Count():
+            attn.kv_caching(True)
+            for pn in cfg.patch_nums:
+                x = torch.randn(2, pn, cfg.embed_dim, generator=g).to(torch.bfloat16)
+                before = collections.Counter(counts)
+                active[0] = count
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    attn(x, None)
+                active[0] = False
+                per_scale.append(counts - before)
+            before = collections.Counter(counts)
+            active[0] = count
+            attn.kv_caching(False)
+            active[0] = False
+        return per_scale, counts - before
+
+    try:
+        generation(False)
+        per_scale, end = generation(True)
+    finally:
+        InterpretedFunction.run = run
+        if handle is not None:
+            handle.unpatch(abandon=True)
+    return {"codec": codec, "per_scale": [sum(c.values()) for c in per_scale],
+            "scale_1": dict(per_scale[1]), "scale_last": dict(per_scale[-1]), "end": dict(end)}
 
 
 def kernel_check(codecs: list[str], bits: int, device: str = "cuda") -> dict:
@@ -439,8 +523,20 @@ def main() -> None:
     p.add_argument("--memcheck-batch", type=int, default=64)
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="depth-2 width-128 model (smoke test)")
+    p.add_argument("--count-launches", default="",
+                   help="only count the kernel launches per scale of one patched layer for these codecs, on "
+                        "the CPU with interpreted kernels (count_launches), and print them")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.count_launches:
+        args.out.mkdir(parents=True, exist_ok=True)
+        names = _names(args.count_launches, allowed, "--count-launches")
+        found = [count_launches(c, args.bits) for c in names]
+        for f in found:
+            print(f"{f['codec']}: launches per scale {f['per_scale']}; scale 1: {f['scale_1']}; "
+                  f"end of generation: {f['end']}", flush=True)
+        (args.out / "launch_counts.json").write_text(json.dumps(found, indent=1))
+        return
     graphs = _names(args.graphs, allowed, "--graphs")
     eagers = _names(args.eager, allowed, "--eager")
     budget = _names(args.budget, allowed, "--budget")
