@@ -135,16 +135,117 @@ def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: t
 
 
 @triton.jit
-def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr):
+def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.constexpr):
     """Words WI and WI + 1 of each key row (one [BK, 2] load, a thread's two words adjacent: an 8-byte load
-    when the rows are 8-byte aligned); the second is 0 past the row."""
+    when the rows are 8-byte aligned); the second is 0 past the row. MASKED: rows where n_ok is false."""
     if WI + 1 < K_WORDS:
-        two = tl.load(krow[:, None] + (WI + tl.arange(0, 2))[None, :], mask=n_ok[:, None], other=0)
+        two = _ld(krow[:, None] + (WI + tl.arange(0, 2))[None, :], n_ok[:, None], 0, MASKED)
         a, b = tl.split(two.to(tl.uint32, bitcast=True))
     else:
-        a = tl.load(krow + WI, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
+        a = _ld(krow + WI, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
         b = tl.zeros_like(a)
     return a, b
+
+
+@triton.jit
+def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end, qjl_coef, zero,
+                m_vec, rho0, rho1, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr,
+                K_WORDS: tl.constexpr, B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr,
+                HAS_QJL: tl.constexpr, BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr,
+                GATE: tl.constexpr, MASKED: tl.constexpr):
+    """One step of _store_scores: keys [n0, n0 + BLOCK_K), those from `end` on masked off when MASKED."""
+    n = n0 + tl.arange(0, BLOCK_K)
+    n_ok = n < end
+    s = tl.zeros((BLOCK_K,), tl.float32)
+    krow = kc_ptr + n.to(tl.int64) * K_WORDS
+    S_WORDS: tl.constexpr = D // 32
+    srow = ks_ptr + n.to(tl.int64) * S_WORDS
+    if GATE:  # every word and norm first, and every table read predicated on all of them (below)
+        gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+        ws = ()
+        for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
+            if PAIRS:
+                pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
+                ws = ws + (pa, pb)
+            else:
+                ws = ws + (_ld(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+        mix = gamma.to(tl.uint32, bitcast=True)
+        for wi in tl.static_range(K_WORDS):
+            mix = mix ^ ws[wi]
+        if HAS_QJL:
+            g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+            sws = ()
+            for wi in tl.static_range(S_WORDS):
+                sws = sws + (_ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+                mix = mix ^ sws[wi]
+            mix = mix ^ g_r.to(tl.uint32, bitcast=True)
+        # always true (zero == 0 at run time), but the compiler cannot know: the table reads wait for
+        # all loads of the step, so the loads are issued together (one memory round trip, not one a word)
+        gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
+        w_cur = ws[0]
+    elif PAIRS:  # words two at a time (8-byte loads where rows allow): pa, pb = words 2j, 2j + 1
+        pa, pb = _word_pair(krow, n_ok, 0, K_WORDS, MASKED)
+        w_cur = pa
+    else:
+        w_cur = _ld(krow, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+    for wi in tl.static_range(K_WORDS):
+        if wi + 1 >= K_WORDS:
+            w_next = w_cur
+        elif GATE:
+            w_next = ws[wi + 1]
+        elif not PAIRS:
+            w_next = _ld(krow + (wi + 1), n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+        elif wi % 2 == 0:
+            w_next = pb
+        else:
+            pa, pb = _word_pair(krow, n_ok, wi + 1, K_WORDS, MASKED)
+            w_next = pa
+        for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
+            if i < L:
+                code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
+                if FOLD_RHO:
+                    if PROBE == 2:  # measurement only: codes cut, no table read
+                        s += code.to(tl.float32)
+                    elif GATE:
+                        s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
+                    else:
+                        s += tl.load(row_lut + i * N_ENTRIES + code)
+                else:
+                    if GATE:
+                        t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
+                    else:
+                        t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
+                    if B_RHO == 1:
+                        rho = tl.where((code & 1) != 0, rho1, rho0)
+                    else:
+                        rho = tl.load(rho_ptr + (code & ((1 << B_RHO) - 1)))
+                    s += rho * t
+        w_cur = w_next
+    if HAS_QJL:
+        sq = tl.zeros((BLOCK_K,), tl.float32)
+        for wi in tl.static_range(S_WORDS):
+            if GATE:
+                w = sws[wi]
+            else:
+                w = _ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+            for byte in tl.static_range(4):
+                e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
+                if GATE:
+                    sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
+                else:
+                    sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e)
+        if not GATE:
+            g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+        s += qjl_coef * g_r * sq
+    if not GATE:
+        gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+    s = s * gamma
+    if MASKED:
+        tl.store(s_ptr + n, s, mask=n_ok)
+        return tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    else:
+        tl.store(s_ptr + n, s)
+        return tl.maximum(m_vec, s)
 
 
 @triton.jit
@@ -156,87 +257,25 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
     A thread owns whole keys: it loads each code word of its key once and cuts the codes with constant
-    shifts (the unrolled loops), then adds one table entry per triplet (and one per 8 QJL signs)."""
+    shifts (the unrolled loops), then adds one table entry per triplet (and one per 8 QJL signs). Whole
+    steps run without load masks, the tail step with them."""
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     if not FOLD_RHO:
         rho0 = tl.load(rho_ptr)
         rho1 = tl.load(rho_ptr + 1)
+    else:
+        rho0 = 1.0
+        rho1 = 1.0
     m_vec = tl.full((BLOCK_K,), float("-inf"), tl.float32)
-    for n0 in range(start, end, BLOCK_K):
-        n = n0 + tl.arange(0, BLOCK_K)
-        n_ok = n < end
-        s = tl.zeros((BLOCK_K,), tl.float32)
-        krow = kc_ptr + n.to(tl.int64) * K_WORDS
-        if GATE:  # every word and gamma first, and every table read predicated on all of them (below)
-            gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-            ws = ()
-            for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
-                if PAIRS:
-                    pa, pb = _word_pair(krow, n_ok, wi, K_WORDS)
-                    ws = ws + (pa, pb)
-                else:
-                    ws = ws + (tl.load(krow + wi, mask=n_ok, other=0).to(tl.uint32, bitcast=True),)
-            mix = gamma.to(tl.uint32, bitcast=True)
-            for wi in tl.static_range(K_WORDS):
-                mix = mix ^ ws[wi]
-            # always true (zero == 0 at run time), but the compiler cannot know: the table reads wait for
-            # all loads of the step, so the loads are issued together (one memory round trip, not one a word)
-            gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
-            w_cur = ws[0]
-        elif PAIRS:  # words two at a time (8-byte loads where rows allow): pa, pb = words 2j, 2j + 1
-            pa, pb = _word_pair(krow, n_ok, 0, K_WORDS)
-            w_cur = pa
-        else:
-            w_cur = tl.load(krow, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
-        for wi in tl.static_range(K_WORDS):
-            if wi + 1 >= K_WORDS:
-                w_next = w_cur
-            elif GATE:
-                w_next = ws[wi + 1]
-            elif not PAIRS:
-                w_next = tl.load(krow + (wi + 1), mask=n_ok, other=0).to(tl.uint32, bitcast=True)
-            elif wi % 2 == 0:
-                w_next = pb
-            else:
-                pa, pb = _word_pair(krow, n_ok, wi + 1, K_WORDS)
-                w_next = pa
-            for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
-                if i < L:
-                    code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
-                    if FOLD_RHO:
-                        if PROBE == 2:  # measurement only: codes cut, no table read
-                            s += code.to(tl.float32)
-                        elif GATE:
-                            s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
-                        else:
-                            s += tl.load(row_lut + i * N_ENTRIES + code)
-                    else:
-                        if GATE:
-                            t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
-                        else:
-                            t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
-                        if B_RHO == 1:
-                            rho = tl.where((code & 1) != 0, rho1, rho0)
-                        else:
-                            rho = tl.load(rho_ptr + (code & ((1 << B_RHO) - 1)))
-                        s += rho * t
-            w_cur = w_next
-        if HAS_QJL:
-            S_WORDS: tl.constexpr = D // 32
-            srow = ks_ptr + n.to(tl.int64) * S_WORDS
-            sq = tl.zeros((BLOCK_K,), tl.float32)
-            for wi in tl.static_range(S_WORDS):
-                w = tl.load(srow + wi, mask=n_ok, other=0).to(tl.uint32, bitcast=True)
-                for byte in tl.static_range(4):
-                    e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
-                    sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e)
-            g_r = tl.load(kr_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-            s += qjl_coef * g_r * sq
-        if not GATE:
-            gamma = tl.load(kg_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-        s = s * gamma
-        tl.store(s_ptr + n, s, mask=n_ok)
-        m_vec = tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    full = start + (end - start) // BLOCK_K * BLOCK_K
+    for n0 in range(start, full, BLOCK_K):
+        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
+                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PROBE, PAIRS, GATE, False)
+    if full < end:
+        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full, end,
+                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PROBE, PAIRS, GATE, True)
     return tl.max(m_vec, 0)
 
 
