@@ -20,6 +20,9 @@ those, so its own dtype handling is kept; otherwise the released math is applied
 `scale_mul_1H11` present). With codec `none` the cache concatenates native K/V and calls the same SDPA as the
 original, so the output is bit-identical to the unpatched model.
 
+On a CUDA model every layer's cache builds its codec tables at patch time (`CompressedKVCache.prepare`), so a
+generation copies nothing from the host and syncs with it once, at its end (the data checks).
+
 Choices where the design is silent: patching a patched model is a RuntimeError; `unpatch(model)` on a model
 without a patch is a RuntimeError; `handle.unpatch()` a second time is a no-op; unpatching while a
 generation holds a cache is a RuntimeError (leaving `with compressed_kv(...)` through an exception abandons
