@@ -71,9 +71,9 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     on all of them that is always true), so the compiler issues those loads together: one memory round trip
     a step instead of one per word (ptxas otherwise sinks each load to its first use); 19 more registers.
     `max_registers`: a register cap for the attention kernel (Triton's maxnreg). Default MAX_REGISTERS where
-    a thread holds one value row (block_v * groups / value_groups == 32 * num_warps): it keeps 3 programs of
-    8 warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4, -qjl); none otherwise
-    (two rows a thread spill under it); 0: no cap.
+    a thread holds one value row (block_v * groups / value_groups == 32 * num_warps) and the codec has no QJL
+    term: it keeps 3 programs of 8 warps on an SM with the gated loads, without spills (sm_90, d=64 and 128,
+    b=2-4); none otherwise (two value rows a thread, or octopus-qjl at b=3, spill under it); 0: no cap.
     """
     if value_loop not in VALUE_LOOPS:
         raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
@@ -124,7 +124,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     elif value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
-    if max_registers is None and block_v * n_groups // value_groups == 32 * nw:
+    if max_registers is None and block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl:
         max_registers = MAX_REGISTERS
     max_registers = max_registers or None  # 0: no cap
     if word_pairs is None:  # odd rows are not 8-byte aligned: a pair would go through a layout conversion
