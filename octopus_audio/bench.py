@@ -64,7 +64,7 @@ class Job:
     codec: str
     bits: int
     shape: AttnShape | None = None
-    directions: str = "unfold"
+    directions: str = "default"  # octopus keys: the library default, "table", "decoded" (no score tables)
     config: object = None
 
 
@@ -78,7 +78,8 @@ def tuning_jobs() -> dict[str, list[Job]]:
     from octopus_audio.kernels import AttnConfig, EncodeConfig
 
     aar = AttnShape("tune AAR B=64", 128, 16, 75, 380, 75, 64)
-    aar_cfgs = [AttnConfig(128, 64, 4, 1, tile_words=True), AttnConfig(128, 64, 8, 1, tile_words=False),
+    aar_cfgs = [AttnConfig(128, 64, 4, 1, tile_words=True), AttnConfig(128, 64, 4, 1, tile_words=False),
+                AttnConfig(128, 64, 8, 1, tile_words=False),
                 AttnConfig(128, 128, 8, 1, tile_words=False), AttnConfig(128, 128, 4, 1, tile_words=True),
                 AttnConfig(64, 64, 4, 1, tile_words=True), AttnConfig(64, 64, 4, 1, tile_words=False)]
     # one query row: the score-table path (block_n = keys per score step, block_v per value step)
@@ -180,8 +181,9 @@ def _ours_attention(job: Job, inputs):
     if job.directions == "decoded":  # flash_decode with the keys decoded in registers, not score tables
         cfg = ops.AttnConfig(score_tables=False)
         return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=cfg)
+    directions = ops.OCTOPUS_DIRECTIONS if job.directions == "default" else job.directions
     return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc,
-                                 octopus_directions=job.directions, config=job.config)
+                                 octopus_directions=directions, config=job.config)
 
 
 def _encode_inputs(job: Job, device):
