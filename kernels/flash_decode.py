@@ -48,13 +48,10 @@ def _operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
 
 
 @triton.jit
-def _project(q_pro, qmap, qp_rows, row_ok, cols, scale, QP: tl.constexpr, USE_DOT: tl.constexpr,
-             PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """Columns `cols` [1, C] of the query rows' projection as a matmul operand [M, C] of dtype OPD: q @ M_h
-    in the prologue (qmap: the head's map rows, times `scale`), or QP: read from the launcher's projections
-    (already scaled and in OPD; a loaded operand stays in shared memory, a computed one takes registers)."""
-    if QP:
-        return tl.load(qp_rows + cols, mask=row_ok[:, None], other=0.0)
+def _project(q_pro, qmap, cols, scale, USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr,
+             RNE_BY_HAND: tl.constexpr):
+    """Columns `cols` [1, C] of the query rows' projection q @ M_h (qmap: the head's map rows), times
+    `scale`, as a matmul operand [M, C] of dtype OPD."""
     return _operand(_mm_nn(q_pro, tl.load(qmap + cols), USE_DOT, PREC_Q) * scale, OPD, RNE_BY_HAND)
 
 
@@ -174,7 +171,7 @@ def _attn_fwd_kernel(
     TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
-    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr, QP: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -191,8 +188,7 @@ def _attn_fwd_kernel(
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
     centroids/C_rho (octopus). HALVES (d >= 128): the d-wide projections and score dots as two of d/2 each
-    (see _compressed_tile). BLOCK_W: native window keys per step. QP: qmap_ptr holds the launcher's
-    projections [rows, NP] (scaled, in OPD) instead of the maps.
+    (see _compressed_tile). BLOCK_W: native window keys per step.
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -233,7 +229,6 @@ def _attn_fwd_kernel(
     # the query's projections for the compressed keys (after the window: q and these are not live together)
     q_pro = q.to(qmap_ptr.dtype.element_ty)
     qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
-    qp_rows = qmap_ptr + qrow[:, None] * NP  # QP: the launcher's projections, one row of NP a query row
     qx = qn  # placeholders for the operands a codec does not use (never read)
     qy = qn
     qz = qn
@@ -243,35 +238,31 @@ def _attn_fwd_kernel(
     qj2 = qn
     hcol = tl.arange(0, D // 2)[None, :]
     if IS_OCT and DIR_TABLE == 3:  # one dot against rows (x, y, z, 0) of the folded table
-        qx = _project(q_pro, qmap, qp_rows, row_ok, tl.arange(0, 4 * LP)[None, :], rot_scale, QP, USE_DOT,
-                      PREC_Q, OPD, RNE_BY_HAND)
+        qcol = tl.arange(0, 4 * LP)[None, :]
+        qx = _project(q_pro, qmap, qcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = 4 * LP
     elif IS_OCT:
         lcol = tl.arange(0, LP)[None, :]
-        qx = _project(q_pro, qmap, qp_rows, row_ok, lcol, rot_scale, QP, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qy = _project(q_pro, qmap, qp_rows, row_ok, LP + lcol, rot_scale, QP, USE_DOT, PREC_Q, OPD,
-                      RNE_BY_HAND)
-        qz = _project(q_pro, qmap, qp_rows, row_ok, 2 * LP + lcol, rot_scale, QP, USE_DOT, PREC_Q, OPD,
-                      RNE_BY_HAND)
+        qx = _project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qy = _project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qz = _project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = 3 * LP
     elif HALVES:
         c0 = 2 * hcol if CODEC == POLAR else hcol  # polarquant: even | odd coordinates
         c1 = c0 + 1 if CODEC == POLAR else hcol + D // 2
-        qr = _project(q_pro, qmap, qp_rows, row_ok, c0, rot_scale, QP, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qr2 = _project(q_pro, qmap, qp_rows, row_ok, c1, rot_scale, QP, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qr = _project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qr2 = _project(q_pro, qmap, c1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = D
     else:
-        qr = _project(q_pro, qmap, qp_rows, row_ok, dcol, rot_scale, QP, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qr = _project(q_pro, qmap, dcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = D
     if HAS_QJL:
         if HALVES:
-            qj = _project(q_pro, qmap, qp_rows, row_ok, QJL_COL + hcol, qjl_scale, QP, USE_DOT, PREC_Q, OPD,
-                          RNE_BY_HAND)
-            qj2 = _project(q_pro, qmap, qp_rows, row_ok, (QJL_COL + D // 2) + hcol, qjl_scale, QP, USE_DOT,
-                           PREC_Q, OPD, RNE_BY_HAND)
+            qj = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
+                           RNE_BY_HAND)
         else:
-            qj = _project(q_pro, qmap, qp_rows, row_ok, QJL_COL + dcol, qjl_scale, QP, USE_DOT, PREC_Q, OPD,
-                          RNE_BY_HAND)
+            qj = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk

@@ -16,15 +16,19 @@ from .launch import _cdiv, _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count
 from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
-OCTOPUS_DIRECTIONS = "unfold"  # "auto" once the H200 sweep (sweep_block_attention.py) confirms "folded"
+# "auto": "folded" where the key codes have at most FOLDED_MAX_BITS bits, else "unfold" (the 2026-11-30 H200
+# sweep, benchmarks/sweep_block_attention.py: folded rows beat the in-register unfold at every AAR batch)
+OCTOPUS_DIRECTIONS = "auto"
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 OPERANDS = ("native", "tf32", "ieee")
 PROJECTIONS = ("native", "ieee")
-# AttnConfig.score_halves's default. The H200 defect at d=128 (issue 3, benchmarks/probe_d128.py) appears in
-# exactly the codecs with d-wide score dots; True makes them 64 deep, octopus's shape, which passes there.
-SCORE_HALVES = False
+# AttnConfig.score_halves's default. The H200 defect at d=128 (issue 3) appears in exactly the codecs with
+# d-wide score dots; halves make them 64 deep, octopus's shape. The H200 probe (benchmarks/probe_d128.py,
+# 2026-11-30, q128-L455-w1-d128 bf16): relative RMS error 1.6e-2..2.5e-2 with d-wide dots (turboquant-mse
+# b=2/3, turboquant-qjl, polarquant, octopus-qjl) against 1.7e-3..2.0e-3 with halves, within tolerance.
+SCORE_HALVES = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +43,8 @@ class AttnConfig:
     split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
     split, the native window gets a split of its own instead of riding on the last one (default True);
     tile_words: load each key's code words as one contiguous tile and cut codes in registers (True) or
-    gather one load per code (values whose bit width divides 32 always come from word tiles: shifts alone);
+    gather one load per code (values whose bit width divides 32 always come from word tiles: shifts alone;
+    default: gathers for folded octopus rows in a tensor-core block, tiles otherwise);
     operands: the matmul operand dtype with tensor cores, "native" (16-bit queries: decoded K, V and P in
     the queries' dtype, as flash attention does; fp32 queries: fp32 at IEEE precision), "tf32" or "ieee"
     (fp32 operands).
@@ -49,10 +54,6 @@ class AttnConfig:
     score_halves: at head dim >= 128, the d-wide score dots of the non-octopus codecs and of the QJL term run
     as two dots of d/2 each (and their projections as two of d/2 columns), the 64-deep shape octopus's
     triplet dots have at d = 128 (default: SCORE_HALVES; ignored below d = 128, where they are 64 deep).
-    host_projection: the launcher projects the queries (one torch matmul in fp32, exact for 16-bit queries;
-    fp64 for fp32 ones) and the kernel reads the scaled projections from memory, so the score dots take
-    them from shared memory instead of registers (AAR octopus b=2, 128 rows, 4 warps on sm_90: 255
-    registers and a 78-byte spill -> 244 and none); default False.
     score_tables: one query row per KV head with an octopus codec runs the table-lookup kernel
     (adc_decode: per-query score tables, no key decode) unless this is False; there block_n is the keys
     per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm as here.
@@ -72,7 +73,6 @@ class AttnConfig:
     projection: str | None = None
     score_halves: bool | None = None
     block_w: int | None = None
-    host_projection: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -88,9 +88,8 @@ class AttnConfig:
         if self.projection not in (None, *PROJECTIONS):
             raise ValueError(f"projection must be one of {', '.join(PROJECTIONS)} or None, "
                              f"got {self.projection!r}")
-        for flag in ("score_halves", "host_projection"):
-            if getattr(self, flag) not in (None, True, False):
-                raise ValueError(f"{flag} must be True, False or None, got {getattr(self, flag)!r}")
+        if self.score_halves not in (None, True, False):
+            raise ValueError(f"score_halves must be True, False or None, got {self.score_halves!r}")
         _check_pow2("block_v", self.block_v, 8, 256)
         _check_pow2("block_w", self.block_w, 16, 256)
         if self.split_min_keys is not None and self.split_min_keys < 1:
@@ -101,20 +100,19 @@ OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2, "quads": 3}  # the kern
 FOLDED_MAX_BITS = 10  # folded table rows: 2**n of 16 bytes (16 KiB at n = 10, octopus b=3; b=4 has n = 13)
 
 
-def _host_projection(q_BHTD: torch.Tensor, qmap_HDN: torch.Tensor, h: int, n_rows: int, rot_scale: float,
-                     qjl_scale: float | None, dtype: torch.dtype) -> torch.Tensor:
-    """[B, H, rows, NP] projections q @ M_h (rows g * Tq + t, as the kernel numbers them), the rotated block
-    times rot_scale and the QJL block (the last d columns, when qjl_scale is given) times qjl_scale, in the
-    kernel's operand dtype. fp32 products of 16-bit queries and the integer maps are exact (also as TF32);
-    fp32 queries project in fp64."""
-    b, hq, tq, d = q_BHTD.shape
-    work = torch.float64 if q_BHTD.dtype == torch.float32 else torch.float32
-    with torch.autocast(q_BHTD.device.type, enabled=False):
-        proj = torch.matmul(q_BHTD.reshape(b, h, n_rows, d).to(work), qmap_HDN.to(work))
-        col_scale = torch.full((qmap_HDN.shape[-1],), rot_scale, dtype=work, device=q_BHTD.device)
-        if qjl_scale is not None:
-            col_scale[-d:] = qjl_scale
-        return (proj * col_scale).to(dtype).contiguous()
+def _directions(codec: KernelCodec, directions: str) -> str:
+    """The octopus direction decode `directions` names (OCTOPUS_DECODES), "auto" resolved: "folded" where the
+    key codes have at most FOLDED_MAX_BITS bits (octopus b <= 3), else "unfold"."""
+    if directions == "auto":
+        directions = "folded" if codec.key_code_bits <= FOLDED_MAX_BITS else "unfold"
+    if directions not in OCTOPUS_DECODES:
+        raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)} or auto, "
+                         f"got {directions!r}")
+    if (directions in ("folded", "quads") and codec.name.startswith("octopus")
+            and codec.key_code_bits > FOLDED_MAX_BITS):
+        raise ValueError(f"octopus_directions={directions!r} needs key codes of at most {FOLDED_MAX_BITS} "
+                         f"bits (octopus b <= 3), got {codec.key_code_bits}; use 'unfold', 'table' or 'auto'")
+    return directions
 
 
 def _key_tables(codec: KernelCodec, directions: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,18 +162,22 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
 
 
 def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
-                  device: torch.device) -> tuple[int, int, int, bool, int, int]:
+                  device: torch.device, folded: bool = False) -> tuple[int, int, int, bool, int, int]:
     """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
     covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
-    window_split, when there is room for more programs).
+    window_split, when there is room for more programs). folded: octopus keys decode from folded rows.
 
     One query row (H200 sweep, benchmarks/results/kernels_2026-11-29.md, octopus b=2): no tensor cores,
     32 keys a step, 4 warps, word tiles, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
     against 1.81-3.94 ms for the 16-row tensor-core variants). A block of queries: up to 128 rows (64 at
-    d > 64), 64 keys a step, 4 warps, word tiles: the 2026-11-30 H200 sweep
-    (benchmarks/sweep_block_attention.py, octopus b=2, 16-bit operands) measured 0.322 ms at AAR B=64 and
-    2.45 ms at B=512 for this choice against 0.45 / 3.48 ms with 8 warps and gathered codes (which ptxas
-    prefers on paper: 220 registers and no spill against 255 and a 560-byte spill).
+    d > 64), 64 keys a step, 4 warps; gathered codes for folded octopus rows, word tiles otherwise. The
+    2026-11-30 H200 sweep (benchmarks/sweep_block_attention.py, AAR shapes, d=64, 16-bit operands),
+    octopus b=2 at 128 rows, 64 keys a step, 4 warps: gathered codes with folded rows 0.278 ms at B=64 and
+    2.105 ms at B=512, against 0.324 / 2.49 ms for the previous default (unfold, word tiles), 0.288 / 2.196
+    ms for folded rows from word tiles and 0.104 / 0.748 ms for bf16 SDPA over native K/V; 8 warps, 32 or
+    128 keys a step, 64 rows and 2 stages were all slower. turboquant-mse b=2 at B=64 was fastest with
+    word tiles (0.252 ms against 0.280 for gathers at 128 keys x 8 warps). d=128 query blocks take the same
+    choices untimed.
     """
     single = n_rows == 1
     block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
@@ -183,7 +185,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
     num_warps = cfg.num_warps or 4
-    tile = cfg.tile_words if cfg.tile_words is not None else True
+    tile = cfg.tile_words if cfg.tile_words is not None else not (folded and block_m > 1)
     programs = programs_bh * _cdiv(n_rows, block_m)
     want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
     num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
@@ -218,7 +220,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     "unfold" (decode n_hat from the xi centroids in registers), "table" (look it up in D), "folded" (the
     triplet C_rho * n_hat as one 16-byte row a code; key codes of at most 10 bits, octopus b <= 3) or
     "quads" (the folded rows scored by one dot, K = 4 * triplets, against a query map in that layout);
-    "auto": "folded" where the key codes allow it, else "unfold".
+    "auto" (the default, OCTOPUS_DIRECTIONS): "folded" where the key codes allow it, else "unfold".
     `config` overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query
     rotation and layouts happen in the kernel's prologue, so the host does no tensor math.
 
@@ -227,16 +229,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     b, hq, tq, d = q_BHTD.shape
     if d != codec.head_dim:
         raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
-    if octopus_directions == "auto":
-        octopus_directions = "folded" if codec.key_code_bits <= FOLDED_MAX_BITS else "unfold"
-    if octopus_directions not in OCTOPUS_DECODES:
-        raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)} or auto, "
-                         f"got {octopus_directions!r}")
-    if (octopus_directions in ("folded", "quads") and codec.name.startswith("octopus")
-            and codec.key_code_bits > FOLDED_MAX_BITS):
-        raise ValueError(f"octopus_directions={octopus_directions!r} needs key codes of at most "
-                         f"{FOLDED_MAX_BITS} bits (octopus b <= 3), got {codec.key_code_bits}; use 'unfold' "
-                         "or 'table'")
+    octopus_directions = _directions(codec, octopus_directions)
     h = keys.codes.shape[1]
     if hq % h or codec.num_heads != h:
         raise ValueError(f"{hq} query heads cannot share {h} KV heads (codec built for {codec.num_heads})")
@@ -258,7 +251,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if cfg.score_tables is not False and adc_limit(codec, n_rows, t_win) is None:
         return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
                                 cfg)
-    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev)
+    folded = octopus_directions == "folded" and codec.name.startswith("octopus")
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
+                                                                 folded)
     if num_splits is not None:
         splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
 
@@ -289,9 +284,6 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     tab_a, tab_b = _key_tables(codec, octopus_directions)
     qk_scale = scale * LOG2E
     rot_scale, qjl_scale = qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d
-    if cfg.host_projection:
-        qmap = _host_projection(q_BHTD, qmap, h, n_rows, rot_scale, qjl_scale if codec.has_qjl else None,
-                                opd)
 
     total_rows = b * h * n_rows
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
@@ -316,7 +308,6 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
         K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
-        QP=bool(cfg.host_projection),
         num_warps=warps, num_stages=cfg.num_stages or 1,
     )
     if not direct:
