@@ -22,12 +22,14 @@ from pathlib import Path
 
 DEVICE = "cuda"
 # (label, AttnConfig kwargs, octopus_directions); index = job config id, so workers rebuild them by index.
-# The 2026-11-30 sweep's losers (w16, n32 w8, m32, stages2 with w8) are gone; "folded"/"quads" (one 16-byte
-# row of C_rho * D a triplet; "quads": one 4*LP-deep score dot), block_w (window keys a step) and
-# host_projection (projected queries read from memory: shared-memory dot operands, fewer registers) are new.
+# "default" is the library's launch (since 2026-11-30: octopus_directions "auto", i.e. folded rows for
+# b <= 3, and gathered codes for folded query blocks); "m128 n64 w4 tiles" is the launch before that (unfold,
+# word tiles) and turboquant's default. host_projection is gone: 1.7-2x slower in every row of the 2026-11-30
+# sweep.
 W4 = dict(block_m=128, block_n=64, num_warps=4, tile_words=True)
 CANDIDATES = [
-    ("default", {}, "unfold"),
+    ("default", {}, "auto"),
+    ("m128 n64 w4 tiles", W4, "unfold"),
     ("m128 n64 w4 tiles table", W4, "table"),
     ("m128 n64 w4 tiles folded", W4, "folded"),
     ("m128 n64 w4 tiles quads", W4, "quads"),
@@ -36,9 +38,11 @@ CANDIDATES = [
     ("m128 n64 w4 tiles folded, window 32 a step", {**W4, "block_w": 32}, "folded"),
     ("m128 n64 w4 tiles folded, window 16 a step", {**W4, "block_w": 16}, "folded"),
     ("m128 n64 w4 tiles folded stages2", {**W4, "num_stages": 2}, "folded"),
-    ("m128 n64 w4 tiles, host projection", {**W4, "host_projection": True}, "unfold"),
     ("m128 n64 w4 gathers folded", {**W4, "tile_words": False}, "folded"),
     ("m128 n32 w4 gathers folded", {**W4, "block_n": 32, "tile_words": False}, "folded"),
+    ("m128 n64 w4 gathers quads", {**W4, "tile_words": False}, "quads"),
+    ("m128 n64 w4 gathers folded, window rides the last split",
+     {**W4, "tile_words": False, "window_split": False}, "folded"),
     ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}, "unfold"),
     ("m128 n128 w8 tiles folded", {**W4, "block_n": 128, "num_warps": 8}, "folded"),
     ("m128 n128 w8 gathers", {**W4, "block_n": 128, "num_warps": 8, "tile_words": False}, "unfold"),
@@ -48,28 +52,30 @@ CANDIDATES = [
     ("m128 n64 w4 tiles folded, window rides the last split", {**W4, "window_split": False}, "folded"),
     ("m128 n64 w4 tiles folded, splits >= 64 keys", {**W4, "split_min_keys": 64, "programs_per_sm": 16},
      "folded"),
-    ("m128 n64 w4 tiles folded, host projection", {**W4, "host_projection": True}, "folded"),
-    ("m128 n64 w4 gathers folded, host projection", {**W4, "tile_words": False, "host_projection": True},
-     "folded"),
-    ("m128 n32 w4 gathers folded, host projection",
-     {**W4, "block_n": 32, "tile_words": False, "host_projection": True}, "folded"),
-    ("m128 n16 w4 gathers folded, host projection (160 registers: 3 programs an SM)",
-     {**W4, "block_n": 16, "tile_words": False, "host_projection": True}, "folded"),
-    ("m128 n64 w4 tiles quads, host projection", {**W4, "host_projection": True}, "quads"),
 ]
+_INDEX = {label: i for i, (label, _, _) in enumerate(CANDIDATES)}
 # (codec, bits, B): the timed problems; turboquant-mse runs the candidates without an octopus decode option
 PROBLEMS = [("octopus", 2, 1), ("octopus", 2, 64), ("octopus", 2, 512), ("turboquant-mse", 2, 64)]
 TQ_SUBSET = tuple(i for i, (_, _, directions) in enumerate(CANDIDATES) if directions == "unfold")
 # correctness on the GPU: (codec, bits, B, query dtype, candidate index)
-CHECKS = [("octopus", 2, 2, "bfloat16", 0), ("octopus", 2, 2, "float32", 0),
-          ("octopus", 2, 2, "bfloat16", 2), ("octopus", 2, 2, "float32", 3),
-          ("octopus-qjl", 3, 2, "bfloat16", 3), ("octopus", 3, 2, "float16", 5),
-          ("octopus", 2, 2, "bfloat16", 7), ("octopus-qjl", 2, 2, "float32", 16),
-          ("octopus", 2, 1, "bfloat16", 13), ("turboquant-mse", 2, 2, "bfloat16", 12),
-          ("turboquant-qjl", 3, 2, "float32", 4), ("polarquant", 2, 2, "bfloat16", 17),
-          ("octopus", 4, 1, "bfloat16", 1), ("octopus", 2, 1, "bfloat16", 0),
-          ("octopus", 2, 2, "bfloat16", 21), ("octopus-qjl", 3, 2, "float32", 24),
-          ("turboquant-qjl", 3, 2, "bfloat16", 9)]
+CHECKS = [(c, b, batch, dt, _INDEX[label]) for c, b, batch, dt, label in [
+    ("octopus", 2, 2, "bfloat16", "default"), ("octopus", 2, 2, "float32", "default"),
+    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles"),
+    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles folded"),
+    ("octopus", 2, 2, "float32", "m128 n64 w4 tiles quads"),
+    ("octopus-qjl", 3, 2, "bfloat16", "m128 n64 w4 tiles quads"),
+    ("octopus", 3, 2, "float16", "m128 n32 w4 tiles folded"),
+    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles folded, window 16 a step"),
+    ("octopus-qjl", 2, 2, "float32", "m128 n64 w8 tiles quads"),
+    ("octopus", 2, 1, "bfloat16", "m128 n128 w8 tiles folded"),
+    ("turboquant-mse", 2, 2, "bfloat16", "m128 n128 w8 tiles"),
+    ("turboquant-qjl", 3, 2, "float32", "m128 n32 w4 tiles"),
+    ("polarquant", 2, 2, "bfloat16", "m64 n64 w4 tiles folded"),
+    ("octopus", 4, 1, "bfloat16", "m128 n64 w4 tiles table"), ("octopus", 4, 1, "bfloat16", "default"),
+    ("octopus-qjl", 3, 2, "bfloat16", "default"),
+    ("octopus-qjl", 3, 2, "float32", "m128 n64 w4 gathers quads"),
+    ("octopus", 3, 2, "float16", "m128 n64 w4 gathers folded, window rides the last split"),
+    ("turboquant-qjl", 3, 2, "bfloat16", "default")]]
 
 
 def _shape(batch: int):
