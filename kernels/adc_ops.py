@@ -133,7 +133,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     if stage_keys:
         stage_keys = max(stage_keys, step)
     if num_splits is None:
-        want = _cdiv((programs_per_sm or 8) * _sm_count(dev), rows)
+        # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
+        want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
         num_splits = max(1, min(want, _cdiv(length, 4 * step)))
     num_splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, step))), step)
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)

@@ -196,15 +196,16 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
 
 
 def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
-    """The single-query octopus path (adc_ops). Defaults from the H200 sweep at 128k keys, octopus b=2
-    (benchmarks/results/kernels_2026-11-30.md): d >= 128: 256 keys a score step, 64 a value step, 8 warps,
-    4 programs per SM (0.297 ms, 32 heads); d <= 64: 128 / 64, 4 warps, 8 programs per SM (0.121 ms, 16
-    heads)."""
+    """The single-query octopus path (adc_ops). Defaults from the H200 sweeps at 128k keys, octopus b=2
+    (benchmarks/results/kernels_2026-11-30.md, kernels_2026-11-30b.md): d >= 128: 256 keys a score step,
+    64 a value step, 8 warps, 3 programs per SM, which is what is resident under the 80-register cap, so
+    the splits (floor(3 * SMs / rows) = 12 at 32 heads on 132 SMs) fill one wave: 0.229 ms against 0.29 ms
+    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 8 programs per SM."""
     wide = codec.head_dim >= 128
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
                          num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
                          block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
-                         programs_per_sm=cfg.programs_per_sm or (4 if wide else 8))
+                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 8))
 
 
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
