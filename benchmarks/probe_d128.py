@@ -67,7 +67,6 @@ VARIANTS = [
     Variant("one split (num_splits=1, no merge)", {}, splits=1),
     Variant("window rides the last split", dict(window_split=False)),
     Variant("octopus directions unfold", {}, directions="unfold"),
-    Variant("octopus directions quads", {}, directions="quads"),
     Variant("fp16 queries", {}, dtype="float16"),
     Variant("fp32 queries (ieee)", {}, dtype="float32"),
 ]

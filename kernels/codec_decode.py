@@ -133,20 +133,6 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
 
 
 @triton.jit
-def octopus_quads(rows_ptr, row_ok, gain, tab_ptr, LP: tl.constexpr, L: tl.constexpr, N_BITS: tl.constexpr,
-                  N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
-    """octopus: the triplets gain * t_hat as one tile [BN, 4 LP] of rows (x, y, z, 0), one 16-byte load of the
-    folded table at tab_ptr a triplet (spec.folded_directions), for one dot against the `quads` query map."""
-    i = tl.arange(0, LP)[None, :]
-    live = row_ok & (i < L)
-    codes = tl.where(live, _codes(rows_ptr, row_ok if TILE else live, i, N_BITS, N_WORDS, WP, TILE), 0)
-    BN: tl.constexpr = codes.shape[0]
-    t = tl.load(tab_ptr + codes[:, :, None] * 4 + tl.arange(0, 4)[None, None, :], mask=live[:, :, None],
-                other=0.0)
-    return tl.reshape(t * gain[:, :, None], (BN, 4 * LP))
-
-
-@triton.jit
 def qjl_signs(rows_ptr, row_ok, D: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr, TILE: tl.constexpr):
     """QJL: sigma [BN, D] as +-1.0 (stored bit 1 for +1)."""
     bits = _codes(rows_ptr, row_ok, tl.arange(0, D)[None, :], 1, N_WORDS, WP, TILE)

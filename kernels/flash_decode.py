@@ -8,7 +8,6 @@ from .codec_decode import (
     OCTOPUS,
     OCTOPUS_QJL,
     POLAR,
-    octopus_quads,
     octopus_triplets,
     polar_halves,
     polar_unit,
@@ -101,10 +100,7 @@ def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
     k_rows = kc_ptr + krow[:, None] * K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if ((CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)) and DIR_TABLE == 3:
-        t = octopus_quads(k_rows, n_ok[:, None], gamma, tab_a_ptr, LP, K_CODES, K_BITS, K_WORDS, K_WP, TILE)
-        s = _mm_nt(qx, _operand(t, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    elif (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
         kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
                                       B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
         s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
@@ -237,11 +233,7 @@ def _attn_fwd_kernel(
     qr2 = qn
     qj2 = qn
     hcol = tl.arange(0, D // 2)[None, :]
-    if IS_OCT and DIR_TABLE == 3:  # one dot against rows (x, y, z, 0) of the folded table
-        qcol = tl.arange(0, 4 * LP)[None, :]
-        qx = _project(q_pro, qmap, qcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        QJL_COL: tl.constexpr = 4 * LP
-    elif IS_OCT:
+    if IS_OCT:
         lcol = tl.arange(0, LP)[None, :]
         qx = _project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         qy = _project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)

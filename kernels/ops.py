@@ -96,7 +96,7 @@ class AttnConfig:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
-OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2, "quads": 3}  # the kernels' DIR_TABLE
+OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2}  # the kernels' DIR_TABLE
 FOLDED_MAX_BITS = 10  # folded table rows: 2**n of 16 bytes (16 KiB at n = 10, octopus b=3; b=4 has n = 13)
 
 
@@ -108,7 +108,7 @@ def _directions(codec: KernelCodec, directions: str) -> str:
     if directions not in OCTOPUS_DECODES:
         raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)} or auto, "
                          f"got {directions!r}")
-    if (directions in ("folded", "quads") and codec.name.startswith("octopus")
+    if (directions == "folded" and codec.name.startswith("octopus")
             and codec.key_code_bits > FOLDED_MAX_BITS):
         raise ValueError(f"octopus_directions={directions!r} needs key codes of at most {FOLDED_MAX_BITS} "
                          f"bits (octopus b <= 3), got {codec.key_code_bits}; use 'unfold', 'table' or 'auto'")
@@ -219,8 +219,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     Hq = G*H, query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
     `num_splits` forces the split-K count (default: enough programs to fill the GPU). `octopus_directions`:
     "unfold" (decode n_hat from the xi centroids in registers), "table" (look it up in D), "folded" (the
-    triplet C_rho * n_hat as one 16-byte row a code; key codes of at most 10 bits, octopus b <= 3) or
-    "quads" (the folded rows scored by one dot, K = 4 * triplets, against a query map in that layout);
+    triplet C_rho * n_hat as one 16-byte row a code; key codes of at most 10 bits, octopus b <= 3);
     "auto" (the default, OCTOPUS_DIRECTIONS): "folded" where the key codes allow it, else "unfold".
     `config` overrides the launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query
     rotation and layouts happen in the kernel's prologue, so the host does no tensor math.
@@ -267,8 +266,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     # bf16 flash-attention kernel does
     prec = "ieee" if opd == torch.float32 and operands != "tf32" else "tf32"
     project16 = use_dot and q16 and (cfg.projection or "native") == "native"
-    qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32,
-                           quads=octopus_directions == "quads" and codec.name.startswith("octopus"))
+    qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32)
     halves = SCORE_HALVES if cfg.score_halves is None else cfg.score_halves
     halves = halves and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
     interpreting = _interpreting()

@@ -112,16 +112,13 @@ class KernelCodec:
         """LP: the octopus triplet count padded to a power of two >= 16 (the kernels' tile width)."""
         return max(16, 1 << max(0, (self.key_codes - 1).bit_length()))
 
-    def query_map(self, dtype: torch.dtype, quads: bool = False) -> torch.Tensor:
+    def query_map(self, dtype: torch.dtype) -> torch.Tensor:
         """[H, d, NP] integer matrices (exact in every float dtype) that take a query row q to the layouts
         the attention kernel scores with: q @ M_h = [sqrt(d) R q | d R' R q] (formats.md; the QJL block only
         for -qjl codecs), where octopus reorders the R q block into its triplet components, x | y | z
-        (column c * LP + i holds coordinate 3i + c, zero past d), or with `quads` into rows of four per
-        triplet, x y z 0 (column 4i + c: the folded table's row layout). Built once per codec, dtype and
-        layout, cached."""
+        (column c * LP + i holds coordinate 3i + c, zero past d). Built once per codec and dtype, cached."""
         maps = self.__dict__.setdefault("_query_maps", {})
-        key = (dtype, quads) if quads else dtype
-        if key not in maps:
+        if dtype not in maps:
             d = self.head_dim
             dev = self.rotation_signs.device
             had = torch.ones(1, 1, device=dev)
@@ -131,15 +128,13 @@ class KernelCodec:
             blocks = [rot]
             if self.name.startswith("octopus"):
                 lp = self.triplet_lanes
-                i, c = torch.arange(lp, device=dev), torch.arange(4 if quads else 3, device=dev)
-                j = (3 * i[:, None] + c[None, :]) if quads else (3 * i[None, :] + c[:, None])
-                ok = ((c < 3)[None, :] & (j < d)).reshape(-1) if quads else (j < d).reshape(-1)
+                j = 3 * torch.arange(lp, device=dev)[None, :] + torch.arange(3, device=dev)[:, None]
                 j = j.reshape(-1)
-                blocks = [torch.where(ok, rot[:, :, j.clamp_max(d - 1)], 0.0)]
+                blocks = [torch.where(j < d, rot[:, :, j.clamp_max(d - 1)], 0.0)]
             if self.has_qjl:
                 blocks.append(rot @ (self.qjl_signs[:, :, None] * had))  # d R' R q
-            maps[key] = torch.cat(blocks, 2).to(dtype).contiguous()
-        return maps[key]
+            maps[dtype] = torch.cat(blocks, 2).to(dtype).contiguous()
+        return maps[dtype]
 
     def folded_directions(self) -> torch.Tensor:
         """octopus: [2**n * 4] fp32, row `code` = (x, y, z, 0) of C_rho[code & (2**b_rho - 1)] times

@@ -122,16 +122,16 @@ LAUNCHES = {"table-single-row-gathers": ("table", AttnConfig(block_m=1, block_n=
             "score-tables": ("unfold", AttnConfig(block_n=64, block_v=16)),
             "folded-tensor-cores-word-tiles": ("folded", AttnConfig(block_m=16, block_n=32, tile_words=True,
                                                                     score_tables=False)),
-            "quads-single-row-gathers": ("quads", AttnConfig(block_m=1, block_n=32, tile_words=False,
-                                                             score_tables=False)),
+            "folded-single-row-gathers": ("folded", AttnConfig(block_m=1, block_n=32, tile_words=False,
+                                                               score_tables=False)),
             "auto-tensor-cores": ("auto", AttnConfig(block_m=32, score_tables=False))}
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_octopus_direction_decodes_agree(launch):
-    """The octopus direction decodes (table lookup, in-register unfold, folded C_rho * D rows as three tiles
-    or as one 4-wide dot) and both launch paths (one row without tensor cores, gathered codes; a tensor-core
-    block, word tiles cut in registers) match the library."""
+    """The octopus direction decodes (table lookup, in-register unfold, folded C_rho * D rows) and both
+    launch paths (one row without tensor cores, gathered codes; a tensor-core block, word tiles cut in
+    registers) match the library."""
     directions, config = LAUNCHES[launch]
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         "octopus", 3, tq=1, length=200, window=1, d=64, groups=1, dtype=torch.float32, heads=2)
@@ -156,8 +156,8 @@ VARIANTS = {
                                      AttnConfig(block_m=16, block_n=64, operands="tf32"), False),
     "octopus-bf16-folded-m128-window16": ("octopus", 2, torch.bfloat16, "folded",
                                           AttnConfig(block_m=128, block_n=64, block_w=16), False),
-    "octopus-qjl-fp16-quads-m64-window32": ("octopus-qjl", 3, torch.float16, "quads",
-                                            AttnConfig(block_m=64, block_n=32, block_w=32), False),
+    "octopus-qjl-fp16-folded-m64-window32": ("octopus-qjl", 3, torch.float16, "folded",
+                                             AttnConfig(block_m=64, block_n=32, block_w=32), False),
     "octopus-bf16-folded-tiles-m128-strided-q": ("octopus", 2, torch.bfloat16, "folded",
                                                  AttnConfig(block_m=128, block_n=32, tile_words=True), True),
     "polarquant-fp32-ieee-many-splits": ("polarquant", 2, torch.float32, "unfold",
@@ -305,7 +305,7 @@ def test_attention_rejects_bad_inputs():
         ops.attention(q.to(DEVICE), bad, values, 1, None, None, kc)
     with pytest.raises(ValueError, match="operands must be one of native, tf32, ieee"):
         AttnConfig(operands="bf16")
-    with pytest.raises(ValueError, match="must be one of unfold, table, folded, quads or auto"):
+    with pytest.raises(ValueError, match="must be one of unfold, table, folded or auto"):
         ops.attention(q.to(DEVICE), keys, values, 1, None, None, kc, octopus_directions="rows")
     wide = backend.kernel_codec(get_codec("octopus", 4, 64, seed=1), 2, DEVICE)
     with pytest.raises(ValueError, match="at most 10 bits"):
