@@ -440,7 +440,8 @@ class CompressedKVCache:
             if layout is None:
                 self.reset()
             raise
-        k, v = _own_storage(k), _own_storage(v)
+        if self.window:  # the unit outlives this call (window 0: encoded below, never kept)
+            k, v = _own_storage(k), _own_storage(v)
         self._window.append((k, v))
         if self._overlap:
             self._encode_early(k, v)
