@@ -66,6 +66,14 @@ def to(device, *xs):
     return [None if x is None else x.to(device) for x in xs]
 
 
+def on_device(dev, q, keys, values, k_win, v_win):
+    """Queries, packed store and window moved to `dev`, as the kernels take them."""
+    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
+    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
+    q_d, kw, vw = to(dev, q, k_win, v_win)
+    return q_d, keys_d, values_d, kw, vw
+
+
 def rel(got, want):
     floor = ((want.to(got.dtype).double() - want.double()).norm() / want.double().norm()).item()
     return ((got.double().cpu() - want.double()).norm() / want.double().norm()).item(), floor
@@ -94,9 +102,7 @@ def test_table_attention_matches_reference(name, bits, d, length, window, splits
         name, bits, batch=2, heads=2, length=length, window=window, d=d, dtype=dtype)
     want = reference(q, keys, values, length, k_win, v_win, codec, 0.9 / math.sqrt(d))
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
                                   scale=0.9 / math.sqrt(d), num_splits=splits)
     assert got.dtype == dtype and got.shape == q.shape
@@ -111,9 +117,7 @@ def test_large_scores_stay_exact():
     q = q * 400.0
     want = naive.attention(q, keys, values, 400, k_win, v_win, codec)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_k=16,
                                   block_v=16)
     err, floor = rel(got, want)
@@ -133,9 +137,7 @@ def test_many_splits_merge_in_steps():
         "octopus", 2, batch=1, heads=1, length=1700, window=1, d=64, dtype=torch.float32, seed=5)
     want = naive.attention(q, keys, values, 1700, k_win, v_win, codec)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
                                   block_k=16, block_v=16)
     err, floor = rel(got, want)
@@ -178,9 +180,7 @@ def test_value_loops_match_reference(loop, groups, vbits, d, length, splits, ext
     values = PackedValues(codes.to(torch.int32), scale, minimum, vbits)
     want = reference(q, keys, values, length, k_win, v_win, codec, None)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
                                   value_loop=loop, value_groups=groups)
     err, floor = rel(got, want)
@@ -213,9 +213,7 @@ def test_stages_carry_the_maximum(stage, length, splits, qscale, block):
     q = q * qscale
     want = naive.attention(q, keys, values, length, k_win, v_win, codec)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
                                   block_k=block, block_v=block, stage_keys=stage)
     err, floor = rel(got, want)
@@ -233,9 +231,7 @@ def test_word_pairs_either_way(d, bits, pairs, gate):
         "octopus", bits, batch=1, heads=2, length=70, window=1, d=d, dtype=torch.float32, seed=31)
     want = naive.attention(q, keys, values, 70, k_win, v_win, codec)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev), word_pairs=pairs,
                                   gate_loads=gate)
     err, floor = rel(got, want)
@@ -248,9 +244,7 @@ def test_register_cap_accepted():
         "octopus", 2, batch=1, heads=1, length=40, window=1, d=64, dtype=torch.float32, seed=41)
     want = naive.attention(q, keys, values, 40, k_win, v_win, codec)
     dev = torch.device(DEVICE)
-    keys_d = PackedKeys(*to(dev, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values_d = PackedValues(*to(dev, values.codes, values.scale, values.minimum), values.bits)
-    q_d, kw, vw = to(dev, q, k_win, v_win)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = adc_ops().attention_adc(q_d, keys_d, values_d, 40, kw, vw, codec.to(dev), max_registers=80)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
