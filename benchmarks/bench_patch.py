@@ -210,9 +210,30 @@ def kernel_profile(pipe, codec: str, bits: int, batch: int, graph: bool) -> dict
     top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:14]
     c = pipe.aar.config
     n = sum(len(v) for v in per_name.values())
+    by_kind = collections.Counter()
+    for name, times in per_name.items():
+        by_kind[kernel_kind(name)] += sum(times)
+    rest_s = by_kind["rest"] * 1e-6
     return {"codec": codec, "batch": batch, "graph": graph, "kernels": n, "gpu_us": total,
             "wall_us": wall * 1e6, "kernels_per_layer_scale": n / (c.depth * len(c.patch_nums)),
+            "kind_us": dict(by_kind), "ceiling_samples_per_s": batch / rest_s if rest_s > 0 else None,
             "top": [{"name": k[:90], "count": len(v), "us": sum(v)} for k, v in top]}
+
+
+# kernels that a KV cache could make cheaper or remove: attention itself (ours, SDPA's), our encode and merge,
+# the uncompressed path's concatenation, and every copy (counted generously: most copies are weight casts
+# and layout changes outside the cache, so "rest" is a lower bound on what any cache leaves)
+CACHE_KERNELS = ("_attn_fwd", "_merge_kernel", "_encode", "_table", "sdpa", "fmha", "flash", "attention",
+                 "CatArrayBatchedCopy")
+COPY_KERNELS = ("copy_kernel", "direct_copy")
+
+
+def kernel_kind(name: str) -> str:
+    """'cache' (attention and cache work), 'copy' (dtype and layout copies) or 'rest' (the model's other
+    kernels: linear layers, norms, sampling, the tokenizer decode)."""
+    if any(p in name for p in CACHE_KERNELS):
+        return "cache"
+    return "copy" if any(p in name for p in COPY_KERNELS) else "rest"
 
 
 def count_launches(codec: str, bits: int) -> dict:
@@ -424,8 +445,9 @@ def cache_memory_check(pipe, handle, batch: int, device: str) -> dict:
 
 
 def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeTimer,
-              reps: int) -> dict | None:
-    """The largest multiple of 8 whose peak stays under `budget` bytes (fit on two batches, then checked)."""
+              reps: int, graph: bool = False) -> dict | None:
+    """The largest multiple of 8 whose peak stays under `budget` bytes (fit on two batches, then checked;
+    graph: the rows and the check in the CUDA-graph path, whose peak includes the graph's memory pool)."""
     fit = sorted((r for r in rows if r["batch"] > 1), key=lambda r: r["batch"])[-2:]
     if len(fit) < 2:
         return None
@@ -435,7 +457,7 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
     for _ in range(4):
         if batch < 8:
             return None
-        row = measure(pipe, batch, device, timer, reps)
+        row = measure(pipe, batch, device, timer, reps, graph=graph)
         row.pop("tokens")
         if row["peak_gib"] * GIB <= budget:
             row["fit_gib_per_sample"] = slope / GIB
@@ -446,9 +468,16 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
 
 
 
-def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+def _names(text: str, allowed: tuple[str, ...], what: str, batched: bool = False) -> list[str]:
+    """Comma-separated names, each in `allowed` (batched: optionally followed by ':BATCH', a positive
+    integer)."""
     names = [n for n in text.split(",") if n]
-    bad = [n for n in names if n not in allowed]
+
+    def ok(n: str) -> bool:
+        name, colon, batch = n.partition(":") if batched else (n, "", "")
+        return name in allowed and (not colon or (batch.isdigit() and int(batch) > 0))
+
+    bad = [n for n in names if not ok(n)]
     if bad:
         raise SystemExit(f"{what}: unknown {', '.join(bad)}; allowed: {', '.join(allowed)}")
     return names
@@ -478,16 +507,21 @@ def plan(graphs: list[str], eagers: list[str], budget: list[str], batches: list[
     if "nan" in checks:
         out.append(("octopus", "nan", 1))
     if "profile" in checks:
-        out.extend((n, "profile", 1) for n in profile)
+        for n in profile:
+            name, _, batch = n.partition(":")
+            out.append((name, "profile", int(batch or 1)))
     eager_done: set[tuple[str, int]] = set()
-    for n in budget:
+    graph_done = {f"{n}@graph" for n in first}
+    for n in budget:  # eager rows, or graph rows (n ends with @graph) unless measured above
         for b in batches:
-            if b > 1:
+            if (b > 1 or n.endswith("@graph")) and n not in graph_done:
                 out.append((n, "batches", b))
                 eager_done.add((n, b))
         out.append((n, "max", 0))
-    graph_rows(overlapped)
-    graph_rows([n for n in graphs if n not in first and n not in overlapped])
+    graph_done |= {n for n in budget if n.endswith("@graph")}
+    graph_rows([n for n in overlapped if f"{n}@graph" not in graph_done])
+    graph_rows([n for n in graphs if n not in first and n not in overlapped
+                and f"{n}@graph" not in graph_done])
     out.extend((n, "batches", b) for n in eagers for b in batches if (n, b) not in eager_done)
     return out + [(n, "memcheck", 0) for n in memcheck if n not in ("none", "none+patch")]
 
@@ -502,14 +536,16 @@ def main() -> None:
                         "(CompressedKVCache.overlap_encode); '' for none")
     p.add_argument("--eager", default="none,octopus", help="codecs measured in the eager path, every batch")
     p.add_argument("--budget", default="none,octopus",
-                   help="codecs whose largest batch under --budget-gib is found (eager rows at the batches "
-                        "above 1 are measured for the fit)")
+                   help="codecs whose largest batch under --budget-gib is found (their rows at the batches "
+                        "above 1 are measured for the fit); codec@graph: in the CUDA-graph path")
     p.add_argument("--checks", default=",".join(CHECKS),
                    help=f"device checks to run, from {','.join(CHECKS)}: compiled encode vs reference per "
                         f"codec, host syncs per generation with their stacks, a NaN caught eager and after "
                         f"a graph replay, kernel profiles at B=1; '' for none")
     p.add_argument("--profile", default="none,octopus,none@graph,octopus@graph",
-                   help="kernel profiles at B=1 (codec or codec@graph) when --checks has profile")
+                   help="kernel profiles (codec or codec@graph, at B=1 or codec[@graph]:BATCH) when --checks "
+                        "has profile; each gives the GPU time of attention and cache kernels, copies and the "
+                        "rest, and the samples/s no cache could exceed at that batch (batch / rest time)")
     p.add_argument("--sync-codecs", default="none,none+patch,octopus",
                    help="codecs whose host syncs per generation are counted when --checks has syncs")
     p.add_argument("--memcheck", default="octopus", help="codecs whose freed cache bytes are measured")
@@ -539,10 +575,10 @@ def main() -> None:
         return
     graphs = _names(args.graphs, allowed, "--graphs")
     eagers = _names(args.eager, allowed, "--eager")
-    budget = _names(args.budget, allowed, "--budget")
+    budget = _names(args.budget, (*allowed, *(f"{c}@graph" for c in allowed)), "--budget")
     checks = _names(args.checks, CHECKS, "--checks")
     memcheck = _names(args.memcheck, allowed, "--memcheck")
-    profile = _names(args.profile, (*allowed, *(f"{c}@graph" for c in allowed)), "--profile")
+    profile = _names(args.profile, (*allowed, *(f"{c}@graph" for c in allowed)), "--profile", batched=True)
     sync_codecs = _names(args.sync_codecs, allowed, "--sync-codecs")
     batches = [int(b) for b in args.batches.split(",")]
     start = time.perf_counter()
@@ -578,11 +614,14 @@ def main() -> None:
                     checks_out.update(nan_checks(pipe, "octopus", args.bits))
                 else:
                     codec = name.removesuffix("@graph")
+                    key = name if batch == 1 else f"{name}:{batch}"
                     checks_out[key] = kernel_profile(pipe, codec, args.bits, batch, name.endswith("@graph"))
                     prof = checks_out[key]
+                    kinds = ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in sorted(prof["kind_us"].items()))
+                    ceiling = prof["ceiling_samples_per_s"] or 0.0
                     print(f"  {prof['kernels']} kernels ({prof['kernels_per_layer_scale']:.1f} per layer and "
-                          f"scale), GPU {prof['gpu_us'] / 1e3:.2f} ms of {prof['wall_us'] / 1e3:.2f} ms wall",
-                          flush=True)
+                          f"scale), GPU {prof['gpu_us'] / 1e3:.2f} ms of {prof['wall_us'] / 1e3:.2f} ms wall "
+                          f"({kinds}; ceiling {ceiling:.1f} samples/s)", flush=True)
                     for row in prof["top"]:
                         print(f"    {row['us']:9.0f} us  x{row['count']:5d}  {row['name']}", flush=True)
             except Exception as e:  # recorded; the timings still run
@@ -617,7 +656,7 @@ def main() -> None:
                 entry["memcheck"] = cache_memory_check(pipe, handle, args.memcheck_batch, args.device)
             else:
                 entry["max_batch"] = max_batch(pipe, entry["rows"], args.budget_gib * GIB, args.device, timer,
-                                               args.reps)
+                                               args.reps, graph=graph)
         except torch.cuda.OutOfMemoryError as e:
             entry["error"] = f"{what} {batch}: out of memory: {e}"[:300]
             torch.cuda.empty_cache()
@@ -675,9 +714,10 @@ def markdown(report: dict) -> str:
                          f"{capture} | {same or '-'} |")
     lines += ["", f"| codec | largest batch under {report['budget_gib']:g} GiB | samples/s | peak GiB | "
               "GiB per sample (fit) | samples/s vs none |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    none_max = (report["codecs"].get("none", {}).get("max_batch") or {}).get("samples_per_s")
     for name, entry in report["codecs"].items():
         m = entry.get("max_batch")
+        ref = "none@graph" if name.endswith("@graph") else "none"
+        none_max = (report["codecs"].get(ref, {}).get("max_batch") or {}).get("samples_per_s")
         if m:
             rel = f"{m['samples_per_s'] / none_max:.2f}x" if none_max else "-"
             lines.append(f"| {name} | {m['batch']} | {m['samples_per_s']:.1f} | {m['peak_gib']:.2f} | "
@@ -709,10 +749,16 @@ def markdown(report: dict) -> str:
                      f"all caught: {nan['ok']}")
     profiles = {n: p for n, p in checks.get("profile", {}).items() if isinstance(p, dict)}
     if profiles:
-        lines += ["", "| profile (B=1) | kernels | per layer and scale | GPU ms (kernel sum) | wall ms |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {n} | {p['kernels']} | {p['kernels_per_layer_scale']:.1f} | {p['gpu_us'] / 1e3:.2f} | "
-                  f"{p['wall_us'] / 1e3:.2f} |" for n, p in profiles.items()]
+        lines += ["", "| profile (codec:batch) | kernels | per layer and scale | GPU ms (kernel sum) | "
+                  "wall ms | attention+cache ms | copies ms | rest ms | ceiling samples/s (batch / rest) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for n, p in profiles.items():
+            k = p.get("kind_us", {})
+            ceiling = p.get("ceiling_samples_per_s")
+            ms = [f"{x / 1e3:.2f}" for x in (p["gpu_us"], p["wall_us"], *(k.get(kind, 0) for kind in
+                                                                          ("cache", "copy", "rest")))]
+            lines.append(f"| {n} | {p['kernels']} | {p['kernels_per_layer_scale']:.1f} | {' | '.join(ms)} | "
+                         f"{f'{ceiling:.1f}' if ceiling else '-'} |")
         for n, p in profiles.items():
             lines.append(f"\n{n}: " + "; ".join(f"{r['name'][:60]} x{r['count']} {r['us']:.0f} us"
                                                 for r in p["top"][:8]))

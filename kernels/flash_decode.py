@@ -148,7 +148,13 @@ def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
     return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
 
-@triton.jit
+# the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
+# serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
+# their specialisation (their divisibility is what vectorises the loads)
+PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows"]
+
+
+@triton.jit(do_not_specialize=PER_CALL_INTS)
 def _attn_fwd_kernel(
     q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
     kc_ptr, kg_ptr, ks_ptr, kr_ptr,
@@ -282,7 +288,7 @@ def _attn_fwd_kernel(
         tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_rows", "n_splits"])
 def _merge_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr, BLOCK_R: tl.constexpr):
     """out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m): the splits' log-sum-exp merge (empty splits
     carry lse = -inf and weigh nothing)."""
