@@ -57,9 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-config", default="balanced", help="its config (default balanced; '' for none)")
     p.add_argument("--dataset-split", default="train", help="its split (default train)")
     p.add_argument("--no-floor", action="store_true",
-                   help="skip the sampling floor: by default each clip gets one more uncompressed generation "
+                   help="skip the two floor rows: by default each clip gets one more uncompressed generation "
                         "with seed --seed + 1, reported as the row `reference (other seed)` (how far two "
-                        "samples of the same model lie apart on LSD, log-mel MSE, SNR and latent cosine)")
+                        "samples of the same model lie apart on LSD, log-mel MSE, SNR and latent cosine), "
+                        "and one at --seed with every key and value rounded to bfloat16 as it enters the KV "
+                        "cache, the row `reference (bf16 KV)` (how near the smallest 16-bit perturbation of "
+                        "the cache keeps the outputs, teacher-forced metrics included)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
-                        v_group=args.v_group, floor=not args.no_floor)
+                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor)
     check_model_paths(args.aar, args.sat)
     set_threads(args.threads)
     info = DistInfo.from_env()

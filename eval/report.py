@@ -6,7 +6,9 @@ writes the same report as an uninterrupted one (timings stay in rows.jsonl, not 
 The sampling-floor row (codec `reference (other seed)`, see eval/runner.py) is listed first: its bits show as
 '-', and its teacher-forced and KV cells as '-' (empty in the CSV, null in results.json), because it has no
 codec, compresses nothing, and the unpatched model fed the reference's tokens is the reference itself. The
-metric plots draw its mean as a dashed horizontal line.
+bf16-KV floor row (codec `reference (bf16 KV)`) follows it: bits '-', KV cells '-', every metric filled in
+(teacher-forced ones too). The metric plots draw each floor's mean as a horizontal line (dashed: other seed;
+dotted: bf16 KV).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.runner import FLOOR, wav_name
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, wav_name
 
 log = logging.getLogger(__name__)
 
 # every number an ok row holds under "metrics": the sampled output's four, then the two teacher-forced ones
 METRICS = AUDIO_METRICS + FIDELITY_METRICS
 LOG_PLOTS = ("tf_kl_nats",)  # spans decades across bit widths: a log axis when every value is positive
+FLOORS = (FLOOR, KV_FLOOR)  # rows with no codec and no bits, listed first
+FLOOR_LINES = {FLOOR: "--", KV_FLOOR: ":"}  # their line styles in the plots
 KV_FIELDS = (("ratio", "KV ratio"), ("k_bits", "K bits/coord"), ("v_bits", "V bits/coord"))
 _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "latent_cos": "{:.4f}",
             "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits": "{:.2f}",
@@ -64,14 +68,14 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[tuple[str, int | None]]) -> l
 
 
 def _bits_label(codec: str, bits: int | None) -> str:
-    if codec == FLOOR:
+    if codec in FLOORS:
         return "-"
     return "native" if bits is None else str(bits)
 
 
 def _job_label(codec: str, bits: int | None) -> str:
-    if codec == FLOOR:
-        return FLOOR
+    if codec in FLOORS:
+        return codec
     return f"{codec} (native)" if bits is None else f"{codec} b{bits}"
 
 
@@ -83,6 +87,21 @@ def _floor_text(meta: dict) -> str:
             "flipped token and usually lie nearer than this row; a codec row at or beyond it is as far "
             "from the reference as an unrelated sample. Its teacher-forced and KV cells are '-': the "
             "unpatched model fed the reference's tokens is the reference itself, and nothing is compressed.")
+
+
+def _kv_floor_text(meta: dict) -> str:
+    return (f"`{KV_FLOOR}` is the uncompressed model with the reference's condition and seed "
+            f"({meta.get('seed')}), every key and value rounded to bfloat16 as it enters the KV cache: the "
+            "smallest perturbation of the cache that 16-bit storage (what the KV ratio compares with) makes, "
+            "so its sampled-output metrics show how near any perturbation of the cache keeps the sampled "
+            "outputs, and its teacher-forced ones the error of 16-bit storage itself. Its KV cells are '-' "
+            "(nothing is compressed).")
+
+
+def _floor_texts(groups: list[dict], meta: dict) -> list[str]:
+    present = {g["codec"] for g in groups}
+    return ([_floor_text(meta)] if FLOOR in present else []) + (
+        [_kv_floor_text(meta)] if KV_FLOOR in present else [])
 
 
 def table_markdown(groups: list[dict], meta: dict) -> str:
@@ -100,8 +119,8 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
              "whose most likely token is the same, higher is better; KL(reference || codec) in nats per "
              "token, lower is better), which isolates the codec's error from the divergence of sampling "
              "after one flipped token.", ""]
-    if any(g["codec"] == FLOOR for g in groups):
-        lines += [_floor_text(meta), ""]
+    for text in _floor_texts(groups, meta):
+        lines += [text, ""]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for g in groups:
         cells = [g["codec"], _bits_label(g["codec"], g["bits"]),
@@ -132,15 +151,15 @@ def table_csv(groups: list[dict]) -> str:
 
 
 def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
-    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only); the
-    sampling floor's mean, where it has the metric, as a dashed horizontal line."""
+    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only); each
+    floor row's mean, where it has the metric, as a horizontal line (FLOOR_LINES)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     plots_dir.mkdir(parents=True, exist_ok=True)
     names = []
     codecs = list(dict.fromkeys(g["codec"] for g in groups if g["bits"] is not None))
-    floor = next((g for g in groups if g["codec"] == FLOOR), None)
+    floors = [g for g in groups if g["codec"] in FLOORS]
     for m in METRICS:
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
@@ -157,10 +176,11 @@ def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
                             [p[1]["max"] - p[1]["mean"] for p in pts]])
             ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=codec)
             drawn = True
-        if floor is not None and floor["metrics"][m.key] is not None:
-            ax.axhline(floor["metrics"][m.key]["mean"], color="0.3", linestyle="--", linewidth=1,
-                       label=f"{FLOOR} (mean)")
-            drawn = True
+        for floor in floors:
+            if floor["metrics"][m.key] is not None:
+                ax.axhline(floor["metrics"][m.key]["mean"], color="0.3", linewidth=1,
+                           linestyle=FLOOR_LINES[floor["codec"]], label=f"{floor['codec']} (mean)")
+                drawn = True
         ax.set_xlabel("bits per coordinate (nominal)")
         ax.set_ylabel(m.label)
         lows = [g["metrics"][m.key]["min"] for g in groups if g["bits"] is not None and g["metrics"][m.key]]
@@ -275,8 +295,7 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs,
             "<a href='table.md'>table.md</a>, <a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
             "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
             "model fed the reference's tokens): top-1 agreement and KL in nats per token.</p>\n"
-            + (f"<p>{html.escape(_floor_text(meta).replace('`', ''))}</p>\n"
-               if any(g["codec"] == FLOOR for g in groups) else "")
+            + "".join(f"<p>{html.escape(text.replace('`', ''))}</p>\n" for text in _floor_texts(groups, meta))
             + "\n".join(summary) + f"\n<div class='plots'>{plot_imgs}</div>\n"
             "<div class='clips'><table>" + head + "\n" + "\n".join(body) + "</table></div>\n</body></html>\n")
 

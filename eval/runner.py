@@ -15,6 +15,13 @@ usually lie nearer; a codec row as far as the floor has kept nothing of the refe
 teacher-forced metrics (the unpatched model on the reference's tokens is the reference itself) and no KV
 numbers (nothing is compressed).
 
+`EvalConfig.bf16_floor` (on in the CLI, off with `--no-floor` too) adds a second floor row, codec
+`reference (bf16 KV)` (KV_FLOOR): the uncompressed model at the reference's seed with every key and value
+rounded to bfloat16 as it enters the KV cache (`eval.kv_rounding.rounded_kv_cache`): the smallest
+perturbation of the cache a 16-bit store makes, i.e. how near ANY perturbation of the cache can keep the
+sampled outputs. It has every metric a codec row has, teacher-forced ones included (the model with the
+rounded cache fed the reference's tokens), and no KV numbers (16-bit storage is what the ratios compare with).
+
 Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
 (eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
 distributions are compared with the reference's on the same inputs, free of sampling divergence. The
@@ -54,6 +61,7 @@ ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 SETTINGS_FILE = "settings.json"
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
+KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 FLOOR_SEED_OFFSET = 1
 
 
@@ -73,7 +81,9 @@ def codec_names() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class EvalConfig:
     """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch);
-    `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`)."""
+    `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
+    the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
+    turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in."""
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
@@ -85,6 +95,7 @@ class EvalConfig:
     v_group: int = 16
     patch_seed: int = 0
     floor: bool = True
+    bf16_floor: bool = False
 
     def __post_init__(self) -> None:
         known = codec_names()
@@ -103,7 +114,7 @@ class EvalConfig:
             from octopus_audio.codecs import SUPPORTED_BITS, get_codec
 
             for c, b in self.jobs():
-                if c not in ("none", FLOOR):
+                if c not in ("none", FLOOR, KV_FLOOR):
                     try:  # the codec's own validation, before any clip is generated
                         get_codec(c, b, 64)
                     except ValueError as e:
@@ -111,8 +122,9 @@ class EvalConfig:
                                          f"(it takes {SUPPORTED_BITS[c]})") from e
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        if not isinstance(self.floor, bool):
-            raise UsageError(f"floor must be True or False, got {self.floor!r}")
+        for name in ("floor", "bf16_floor"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not math.isfinite(self.cfg):
             raise UsageError(f"--cfg must be a finite number, got {self.cfg!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -121,9 +133,11 @@ class EvalConfig:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
 
     def jobs(self) -> list[tuple[str, int | None]]:
-        """(codec, bits) pairs in report order: the sampling floor (FLOOR, None) first when on, then the
-        codecs; `none` gets bits None."""
+        """(codec, bits) pairs in report order: the sampling floor (FLOOR, None) and the bf16-KV floor
+        (KV_FLOOR, None) first when on, then the codecs; `none` gets bits None."""
         out: list[tuple[str, int | None]] = [(FLOOR, None)] if self.floor else []
+        if self.bf16_floor:
+            out.append((KV_FLOOR, None))
         for c in self.codecs:
             out.extend([(c, None)] if c == "none" else [(c, b) for b in self.bits])
         return out
@@ -132,7 +146,7 @@ class EvalConfig:
         """The settings that must match for a rerun to reuse earlier rows (codecs, bits and the floor may
         change: a rerun adds the missing rows)."""
         d = asdict(self)
-        del d["codecs"], d["bits"], d["floor"]
+        del d["codecs"], d["bits"], d["floor"], d["bf16_floor"]
         return d
 
 
@@ -158,6 +172,10 @@ class Backend(Protocol):
 
     def compressed(self, codec: str, bits: int | None) -> contextlib.AbstractContextManager:
         """A context inside which `generate` runs under the codec; its value has `stats()`."""
+
+    def bf16_kv(self) -> contextlib.AbstractContextManager:
+        """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
+        and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
 
 
 def require_patch(config: EvalConfig, compressed_kv_fn: Callable | None) -> None:
@@ -196,6 +214,9 @@ class LazyBackend:
     def compressed(self, codec: str, bits: int | None):
         return self.backend.compressed(codec, bits)
 
+    def bf16_kv(self):
+        return self.backend.bf16_kv()
+
 
 class _Unpatched:
     """The handle for codec `none` while the patch does not exist: the plain model, no cache accounting."""
@@ -208,14 +229,15 @@ class AARBackend:
     """`octopus_audio.aar_patch` behind the runner's interface.
 
     B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn`,
-    `compressed_kv_fn` and `teacher_forced_fn` default to the package's `generate`, `compressed_kv` and
-    `eval.fidelity.teacher_forced_probs` (tests inject fakes). Generation runs at `generate`'s default
+    `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the package's `generate`,
+    `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `eval.kv_rounding.rounded_kv_cache` (tests
+    inject fakes). Generation runs at `generate`'s default
     precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
     """
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
-                 teacher_forced_fn: Callable | None = None) -> None:
+                 teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
         self.pipe = pipe
@@ -228,6 +250,9 @@ class AARBackend:
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
+        if rounded_kv_fn is None:
+            from octopus_audio.eval.kv_rounding import rounded_kv_cache as rounded_kv_fn
+        self._rounded_kv = rounded_kv_fn
         require_patch(config, self._compressed_kv)
 
     def _cond(self, cond_D: np.ndarray):
@@ -259,6 +284,11 @@ class AARBackend:
             return contextlib.nullcontext(_Unpatched())
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
                                    v_group=c.v_group, seed=c.patch_seed)
+
+    def bf16_kv(self):
+        import torch
+
+        return self._rounded_kv(self.pipe, dtype=torch.bfloat16)
 
 
 # keys that the patch's stats may use for the three numbers the report prints
@@ -292,11 +322,13 @@ def row_key(row: dict) -> tuple[str, str, int | None]:
 
 def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
-    `<clip>__<codec>_b<bits>.wav`: sorting together."""
+    `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav`: sorting together."""
     if codec in ("input", "reference"):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
         return f"{clip_id}__00_reference_other_seed.wav"
+    if codec == KV_FLOOR:
+        return f"{clip_id}__00_reference_bf16_kv.wav"
     return f"{clip_id}__{codec}.wav" if bits is None else f"{clip_id}__{codec}_b{bits}.wav"
 
 
@@ -411,7 +443,8 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
 
     An ok row records its wall time (`seconds`, generation + teacher forcing + metrics) and the intra-op
     thread count it ran with (`threads`); neither reaches the report. Every row records the sampling seed of
-    its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row.
+    its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row runs as a
+    codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
     """
     import torch
 
@@ -458,9 +491,10 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
         start = time.perf_counter()
         stage = "generate"
         try:
-            with backend.compressed(codec, bits) as handle:
+            context = backend.bf16_kv() if codec == KV_FLOOR else backend.compressed(codec, bits)
+            with context as handle:
                 out = _as_generated(backend.generate(cond_D, config.seed))
-                kv = kv_summary(handle.stats())
+                kv = None if codec == KV_FLOOR else kv_summary(handle.stats())
                 stage = "fidelity"
                 probs_hat = backend.teacher_forced(cond_D, reference.tokens)
         except Exception as e:
