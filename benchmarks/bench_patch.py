@@ -74,9 +74,10 @@ def eager(pipe):
     return lambda cond_BE: generate(pipe, cond_BE, cfg=4.0, top_k=200, top_p=0.95, seed=42)
 
 
-def run_once(gen, cond_BE, device: str, timer: DecodeTimer):
-    """One generation `gen(cond_BE)`: (seconds, decode seconds, peak bytes, tokens)."""
-    if device == "cuda":
+def run_once(gen, cond_BE, device: str, timer: DecodeTimer, reset_peak: bool = True):
+    """One generation `gen(cond_BE)`: (seconds, decode seconds, peak bytes, tokens); reset_peak=False keeps
+    the peak of what ran before (a graph's capture, whose memory pool the replays reuse)."""
+    if device == "cuda" and reset_peak:
         torch.cuda.reset_peak_memory_stats()
     timer.seconds = 0.0
     sync(device)
@@ -97,11 +98,13 @@ def measure(pipe, batch: int, device: str, timer: DecodeTimer, reps: int, graph:
     """Warm-up run (also the peak memory), then `reps` timed runs; returns the row of the table.
     graph: capture a GraphedGenerator for the batch first (its time is `setup_s`) and time its replays."""
     cond = condition(batch)
+    if device == "cuda":  # a graph's peak is at its capture: its pool holds every intermediate of the loop
+        torch.cuda.reset_peak_memory_stats()
     setup = time.perf_counter()
     graphed = GraphedGenerator(pipe, batch, cfg=4.0, top_k=200, top_p=0.95) if graph else None
     gen = graphed if graph else eager(pipe)  # GraphedGenerator(cond) replays with seed 42
     setup_s = time.perf_counter() - setup
-    _, _, peak, tokens = run_once(gen, cond, device, timer)
+    _, _, peak, tokens = run_once(gen, cond, device, timer, reset_peak=not graph)
     times, decodes = [], []
     for _ in range(reps):
         seconds, dec, peak_r, _ = run_once(gen, cond, device, timer)
