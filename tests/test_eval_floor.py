@@ -12,7 +12,7 @@ from test_eval_runner import FakeConditioner, FakePipe, fake_generate, make_clip
 from octopus_audio.eval.latent import latent_cosine
 from octopus_audio.eval.logmel import logmel_mse
 from octopus_audio.eval.lsd import lsd_db
-from octopus_audio.eval.runner import FLOOR, EvalConfig
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig
 from octopus_audio.eval.snr import snr_db
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
@@ -120,7 +120,7 @@ def test_an_interrupted_run_resumes_with_one_floor_row_per_clip(tmp_path, interr
 
 
 @pytest.mark.parametrize("flags,floor", [([], True), (["--no-floor"], False)], ids=["default", "no-floor"])
-def test_the_cli_flag_turns_the_floor_off(tmp_path, monkeypatch, flags, floor):
+def test_the_cli_flag_turns_both_floors_off(tmp_path, monkeypatch, flags, floor):
     import octopus_audio.eval.runner as runner
     from octopus_audio.cli import main
 
@@ -135,5 +135,5 @@ def test_the_cli_flag_turns_the_floor_off(tmp_path, monkeypatch, flags, floor):
     assert main(["eval", "--clips", str(clips), "--codecs", "octopus", "--bits", "2", "--clap", "spectral",
                  "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
                  "--device", "cpu", *flags]) == 0
-    assert seen["config"].floor is floor
-    assert seen["config"].jobs()[0] == ((FLOOR, None) if floor else ("octopus", 2))
+    assert seen["config"].floor is floor and seen["config"].bf16_floor is floor
+    assert seen["config"].jobs()[:2] == ([(FLOOR, None), (KV_FLOOR, None)] if floor else [("octopus", 2)])

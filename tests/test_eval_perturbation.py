@@ -1,0 +1,293 @@
+"""The eval's bf16-KV floor: `eval.kv_rounding.rounded_kv_cache` (keys and values rounded to bf16 as they
+enter the KV cache, nothing else changed) on a tiny real AAR, and the row `reference (bf16 KV)` it gives the
+runner: on by default in the CLI with the other floor, off with --no-floor, resumable."""
+
+import contextlib
+import json
+
+import pytest
+from test_eval_runner import (
+    FakeConditioner,
+    FakePipe,
+    fake_compressed_kv,
+    fake_generate,
+    fake_teacher_forced,
+    make_clips,
+)
+
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, AARBackend, EvalConfig, LazyBackend, evaluate
+from octopus_audio.eval.sources import list_folder
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+PATCH_NUMS = (1, 2, 4, 8)
+SEED = 3
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny model's ops are too small for intra-op threads; on a busy 2-core machine they only spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_pipe(bf16_cache: bool = False):
+    """A random 2-layer AAR (head dim 32) and tokenizer, 2560 samples a clip. `bf16_cache`: every key is 0
+    (zero key weights) and every value its layer's bias rounded to bf16 (zero value weights), so whatever
+    enters the cache is already bf16-representable."""
+    from octopus_audio.aar_patch import AARPipeline
+    from octopus_audio.aar_patch.aar import AAR, AARConfig
+    from octopus_audio.aar_patch.sat import SAT, SATConfig
+
+    torch.manual_seed(0)
+    aar = AAR(AARConfig(depth=2, embed_dim=64, num_heads=2, vocab_size=256, latent_dim=8,
+                        patch_nums=PATCH_NUMS))
+    aar.init_weights(seed=0)
+    sat = SAT(SATConfig(n_filters=4, ratios=(8, 5, 4, 2), lstm_layers=1, dimension=8, latent_dim=8,
+                        codebook_size=256, patch_nums=PATCH_NUMS, num_phi=2, phi_kernel=3))
+    pipe = AARPipeline(aar, sat).eval()
+    if bf16_cache:
+        with torch.no_grad():
+            for block in aar.blocks:
+                attn = block.attn
+                C = attn.mat_qkv.weight.shape[1]
+                attn.mat_qkv.weight[C:] = 0.0  # the key and value rows
+                attn.v_bias.copy_(torch.randn(C).bfloat16().float())
+    return pipe
+
+
+def cond():
+    return torch.randn(1, 512, generator=torch.Generator().manual_seed(7))
+
+
+def run_both(pipe):
+    """Generation (seed SEED) and teacher forcing on its tokens, without and with the rounded cache."""
+    from octopus_audio.aar_patch import generate
+    from octopus_audio.eval.fidelity import teacher_forced_probs
+    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+
+    with torch.inference_mode():
+        ref = generate(pipe, cond(), seed=SEED)
+        probs_ref = teacher_forced_probs(pipe, cond(), ref.tokens)
+        with rounded_kv_cache(pipe):
+            got = generate(pipe, cond(), seed=SEED)
+            probs_got = teacher_forced_probs(pipe, cond(), ref.tokens)
+    return ref, got, probs_ref, probs_got
+
+
+def bf16_exact(x):
+    return torch.equal(x, x.bfloat16().float())
+
+
+# --- the rounding itself -----------------------------------------------------------------------------------
+
+def test_a_cache_already_in_bf16_gives_the_reference_bit_for_bit():
+    ref, got, probs_ref, probs_got = run_both(tiny_pipe(bf16_cache=True))
+    assert all(torch.equal(a, b) for a, b in zip(ref.tokens, got.tokens, strict=True))
+    assert torch.equal(ref.fhat, got.fhat) and torch.equal(ref.audio, got.audio)
+    assert all(torch.equal(a, b) for a, b in zip(probs_ref, probs_got, strict=True))
+
+    # the same model with its key and value weights left random: the rounding moves the distributions
+    _, _, probs_ref, probs_got = run_both(tiny_pipe())
+    assert max(float((a - b).abs().max()) for a, b in zip(probs_ref, probs_got, strict=True)) > 1e-7
+
+
+def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not():
+    """Teacher forcing feeds layer 0 the same inputs in both runs, so its cache must be exactly the
+    reference's keys and values rounded, and its output the attention of the unrounded queries over them."""
+    from octopus_audio.eval.fidelity import teacher_forced_probs
+    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+
+    pipe = tiny_pipe()
+    first, last = pipe.aar.blocks[0].attn, pipe.aar.blocks[-1].attn
+    seen = {}
+
+    def record(name):
+        def hook(module, args, output):
+            if module.caching:
+                seen[name] = (args[0].clone(), output.clone(), module.cached_k.clone(),
+                              module.cached_v.clone())
+        return hook
+
+    handles = [first.register_forward_hook(record("first")), last.register_forward_hook(record("last"))]
+    try:
+        with torch.inference_mode():
+            tokens = [torch.randint(0, 256, (1, pn), generator=torch.Generator().manual_seed(pn))
+                      for pn in PATCH_NUMS]
+            teacher_forced_probs(pipe, cond(), tokens)
+            x_ref, _, k_ref, v_ref = seen["first"]
+            assert not bf16_exact(k_ref) and not bf16_exact(v_ref)  # the reference's cache is fp32
+            with rounded_kv_cache(pipe):
+                teacher_forced_probs(pipe, cond(), tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    x, out, k, v = seen["first"]  # the last scale of layer 0
+    assert torch.equal(x, x_ref)
+    assert torch.equal(k, k_ref.bfloat16().float()) and torch.equal(v, v_ref.bfloat16().float())
+    with torch.inference_mode():
+        q, _, _ = type(first)._qkv(first, x)  # the class's own projection: unrounded
+        expected = first._project(F.scaled_dot_product_attention(q, k, v, scale=1.0))
+        rounded_q = first._project(F.scaled_dot_product_attention(q.bfloat16().float(), k, v, scale=1.0))
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, rounded_q)
+    _, _, k_last, v_last = seen["last"]
+    assert bf16_exact(k_last) and bf16_exact(v_last)  # deeper layers: inputs differ, cache still bf16
+
+
+def test_leaving_the_block_restores_the_model_even_after_an_error():
+    from octopus_audio.aar_patch import generate
+    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+
+    pipe = tiny_pipe()
+    attns = [b.attn for b in pipe.aar.blocks]
+    with torch.inference_mode():
+        before = generate(pipe, cond(), seed=SEED, top_k=0, top_p=0.0)
+        with pytest.raises(KeyError), rounded_kv_cache(pipe) as wrapped:
+            assert wrapped == attns and all("_qkv" in m.__dict__ for m in attns)
+            raise KeyError("inside")
+        assert not any("_qkv" in m.__dict__ for m in attns)
+        after = generate(pipe, cond(), seed=SEED, top_k=0, top_p=0.0)
+    assert torch.equal(before.fhat, after.fhat)
+
+
+def test_bad_uses_are_refused_before_any_module_is_touched():
+    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+
+    pipe = tiny_pipe()
+    with pytest.raises(ValueError, match="no attention modules"), rounded_kv_cache(torch.nn.Linear(2, 2)):
+        pass
+    with pytest.raises(ValueError, match="floating torch dtype"), rounded_kv_cache(pipe, dtype=torch.int8):
+        pass
+    with rounded_kv_cache(pipe), pytest.raises(RuntimeError, match="already has its own"), \
+            rounded_kv_cache(pipe):
+        pass
+    assert not any("_qkv" in b.attn.__dict__ for b in pipe.aar.blocks)
+
+
+# --- the eval row ------------------------------------------------------------------------------------------
+
+def rows_of(out):
+    return [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+
+
+def run_real(clips, out, pipe, cfg):
+    refs = list_folder(clips, n=10, seed=0)
+
+    def make_backend(device):
+        return LazyBackend(lambda: AARBackend(pipe, cfg, "tiny-aar", "cpu"), "tiny-aar")
+
+    return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False)
+
+
+IDENTICAL = {"lsd_db": 0.0, "logmel_mse": 0.0, "snr_db": 120.0, "latent_cos": 1.0, "tf_top1": 1.0,
+             "tf_kl_nats": 0.0}  # the metrics of an output equal to the reference (latent cosine to 1 ulp)
+
+
+@pytest.mark.parametrize("bf16_cache", [True, False], ids=["cache-already-bf16", "random-weights"])
+def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding(tmp_path, bf16_cache):
+    clips = make_clips(tmp_path / "clips", n=1)
+    out = tmp_path / "out"
+    cfg = EvalConfig(codecs=("none",), seed=SEED, top_k=0, top_p=0.0, floor=False, bf16_floor=True)
+    results = run_real(clips, out, tiny_pipe(bf16_cache), cfg)
+    row, none = rows_of(out)
+    assert (row["codec"], row["bits"], row["seed"], row["kv"]) == (KV_FLOOR, None, SEED, None)
+    assert row["status"] == "ok"
+    assert none["metrics"] == pytest.approx(IDENTICAL, abs=1e-15)  # codec none: the reference bit for bit
+    if bf16_cache:
+        assert row["metrics"] == none["metrics"]
+    else:
+        # the rounding moves the distributions, a little (in fp32 probabilities a KL this small may be < 0)
+        assert row["metrics"]["tf_kl_nats"] != 0.0 and abs(row["metrics"]["tf_kl_nats"]) < 1e-3
+    assert (out / "wav" / "clip0__00_reference_bf16_kv.wav").is_file()
+
+    (group,) = [g for g in results["groups"] if g["codec"] == KV_FLOOR]
+    assert results["groups"][0] is group and group["ratio"] is None and group["clips_ok"] == 1
+    md = (out / "table.md").read_text()
+    (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {KV_FLOOR} |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == [KV_FLOOR, "-", "1"] and cells[-3:] == ["-"] * 3  # KV ratio, K/V bits
+    assert all(c != "-" for c in cells[3:-3])  # sampled and teacher-forced metrics
+    assert "every key and value rounded to bfloat16 as it enters the KV cache" in md
+    assert "sampling floor" not in md  # the other floor is off
+    page = (out / "index.html").read_text()
+    assert f"<th>{KV_FLOOR}</th>" in page and "src='wav/clip0__00_reference_bf16_kv.wav'" in page
+
+
+# --- resume and the CLI, with the runner tests' fake model ----------------------------------------------
+
+@contextlib.contextmanager
+def fake_rounded_kv(pipe, dtype):
+    assert dtype == torch.bfloat16
+    pipe.active = (KV_FLOOR, 16)  # the fakes add noise of 2^-16 and change every token
+    try:
+        yield None
+    finally:
+        pipe.active = None
+
+
+def run_fake(clips, out, pipe, cfg):
+    refs = list_folder(clips, n=10, seed=0)
+
+    def build():
+        return AARBackend(pipe, cfg, "fake-aar", "cpu", generate_fn=fake_generate,
+                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced,
+                          rounded_kv_fn=fake_rounded_kv)
+
+    return evaluate(refs, out, cfg, lambda device: LazyBackend(build, "fake-aar"), FakeConditioner(),
+                    meta={"clips": "test"}, progress=False)
+
+
+def fake_config(bf16_floor=True):
+    return EvalConfig(codecs=("octopus",), bits=(2,), seed=SEED, floor=True, bf16_floor=bf16_floor)
+
+
+def test_the_row_comes_after_the_sampling_floor_and_a_later_run_adds_only_it(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=2)
+    out = tmp_path / "out"
+    run_fake(clips, out, FakePipe(), fake_config(bf16_floor=False))
+    assert KV_FLOOR not in (out / "table.md").read_text()
+
+    pipe = FakePipe()
+    results = run_fake(clips, out, pipe, fake_config())
+    # per clip: one generation and one teacher-forced pass (the reference's is recomputed from its tokens)
+    assert pipe.calls == 2 and [a for a, _ in pipe.forced] == [None, (KV_FLOOR, 16)] * 2
+    assert [(r["clip"], r["codec"]) for r in rows_of(out)] == [
+        ("clip0", FLOOR), ("clip0", KV_FLOOR), ("clip0", "octopus"),
+        ("clip1", FLOOR), ("clip1", KV_FLOOR), ("clip1", "octopus")]
+    assert [g["codec"] for g in results["groups"]] == [FLOOR, KV_FLOOR, "octopus"]
+    kv_rows = [r for r in rows_of(out) if r["codec"] == KV_FLOOR]
+    assert all(r["seed"] == SEED and r["kv"] is None and r["metrics"]["tf_kl_nats"] > 0 for r in kv_rows)
+
+
+@pytest.mark.parametrize("interrupt_at", [3, 7], ids=["during-clip0-row", "during-clip1-row"])
+def test_an_interrupted_run_resumes_with_one_row_per_clip(tmp_path, interrupt_at):
+    clips = make_clips(tmp_path / "clips", n=2)
+    out = tmp_path / "out"
+    # generations per clip: reference, other-seed floor, bf16-KV floor, octopus b2; so 3 and 7 are the rows
+    with pytest.raises(KeyboardInterrupt):
+        run_fake(clips, out, FakePipe(interrupt_at=interrupt_at), fake_config())
+    log = out / "rows" / "rank0.jsonl"
+    before = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len([r for r in before if r["codec"] == KV_FLOOR]) == (interrupt_at - 3) // 4
+    run_fake(clips, out, FakePipe(), fake_config())
+    pipe = FakePipe()
+    run_fake(clips, out, pipe, fake_config())  # nothing left
+    assert pipe.calls == 0
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(r["clip"] for r in logged if r["codec"] == KV_FLOOR) == ["clip0", "clip1"]
+    assert len(logged) == 6 and all(r["status"] == "ok" for r in logged)
+
+
+def test_bf16_floor_must_be_a_bool():
+    from octopus_audio.errors import UsageError
+
+    with pytest.raises(UsageError, match="bf16_floor must be True or False"):
+        EvalConfig(codecs=("octopus",), bf16_floor=1)
+    off, on = EvalConfig(codecs=("octopus",)), EvalConfig(codecs=("octopus",), bf16_floor=True)
+    assert off.jobs() == [(FLOOR, None), ("octopus", 2), ("octopus", 3), ("octopus", 4)]  # opt-in here
+    assert on.jobs()[:2] == [(FLOOR, None), (KV_FLOOR, None)]
+    assert off.identity() == on.identity()  # a rerun into the same folder may add the row
