@@ -4,7 +4,10 @@ run, the first scale whose tokens differ and the share of equal tokens per scale
 Reads the references an `octopus-audio eval --out DIR` run saved (DIR/refs/*.npz: condition and tokens) and
 its settings (seed, cfg, top-k, top-p, window, value group, patch seed), regenerates the reference once per
 clip to check it matches the saved tokens, then generates under each codec and bit width with the same
-condition and seed (the eval's own generation: one clip a call, fp32 on the CPU).
+condition and seed (the eval's own generation: one clip a call, fp32 on the CPU). The first row is the eval's
+`reference (bf16 KV)` floor: the uncompressed model with every key and value rounded to bf16 as it enters the
+KV cache (`eval.kv_rounding.rounded_kv_cache`), same condition and seed; where the run saved that row's WAV,
+its regenerated audio is checked against it.
 
     python scripts/first_flip.py --eval out/eval [--codecs all] [--bits 2,4] [--json OUT.json]
 """
@@ -28,6 +31,19 @@ def first_difference(ref_S: list[np.ndarray], got_S: list[np.ndarray]) -> int | 
     return None
 
 
+def matches_saved_wav(path: Path, audio_T: np.ndarray) -> bool:
+    """True when `path` is absent (the run had no such row) or holds `audio_T` as the eval wrote it (clipped
+    to [-1, 1], 16-bit PCM: within 2^-14)."""
+    if not path.is_file():
+        return True
+    import soundfile
+
+    saved_T, _ = soundfile.read(str(path), dtype="float32")
+    if saved_T.shape != audio_T.shape:
+        return False
+    return float(np.abs(saved_T - np.clip(audio_T, -1, 1)).max()) < 2.0**-14
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval", required=True, help="an eval output folder (with refs/ and settings.json)")
@@ -43,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.generation import generate
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.codecs import CODECS
+    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+    from octopus_audio.eval.runner import KV_FLOOR, wav_name
 
     root = Path(args.eval)
     try:
@@ -61,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = {k: settings[k] for k in ("cfg", "top_k", "top_p", "seed")}
     patch = dict(window=settings["window"], v_group=settings["v_group"], seed=settings["patch_seed"])
     torch.set_grad_enabled(False)
+    jobs = [(KV_FLOOR, None)] + [(c, b) for c in codecs for b in bits]
     cases, t0 = [], time.time()
     for path in refs:
         saved = np.load(path)
@@ -72,29 +91,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.stem}: regenerating the reference does not give the saved tokens; is this the same "
                   "model and torch build?", file=sys.stderr)
             return 1
-        for codec in codecs:
-            for b in bits:
-                with compressed_kv(pipe, codec=codec, bits=b, **patch):
-                    got_S = [t[0].numpy() for t in generate(pipe, cond_1E, **sampling).tokens]
-                flip = first_difference(ref_S, got_S)
-                equal = [float(np.mean(a == g)) for a, g in zip(ref_S, got_S, strict=True)]
-                cases.append({"clip": path.stem, "codec": codec, "bits": b, "first_diff_scale": flip,
-                              "equal_share_per_scale": equal})
+        for codec, b in jobs:
+            context = (rounded_kv_cache(pipe, dtype=torch.bfloat16) if codec == KV_FLOOR
+                       else compressed_kv(pipe, codec=codec, bits=b, **patch))
+            with context:
+                got = generate(pipe, cond_1E, **sampling)
+            got_S = [t[0].numpy() for t in got.tokens]
+            if codec == KV_FLOOR and not matches_saved_wav(root / "wav" / wav_name(path.stem, codec, b),
+                                                            got.audio[0, 0].numpy()):
+                print(f"{path.stem}: the {KV_FLOOR} generation differs from the run's saved WAV; is this "
+                      "the same model and torch build?", file=sys.stderr)
+                return 1
+            flip = first_difference(ref_S, got_S)
+            equal = [float(np.mean(a == g)) for a, g in zip(ref_S, got_S, strict=True)]
+            cases.append({"clip": path.stem, "codec": codec, "bits": b, "first_diff_scale": flip,
+                          "equal_share_per_scale": equal})
         print(f"[{time.time() - t0:6.1f} s] {path.stem}", file=sys.stderr)
 
     n_scales = len(sizes)
     print("| codec | bits | clips | identical generations | first differing scale: median [min, max] "
           "| clips with scales 1-4 identical | equal tokens, last scale (mean) |")
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: |")
-    for codec in codecs:
-        for b in bits:
-            rows = [c for c in cases if c["codec"] == codec and c["bits"] == b]
-            flips = [c["first_diff_scale"] or n_scales + 1 for c in rows]
-            same = sum(c["first_diff_scale"] is None for c in rows)
-            early = sum(f > 4 for f in flips)
-            last = np.mean([c["equal_share_per_scale"][-1] for c in rows])
-            spread = f"{int(np.median(flips))} [{min(flips)}, {max(flips)}]"
-            print(f"| {codec} | {b} | {len(rows)} | {same} | {spread} | {early} | {last:.3f} |")
+    for codec, b in jobs:
+        rows = [c for c in cases if c["codec"] == codec and c["bits"] == b]
+        flips = [c["first_diff_scale"] or n_scales + 1 for c in rows]
+        same = sum(c["first_diff_scale"] is None for c in rows)
+        early = sum(f > 4 for f in flips)
+        last = np.mean([c["equal_share_per_scale"][-1] for c in rows])
+        spread = f"{int(np.median(flips))} [{min(flips)}, {max(flips)}]"
+        label = "-" if b is None else b
+        print(f"| {codec} | {label} | {len(rows)} | {same} | {spread} | {early} | {last:.3f} |")
     print(f"\n(first differing scale {n_scales + 1} = none differs; {time.time() - t0:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": settings, "cases": cases}, indent=1))
