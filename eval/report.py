@@ -41,8 +41,15 @@ _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "lat
             "v_bits": "{:.2f}"}
 
 
+SMALL_KL = 1e-4  # a TF KL below this (and not 0) is printed as 1.23e-06: five decimals would show 0.00000
+
+
 def _fmt(key: str, value: float | None) -> str:
-    return "-" if value is None else _FORMATS[key].format(value)
+    if value is None:
+        return "-"
+    if key == "tf_kl_nats" and value != 0.0 and abs(value) < SMALL_KL:
+        return f"{value:.2e}"
+    return _FORMATS[key].format(value)
 
 
 def _stats(values: list[float]) -> dict[str, float] | None:

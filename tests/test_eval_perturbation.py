@@ -211,6 +211,8 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == [KV_FLOOR, "-", "1"] and cells[-3:] == ["-"] * 3  # KV ratio, K/V bits
     assert all(c != "-" for c in cells[3:-3])  # sampled and teacher-forced metrics
+    kl = row["metrics"]["tf_kl_nats"]  # a tiny KL in scientific notation, never a misleading 0.00000
+    assert cells[8] == ("0.00000 [0.00000, 0.00000]" if bf16_cache else f"{kl:.2e} [{kl:.2e}, {kl:.2e}]")
     assert "every key and value rounded to bfloat16 as it enters the KV cache" in md
     assert "sampling floor" not in md  # the other floor is off
     page = (out / "index.html").read_text()
