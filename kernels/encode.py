@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .bits import bf16_bits, pack_codes, round_half_even, search_sorted
+from .bits import bf16_bits, pack_codes, round_half_even
 from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 
 PI = tl.constexpr(3.141592653589793)
@@ -49,7 +49,7 @@ def _div_row(a, b, inv_b):
     corrected once by its exact fma residual (Markstein), the correctly rounded quotient but in cases
     within one ulp of a rounding boundary."""
     q = a * inv_b
-    return tl.fma(tl.fma(-q, b, a), inv_b, q)
+    return tl.fma(tl.fma(q, -b, a), inv_b, q)
 
 
 @triton.jit
@@ -81,27 +81,46 @@ def _rotate(x, had, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _quantize(x, bnd_ptr, cent_ptr, N_BITS: tl.constexpr, WANT_C: tl.constexpr):
-    """(#{i : x > beta_i}, the centroid of that index if WANT_C) against the 2**N_BITS - 1 ascending
-    boundaries at bnd_ptr. Up to 15 boundaries are compared in registers (scalar loads, one per program);
-    the centroid is selected alongside for up to 3 boundaries and read from the table otherwise."""
-    NB: tl.constexpr = (1 << N_BITS) - 1
-    if N_BITS <= 4:
-        idx = tl.zeros(x.shape, tl.int32)
-        if WANT_C and N_BITS <= 2:
-            c = tl.zeros(x.shape, tl.float32) + tl.load(cent_ptr)
-        for i in tl.static_range(NB):
-            above = x > tl.load(bnd_ptr + i)
-            idx += above.to(tl.int32)
-            if WANT_C and N_BITS <= 2:
-                c = tl.where(above, tl.load(cent_ptr + i + 1), c)
+def _table(ptrs, ASM: tl.constexpr):
+    """fp32 table reads at ptrs (any shape) that keep the layout of the computation around them (ASM, compiled
+    kernels: one inline read-only load per element). A tl.load of scattered addresses gets a layout of its own
+    from Triton's coalescing, and conversions through shared memory around it."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=f,l", [ptrs], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
-        idx = search_sorted(x, bnd_ptr, N_BITS)
-    if WANT_C and N_BITS > 2:
-        c = tl.load(cent_ptr + idx)
-    if not WANT_C:
-        c = 0.0
-    return idx, c
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _search(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
+    """#{i : x > beta_i} against 2**N_BITS - 1 ascending boundaries: a binary search, N_BITS table reads."""
+    idx = tl.zeros(x.shape, dtype=tl.int32)
+    for level in tl.static_range(N_BITS):
+        step = 1 << (N_BITS - 1 - level)
+        idx = tl.where(x > _table(bnd_ptr + idx + (step - 1), ASM), idx + step, idx)
+    return idx
+
+
+@triton.jit
+def _count_above(x, bnd_ptr, NB: tl.constexpr):
+    """#{i < NB : x > beta_i} (int32) against NB boundaries read as scalars: each compare a 0/1 float
+    (one FSET) summed in fp32, exact up to 2**24."""
+    acc = tl.zeros(x.shape, tl.float32)
+    for i in tl.static_range(NB):
+        acc += tl.where(x > tl.load(bnd_ptr + i), 1.0, 0.0)
+    return acc.to(tl.int32)
+
+
+@triton.jit
+def _index(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
+    """#{i : x > beta_i} against the 2**N_BITS - 1 ascending boundaries at bnd_ptr (a value on a boundary
+    goes to the lower index): compares in registers up to 7 boundaries, a binary search of N_BITS table
+    reads (one cache line for up to 31 fp32 boundaries) beyond."""
+    if N_BITS <= 3:
+        return _count_above(x, bnd_ptr, (1 << N_BITS) - 1)
+    else:
+        return _search(x, bnd_ptr, N_BITS, ASM)
 
 
 @triton.jit
@@ -129,30 +148,19 @@ def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl
 
 
 @triton.jit
-def _direction(dir4_ptr, flat):
-    """Rows `flat` [BT, LP] of the padded direction table [4^b_dir, 4]: one 16-byte load each -> (x, y, z)."""
-    BT: tl.constexpr = flat.shape[0]
-    LP: tl.constexpr = flat.shape[1]
-    d4 = tl.load(dir4_ptr + flat[:, :, None] * 4 + tl.arange(0, 4)[None, None, :])
-    xz, yw = tl.split(tl.reshape(d4, (BT, LP, 2, 2)))
-    x, z = tl.split(xz)
-    y, _ = tl.split(yw)
-    return x, y, z
-
-
-@triton.jit
-def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr):
+def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr,
+                 ASM: tl.constexpr):
     """Angle codes of levels LVL.. of the polar transform of radii r [BT, 2S], concatenated level by level in
     stream order and padded with one zero code: [BT, 2S]. Level 0 angles are atan2 mapped to [0, 2 pi)."""
     a, b = tl.split(tl.reshape(r, (BT, S, 2)))
     psi = _atan2(b, a)
     if LVL == 0:
         psi = tl.where(psi < 0, psi + 2 * PI, psi)
-    codes, _ = _quantize(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), bnd_ptr, N_BITS, False)
+    codes = _index(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS, ASM)
     if S == 1:
         rest = tl.zeros((BT, 1), tl.int32)
     else:
-        rest = _polar_codes(tl.sqrt_rn(a * a + b * b), bnd_ptr, BT, LVL + 1, S // 2, N_BITS)
+        rest = _polar_codes(tl.sqrt_rn(a * a + b * b), bnd_ptr, BT, LVL + 1, S // 2, N_BITS, ASM)
     return _cat(codes, rest)
 
 
@@ -178,70 +186,200 @@ def _unit_rows(rows, T, H, T_OUT, OFFSET, stride_b, stride_h, stride_t):
     return src, bh * T_OUT + OFFSET + t, head
 
 
-@triton.jit(do_not_specialize=["n_rows", "T", "OFFSET"])
+@triton.jit
+def _divmod_near(n, d, inv_d):
+    """(n // d, n % d) for int32 n >= 0, d >= 1 and quotients below 2**21, without an integer division: the
+    fp32 estimate n * RN(1/d) is within one of the quotient, corrected once each way."""
+    q = (n.to(tl.float32) * inv_d).to(tl.int32)
+    r = n - q * d
+    hi = r >= d
+    q = tl.where(hi, q + 1, q)
+    r = tl.where(hi, r - d, r)
+    lo = r < 0
+    return tl.where(lo, q - 1, q), tl.where(lo, r + d, r)
+
+
+@triton.jit
+def _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D: tl.constexpr, stride_b, stride_h, stride_t,
+              BLOCK_T: tl.constexpr, ALIGNED: tl.constexpr):
+    """Rows [BLOCK_T] of block `pid` of a unit [B, H, T, .] as `_unit_rows` places them: (valid mask, input
+    offset, store row, head * D). ALIGNED (T a multiple of BLOCK_T): the block lies in one head, whose
+    offset is a scalar. Otherwise one scalar division per program, and per row quotients of at most
+    1 + BLOCK_T / T and 1 + (BLOCK_T + 1) / H, so `_divmod_near` is exact."""
+    r0 = pid * BLOCK_T
+    bh0 = r0 // T
+    h0 = bh0 % H
+    i = tl.arange(0, BLOCK_T)
+    if ALIGNED:
+        t = r0 - bh0 * T + i
+        src = (bh0 // H) * stride_b + h0 * stride_h + t * stride_t
+        return r0 + i < n_rows, src, bh0 * T_OUT + OFFSET + t, h0 * D
+    else:
+        q, t = _divmod_near(r0 - bh0 * T + i, T, 1.0 / T.to(tl.float32))
+        qh, head = _divmod_near(h0 + q, H, 1.0 / H.to(tl.float32))
+        src = (bh0 // H + qh) * stride_b + head * stride_h + t * stride_t
+        return r0 + i < n_rows, src, (bh0 + q) * T_OUT + OFFSET + t, (head * D)[:, None]
+
+
+@triton.jit
+def _key_norm(xf):
+    """gamma = ||x|| per row of xf [BT, D] (fp32) for any finite x: the row is scaled by the power of two
+    2**-e (exact) that takes max|x| into [1, 2), squared and summed, and the root scaled back by 2**e."""
+    e = tl.max(tl.abs(xf), 1).to(tl.int32, bitcast=True) & 0x7F800000
+    e = tl.minimum(tl.maximum(e, 1 << 23), 253 << 23)  # binades 1..253: both 2**e and 2**-e are normal
+    xs = xf * ((254 << 23) - e).to(tl.float32, bitcast=True)[:, None]
+    return tl.sqrt_rn(tl.sum(xs * xs, 1)) * e.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D: tl.constexpr):
+    """u = RN(RN(y / sqrt(d)) / gmax) of the rotated rows y [BT, S] (gmax, inv_g = RN(1/gmax) [BT, 1]): where
+    1/sqrt(d) is a power of two, y/sqrt(d) is exact and u = RN(y / (gmax sqrt(d))), one `_div_row`."""
+    if LOG2D % 2 == 0:
+        return _div_row(y, gmax * (1 << (LOG2D // 2)), inv_g * inv_sqrt_d)
+    else:
+        return _div_row(y * inv_sqrt_d, gmax, inv_g)
+
+
+@triton.jit
+def _sign_of(x, s):
+    """x with its sign flipped where s is negative (s never +-0 here): one bit operation."""
+    sb = s.to(tl.int32, bitcast=True) & -2147483648
+    return (x.to(tl.int32, bitcast=True) ^ sb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _try_direction(best, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
+    """One local3x3 candidate: the grid point (xi, eta) = (sa A, sb B) unfolds to v = (sa X, sb Y, w),
+    w = 1 - A - B, (X, Y) = (A, B) on the upper half and (1 - B, 1 - A) where w < 0; its score
+    s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K."""
+    w = oA - B
+    lower = w < 0
+    X = tl.where(lower, oB, A)
+    Y = tl.where(lower, oA, B)
+    dot = tl.fma(txs, X, tl.fma(tys, Y, tz * w))
+    s = dot * tl.math.rsqrt(tl.fma(X, X, tl.fma(Y, Y, w * w)))
+    better = s > best
+    return tl.where(better, s, best), tl.where(better, K, best_k)
+
+
+@triton.jit
+def _octopus_search(tx, ty, tz, xib_ptr, xi3_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
+    """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
+    its score s = t.n_hat, the seeds' flat index).
+
+    The reference keeps the candidate of least cost rho^2 - 2 c(s) s + c(s)^2 with c(s) the rho centroid
+    nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
+    codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The candidate
+    directions are unfolded in registers from the xi centroids (3 per coordinate from `xi3_ptr`, rows
+    (C[i-1], C[i], C[i+1], 0) clamped) instead of read from the direction table; their s differ from the
+    table's by float rounding only, as do the seeds, computed from t / ||t||_1 (one reciprocal). Candidates
+    run in increasing flat index and a tie keeps the first: the reference's lowest-index rule."""
+    M: tl.constexpr = 1 << B_DIR
+    l1 = tl.abs(tx) + tl.abs(ty) + tl.abs(tz)
+    inv = tl.math.fdiv(1.0, tl.where(l1 > 0, l1, 1.0))  # approximate: the seeds only
+    px = tx * inv
+    py = ty * inv
+    lower = tz < 0
+    xi = tl.where(lower, tl.where(px < 0, tl.abs(py) - 1.0, 1.0 - tl.abs(py)), px)
+    eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
+    i_xi = _index(xi, xib_ptr, B_DIR, ASM)
+    i_eta = _index(eta, xib_ptr, B_DIR, ASM)
+    rx = xi3_ptr + i_xi * 4
+    ry = xi3_ptr + i_eta * 4
+    b0 = _table(ry, ASM)
+    b1 = _table(ry + 1, ASM)
+    b2 = _table(ry + 2, ASM)
+    B0 = tl.abs(b0)
+    B1 = tl.abs(b1)
+    B2 = tl.abs(b2)
+    oB0 = 1.0 - B0
+    oB1 = 1.0 - B1
+    oB2 = 1.0 - B2
+    t0 = _sign_of(ty, b0)
+    t1 = _sign_of(ty, b1)
+    t2 = _sign_of(ty, b2)
+    best = tl.full(tx.shape, float("-inf"), tl.float32)
+    best_k = tl.zeros(tx.shape, tl.int32)
+    for dx in tl.static_range(3):
+        a = _table(rx + dx, ASM)
+        A = tl.abs(a)
+        oA = 1.0 - A
+        txs = _sign_of(tx, a)
+        best, best_k = _try_direction(best, best_k, 3 * dx, tz, txs, A, oA, t0, B0, oB0)
+        best, best_k = _try_direction(best, best_k, 3 * dx + 1, tz, txs, A, oA, t1, B1, oB1)
+        best, best_k = _try_direction(best, best_k, 3 * dx + 2, tz, txs, A, oA, t2, B2, oB2)
+    kx = (best_k * 11) >> 5  # best_k // 3 for best_k < 9
+    fx = tl.minimum(tl.maximum(i_xi + kx - 1, 0), M - 1)
+    fy = tl.minimum(tl.maximum(i_eta + (best_k - 3 * kx) - 1, 0), M - 1)
+    return fx * M + fy, best, i_xi * M + i_eta
+
+
+@triton.jit
 def _encode_keys_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`)."""
     _encode_key_rows(
         tl.program_id(0), k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
-        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
-        n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-        CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
-        DOT_NATIVE, SPLIT, CHECK, BLOCK_T)
+        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, xi3_ptr,
+        dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+        CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+        S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)
 
 
 @triton.jit
 def _encode_key_rows(
     pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """Rows [BLOCK_T] (block `pid`) of a unit K [B, H, T, D] (row r is token r % T of head (r // T) % H; the
     input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to rows
     (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
     plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`_mark_bad`).
 
-    gamma = max|k| * ||k / max|k||| (fp32, no overflow for norms up to 1e20; stored bf16);
-    u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the rotation a matmul with the +-1 Hadamard matrix
-    (`_rotate`), the per-row divisions as `_div_row`. Then per codec: codebook search against boundaries
-    (turboquant), recursive polar angles (polarquant), octahedral seeds + local3x3 joint rounding (octopus:
-    the triplet coordinates come straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2,
-    `hadt_ptr` [3, D, LP]); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    gamma = ||k|| (fp32, `_key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
+    rotation a matmul with the +-1 Hadamard matrix (`_rotate`; the signs s_h and the matrices had_ptr /
+    hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32), the per-row divisions as `_div_row`. Then
+    per codec: codebook search against boundaries (turboquant), recursive polar angles (polarquant),
+    octahedral seeds + local3x3 joint rounding (octopus, `_octopus_search`: the triplet coordinates come
+    straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; the
+    winner's rho index from its score against the direction table `dir_ptr` [3, 4^b_dir] (DIR_TABLE, always
+    for -qjl) or from the search's own score); the -qjl codecs add sigma = sign(R' (u - u_hat)) and
+    gamma_r = ||u - u_hat||.
     """
-    rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = rows < n_rows
-    src, dst, head = _unit_rows(rows, T, H, T_OUT, OFFSET, stride_kb, stride_kh, stride_kt)
+    ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
+                                   BLOCK_T, ALIGNED)
     dcol = tl.arange(0, D)[None, :]
     x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
     if CHECK:
         if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
             _mark_bad(flag_ptr)
-    peak = tl.max(tl.abs(xf), 1)
-    peak1 = tl.where(peak > 0, peak, 1.0)
-    xs = _div_row(xf, peak1[:, None], tl.math.div_rn(1.0, peak1)[:, None])
-    gamma = tl.sqrt_rn(tl.sum(xs * xs, 1)) * peak
+    gamma = _key_norm(xf)
     tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
     gmax = tl.maximum(gamma, 1e-30)[:, None]
     inv_g = tl.math.div_rn(1.0, gmax)
-    sgn = tl.load(rs_ptr + head[:, None] * D + dcol)
+    sgn = tl.load(rs_ptr + hoff + dcol)
     if DOT_NATIVE:
-        xsg = x * sgn.to(x.dtype)  # +-1: exact in the input dtype
+        xsg = x * sgn  # +-1 in the input dtype: exact
     else:
         xsg = xf * sgn
     hrow = tl.arange(0, D)[:, None]
@@ -249,51 +387,25 @@ def _encode_key_rows(
     if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
         M: tl.constexpr = 1 << B_DIR
         lcol = tl.arange(0, LP)[None, :]
-        tx = _div_row(_rotate(xsg, tl.load(hadt_ptr + hrow * LP + lcol), DOT_NATIVE, SPLIT) * inv_sqrt_d,
-                      gmax, inv_g)
-        ty = _div_row(_rotate(xsg, tl.load(hadt_ptr + (D + hrow) * LP + lcol), DOT_NATIVE, SPLIT)
-                      * inv_sqrt_d, gmax, inv_g)
-        tz = _div_row(_rotate(xsg, tl.load(hadt_ptr + (2 * D + hrow) * LP + lcol), DOT_NATIVE, SPLIT)
-                      * inv_sqrt_d, gmax, inv_g)
-        rho2 = tx * tx + ty * ty + tz * tz
-        rho = tl.sqrt_rn(rho2)
-        pos = rho > 0
-        safe = tl.where(pos, rho, 1.0)
-        nx = tl.where(pos, tl.math.div_rn(tx, safe), 0.0)
-        ny = tl.where(pos, tl.math.div_rn(ty, safe), 0.0)
-        nz = tl.where(pos, tl.math.div_rn(tz, safe), 1.0)
-        l1 = tl.abs(nx) + tl.abs(ny) + tl.abs(nz)
-        px = tl.math.div_rn(nx, l1)
-        py = tl.math.div_rn(ny, l1)
-        lower = nz < 0
-        xi = tl.where(lower, _sgn(px) * (1.0 - tl.abs(py)), px)
-        eta = tl.where(lower, _sgn(py) * (1.0 - tl.abs(px)), py)
-        i_xi, _ = _quantize(xi, xib_ptr, xib_ptr, B_DIR, False)
-        i_eta, _ = _quantize(eta, xib_ptr, xib_ptr, B_DIR, False)
-        # local3x3: candidates in increasing flat index (clamped repeats are equal), so a strict < keeps the
-        # lowest flat index among equal costs, as the reference's ties rule
-        best = tl.full((BLOCK_T, LP), float("inf"), tl.float32)
-        best_code = tl.zeros((BLOCK_T, LP), tl.int32)
-        for dx in tl.static_range(3):
-            cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1) * M
-            for dy in tl.static_range(3):
-                flat = cx + tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
-                ddx, ddy, ddz = _direction(dir4_ptr, flat)
-                s = (tx * ddx + ty * ddy) + tz * ddz
-                i_rho, rh = _quantize(s, bnd_ptr, cent_ptr, B_RHO, True)
-                cost = (rho2 - 2.0 * rh * s) + rh * rh
-                better = cost < best
-                best = tl.where(better, cost, best)
-                best_code = tl.where(better, (flat << B_RHO) | i_rho, best_code)
-        zero = rho == 0  # the placeholder direction's seeds and the rho index of 0
-        i_rho0, _ = _quantize(rho, bnd_ptr, cent_ptr, B_RHO, False)
-        best_code = tl.where(zero, ((i_xi * M + i_eta) << B_RHO) | i_rho0, best_code)
-        best_code = tl.where(lcol < K_CODES, best_code, 0)
-        words = _pack(best_code, K_CODES, K_BITS, WP, KP)
+        tx = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + hrow * LP + lcol), DOT_NATIVE, SPLIT), gmax, inv_g,
+                          inv_sqrt_d, LOG2D)
+        ty = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + (D + hrow) * LP + lcol), DOT_NATIVE, SPLIT), gmax,
+                          inv_g, inv_sqrt_d, LOG2D)
+        tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + (2 * D + hrow) * LP + lcol), DOT_NATIVE, SPLIT),
+                          gmax, inv_g, inv_sqrt_d, LOG2D)
+        flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, xi3_ptr, B_DIR, SPLIT)
+        zero = ((tx * tx + ty * ty) + tz * tz) == 0  # rho = 0: the placeholder direction's seeds
+        flat = tl.where(zero, seeds, flat)
+        if DIR_TABLE or HAS_QJL:
+            ddx = _table(dir_ptr + flat, SPLIT)
+            ddy = _table(dir_ptr + M * M + flat, SPLIT)
+            ddz = _table(dir_ptr + 2 * M * M + flat, SPLIT)
+            s = (tx * ddx + ty * ddy) + tz * ddz
+        i_rho = _index(s, bnd_ptr, B_RHO, SPLIT)  # s = 0 for a zero triplet: the rho index of 0
+        code = tl.where(lcol < K_CODES, (flat << B_RHO) | i_rho, 0)
+        words = _pack(code, K_CODES, K_BITS, WP, KP)
         if HAS_QJL:
-            best_dir = best_code >> B_RHO
-            rh = tl.load(cent_ptr + (best_code & ((1 << B_RHO) - 1)))
-            ddx, ddy, ddz = _direction(dir4_ptr, best_dir)
+            rh = _table(cent_ptr + i_rho, SPLIT)
             jr = tl.arange(0, LP)[:, None]
             # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
             acc = tl.zeros((BLOCK_T, D), tl.float32)
@@ -308,26 +420,30 @@ def _encode_key_rows(
                 rc = tl.where(lcol * 3 + comp < D, rc, 0.0)
                 res2 += rc * rc
                 jc = lcol * 3 + comp
-                qsg = tl.load(qs_ptr + head[:, None] * D + jc, mask=jc < D, other=0.0)
-                ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr)  # [LP, D]: H[3j + comp, :]
+                qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
+                # [LP, D]: H[3j + comp, :]
+                ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)
                 acc += _dot_pm1(rc * qsg, ht, SPLIT)
             proj = acc
             gamma_r = tl.sqrt_rn(tl.sum(res2, 1))
     else:
-        u = _div_row(_rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT) * inv_sqrt_d,
-                     gmax, inv_g)
+        u = _unit_coords(_rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT), gmax, inv_g,
+                         inv_sqrt_d, LOG2D)
         if CODEC == POLAR:
-            words = _pack(_polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS), K_CODES, K_BITS, WP, KP)
+            codes = _polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS, SPLIT)
+            words = _pack(codes, K_CODES, K_BITS, WP, KP)
         elif K_BITS > 0:
-            i_u, u_hat = _quantize(u, bnd_ptr, cent_ptr, K_BITS, HAS_QJL)
+            i_u = _index(u, bnd_ptr, K_BITS, SPLIT)
             words = _pack(i_u, K_CODES, K_BITS, WP, KP)
+            if HAS_QJL:
+                u_hat = _table(cent_ptr + i_u, SPLIT)
         else:
             u_hat = tl.zeros((BLOCK_T, D), tl.float32)
         if HAS_QJL:
             res = u - u_hat
             gamma_r = tl.sqrt_rn(tl.sum(res * res, 1))
-            qsg = tl.load(qs_ptr + head[:, None] * D + dcol)
-            proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol), SPLIT)
+            qsg = tl.load(qs_ptr + hoff + dcol)
+            proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol).to(tl.float32), SPLIT)
     if K_WORDS > 0:
         wcol = tl.arange(0, WP)[None, :]
         tl.store(codes_ptr + dst[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
@@ -429,13 +545,14 @@ def _encode_unit_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, v_ptr, stride_vb, stride_vh, stride_vt,
     codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, v_codes_ptr, scale_ptr, min_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+    ALIGNED: tl.constexpr,
     GROUP: tl.constexpr, V_BITS: tl.constexpr, ROW_UNITS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """One unit's keys and values in one launch, straight into a store [B, H, T_OUT, .] at token OFFSET:
@@ -446,10 +563,10 @@ def _encode_unit_kernel(
     if pid < key_programs:
         _encode_key_rows(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, dir4_ptr,
+            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
             n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
-            DOT_NATIVE, SPLIT, CHECK, BLOCK_T)
+            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)
     else:
         _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
                              scale_ptr, min_ptr, flag_ptr + 1, n_groups, T, H, T_OUT, OFFSET, D, GROUP,

@@ -18,14 +18,20 @@ from .encode import (
 from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2
 from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
 
+DIR_TABLE = True  # EncodeConfig.dir_table's default
+
 
 @dataclasses.dataclass(frozen=True)
 class EncodeConfig:
-    """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages."""
+    """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages;
+    dir_table (octopus keys): the winner's rho index from its score against the direction table (True) or
+    from the search's own score (False); the two differ only where a score lies within float rounding of a
+    rho boundary (the -qjl codecs read the table for their residual either way)."""
 
     block_t: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    dir_table: bool | None = None
 
     def __post_init__(self) -> None:
         _check_pow2("block_t", self.block_t, 16, 512)
@@ -91,30 +97,60 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return t
 
 
-def _directions4(codec: KernelCodec) -> torch.Tensor:
-    """The octopus direction table [4^b_dir, 3] padded to [4^b_dir, 4] (one 16-byte load per direction),
-    cached on the (frozen, per-device) codec. Not keyed on the tensor's version counter: inference tensors
-    (a generation under torch.inference_mode) have none."""
-    padded = codec.__dict__.get("_directions4")
-    if padded is None:
-        padded = torch.nn.functional.pad(codec.directions, (0, 1)).contiguous()
-        codec.__dict__["_directions4"] = padded
-    return padded
+def _xi_triples(codec: KernelCodec) -> torch.Tensor:
+    """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0) with indices clamped to the grid, the
+    xi values of a seed's three local3x3 neighbours (one row read per seed)."""
+    c = codec.xi_centroids
+    m = c.numel()
+    i = torch.arange(m, device=c.device)
+    cols = [c[(i + k).clamp(0, m - 1)] for k in (-1, 0, 1)]
+    return torch.stack(cols + [torch.zeros_like(c)], 1).contiguous()
 
 
-def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The key kernel's table arguments had_ptr .. dir4_ptr (unused ones as `dummy`), cached on the codec."""
-    tables = codec.__dict__.get("_encode_tables")
-    if tables is None or tables[0] != dev:
+def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
+    device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
+    16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
+    table as its three coordinate rows [3, 4^b_dir]. Built from the codec's device tensors (no host copy).
+    Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
+    have none."""
+    cache = codec.__dict__.setdefault("_encode_tables", {})
+    key = (dev, dtype)
+    if key not in cache:
         octo = codec.name.startswith("octopus")
         d = codec.head_dim
-        args = (_hadamard(d, dev), _triplet_hadamard(d, _octopus_lp(codec), dev) if octo else dummy,
-                codec.rotation_signs, codec.qjl_signs if codec.has_qjl else codec.rotation_signs,
-                codec.centroids if codec.centroids is not None else dummy,
-                codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
-                codec.xi_boundaries if octo else dummy, _directions4(codec) if octo else dummy)
-        tables = codec.__dict__["_encode_tables"] = (dev, args)
-    return tables[1]
+        cache[key] = (
+            _hadamard(d, dev).to(dtype),
+            _triplet_hadamard(d, _octopus_lp(codec), dev).to(dtype) if octo else dummy,
+            codec.rotation_signs.to(dtype).contiguous(),
+            codec.qjl_signs if codec.has_qjl else dummy,
+            codec.centroids if codec.centroids is not None else dummy,
+            codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
+            codec.xi_boundaries if octo else dummy,
+            _xi_triples(codec) if octo else dummy,
+            codec.directions.t().contiguous() if octo else dummy)
+    return cache[key]
+
+
+def _key_constants(codec: KernelCodec, native: bool, split: bool,
+                   config: EncodeConfig | None) -> tuple[dict, int, dict]:
+    """(the key kernel's compile-time arguments but CHECK, rows per program, launch options) for `codec`:
+    native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter)."""
+    d = codec.head_dim
+    n_bits, n_codes = codec.key_code_bits, codec.key_codes
+    words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
+    s_words, s_wp, s_kp = _pack_shape(1, d)
+    octo = codec.name.startswith("octopus")
+    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
+    dir_table = DIR_TABLE if config is None or config.dir_table is None else config.dir_table
+    consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
+                  K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
+                  B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+                  DIR_TABLE=octo and (codec.has_qjl or dir_table),
+                  HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
+                  DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
+    return consts, block_t, launch
 
 
 @_outside_autocast
@@ -140,29 +176,19 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     kc = k.contiguous()
     lead = k.shape[:-1]
     n_rows = kc.numel() // d
-    n_bits, n_codes = codec.key_code_bits, codec.key_codes
-    words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
-    words = words if n_bits > 0 else 0
+    native = k.dtype != torch.float32 and not _interpreting()
+    consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config)
+    words = consts["K_WORDS"]
     codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
     gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)
-    s_words, s_wp, s_kp = _pack_shape(1, d)
-    signs = torch.empty(*lead, s_words, device=dev, dtype=torch.int32) if codec.has_qjl else None
+    signs = torch.empty(*lead, consts["S_WORDS"], device=dev, dtype=torch.int32) if codec.has_qjl else None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = _dummy(dev)
-    octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
-    lp = _octopus_lp(codec) if octo else 16
-    native = k.dtype != torch.float32 and not _interpreting()
     _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
         kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
         signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
-        dummy, *_encode_tables(codec, dev, dummy),
-        n_rows, t, h, t, 0, 1.0 / math.sqrt(d),
-        CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
-        K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words, WP=wp, KP=kp,
-        B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=lp,
-        HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
-        DOT_NATIVE=native, SPLIT=not _interpreting(), CHECK=False, BLOCK_T=block_t, **launch,
+        dummy, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
+        n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, **consts, **launch,
     )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
@@ -234,23 +260,14 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool,
     key = (bits, group, native, config)
     if key not in cache:
         d = codec.head_dim
-        n_bits, n_codes = codec.key_code_bits, codec.key_codes
-        words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
-        s_words, s_wp, s_kp = _pack_shape(1, d)
-        block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
+        keys, block_t, launch = _key_constants(codec, native, not _interpreting(), config)
         # values: 64 rows of d=64 (256 groups of 16) per program; with 128 rows (the values kernel's own
         # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
         block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
         unit = _CHUNK_DTYPES.get(bits, torch.uint8)
         v_words = -(-d * bits // 32)
-        octo = codec.name.startswith("octopus")
-        consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
-                      K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
-                      B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
-                      HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
-                      DOT_NATIVE=native, SPLIT=not _interpreting(), BLOCK_T=block_t,
-                      GROUP=group, V_BITS=bits, ROW_UNITS=v_words * 4 // unit.itemsize, BLOCK_G=block_g,
+        consts = dict(keys, GROUP=group, V_BITS=bits, ROW_UNITS=v_words * 4 // unit.itemsize, BLOCK_G=block_g,
                       **launch)
         cache[key] = (block_t, block_g, consts, unit)
     return cache[key]
@@ -325,7 +342,8 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
         keys_out.signs if codec.has_qjl else dummy,
         keys_out.gamma_r.view(torch.int16) if codec.has_qjl else dummy,
         values_out.codes.view(unit), values_out.scale, values_out.minimum,
-        flags if flags is not None else dummy, *_encode_tables(codec, dev, dummy),
+        flags if flags is not None else dummy,
+        *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
         n_rows, t, h, cap, offset, 1.0 / math.sqrt(d), key_programs, n_groups,
-        CHECK=flags is not None, **consts,
+        CHECK=flags is not None, ALIGNED=t % block_t == 0, **consts,
     )
