@@ -72,8 +72,10 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
 
     names = sorted(p.name for p in (out / "wav").iterdir())
     assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav",
-                     "misc_crow__00_reference_other_seed.wav", "misc_crow__none.wav",
-                     "misc_crow__octopus_b2.wav"]
+                     "misc_crow__00_reference_bf16_kv.wav", "misc_crow__00_reference_other_seed.wav",
+                     "misc_crow__none.wav", "misc_crow__octopus_b2.wav"]
+    kv = groups[("reference (bf16 KV)", None)]  # the bf16-KV floor: on with the other floor
+    assert kv["clips_ok"] == 1 and kv["ratio"] is None and kv["metrics"]["tf_kl_nats"]["mean"] < 1e-3
     info = sf.info(out / "wav" / "misc_crow__octopus_b2.wav")
     assert (info.samplerate, info.frames) == (24000, 24000)
 
