@@ -101,7 +101,7 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
 
     consts, rows, launch = key_constants(name, bits, d, block_t, dir_table)
     warps = num_warps or launch["num_warps"]
-    types = {p: "*fp32" for p in ("qs_ptr", "cent_ptr", "bnd_ptr", "xib_ptr", "xi3_ptr", "dir_ptr",
+    types = {p: "*fp32" for p in ("qs_ptr", "cent_ptr", "bnd_ptr", "xib_ptr", "aux_ptr", "dir_ptr",
                                   "flag_ptr")}
     # bf16 keys: the Hadamard matrices and rotation signs come in the keys' dtype (encode_ops._encode_tables)
     types.update(had_ptr="*bf16", hadt_ptr="*bf16", rs_ptr="*bf16", k_ptr="*bf16", codes_ptr="*i32",

@@ -7,6 +7,7 @@ from .bits import bf16_bits, pack_codes, round_half_even
 from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 
 PI = tl.constexpr(3.141592653589793)
+LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 
 
 @triton.jit
@@ -113,14 +114,33 @@ def _count_above(x, bnd_ptr, NB: tl.constexpr):
 
 
 @triton.jit
-def _index(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
+def _index(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr, SYM: tl.constexpr = False):
     """#{i : x > beta_i} against the 2**N_BITS - 1 ascending boundaries at bnd_ptr (a value on a boundary
-    goes to the lower index): compares in registers up to 7 boundaries, a binary search of N_BITS table
-    reads (one cache line for up to 31 fp32 boundaries) beyond."""
-    if N_BITS <= 3:
+    goes to the lower index): compares in registers up to LINEAR_BITS bits, a binary search of N_BITS table
+    reads (one cache line for up to 31 fp32 boundaries) beyond; SYM: boundaries symmetric about 0
+    (`_index_sym`, from 3 bits)."""
+    if SYM and N_BITS >= 3:
+        return _index_sym(x, bnd_ptr, N_BITS, ASM)
+    elif N_BITS <= LINEAR_BITS:
         return _count_above(x, bnd_ptr, (1 << N_BITS) - 1)
     else:
         return _search(x, bnd_ptr, N_BITS, ASM)
+
+
+@triton.jit
+def _index_sym(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
+    """`_index` for boundaries symmetric about 0 (beta_{h-1} = 0 and beta_{h-1+j} = -beta_{h-1-j}, h =
+    2**(N_BITS-1): the coordinate and xi codebooks, tests/test_kernels_encode.py checks every one): x > 0 is
+    h + #{positive beta < x}; x <= 0 is h - 1 - #{positive beta <= |x|}, where beta <= |x| is beta < |x|
+    nudged up one ulp. Half the compares."""
+    H: tl.constexpr = 1 << (N_BITS - 1)
+    pos = x > 0
+    ax = (tl.abs(x).to(tl.int32, bitcast=True) + tl.where(pos, 0, 1)).to(tl.float32, bitcast=True)
+    if N_BITS - 1 <= LINEAR_BITS:
+        cnt = _count_above(ax, bnd_ptr + H, H - 1)
+    else:
+        cnt = _search(ax, bnd_ptr + H, N_BITS - 1, ASM)
+    return tl.where(pos, H + cnt, (H - 1) - cnt)
 
 
 @triton.jit
@@ -148,19 +168,70 @@ def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl
 
 
 @triton.jit
-def _polar_codes(r, bnd_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, N_BITS: tl.constexpr,
-                 ASM: tl.constexpr):
-    """Angle codes of levels LVL.. of the polar transform of radii r [BT, 2S], concatenated level by level in
-    stream order and padded with one zero code: [BT, 2S]. Level 0 angles are atan2 mapped to [0, 2 pi)."""
-    a, b = tl.split(tl.reshape(r, (BT, S, 2)))
-    psi = _atan2(b, a)
-    if LVL == 0:
-        psi = tl.where(psi < 0, psi + 2 * PI, psi)
-    codes = _index(psi, bnd_ptr + LVL * ((1 << N_BITS) - 1), N_BITS, ASM)
+def _cross_count(bq, aq, c_ptr, s_ptr, N: tl.constexpr, ASM: tl.constexpr):
+    """#{k < 2**N - 1 : bq c_k - aq s_k > 0} for tables c, s whose test holds on a prefix of k (boundaries in
+    increasing angle): compares in registers up to 7, a binary search of N table reads beyond."""
+    if N <= 3:
+        acc = tl.zeros(bq.shape, tl.float32)
+        for k in tl.static_range((1 << N) - 1):
+            acc += tl.where(tl.fma(bq, tl.load(c_ptr + k), -(aq * tl.load(s_ptr + k))) > 0, 1.0, 0.0)
+        return acc.to(tl.int32)
+    else:
+        idx = tl.zeros(bq.shape, tl.int32)
+        for level in tl.static_range(N):
+            step = 1 << (N - 1 - level)
+            j = idx + (step - 1)
+            hit = tl.fma(bq, _table(c_ptr + j, ASM), -(aq * _table(s_ptr + j, ASM))) > 0
+            idx = tl.where(hit, idx + step, idx)
+        return idx
+
+
+@triton.jit
+def _polar_radii(r2, trig_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, LEVELS: tl.constexpr,
+                 N_BITS: tl.constexpr, ASM: tl.constexpr):
+    """Angle codes of levels LVL >= 1 from the squared radii r2 [BT, 2S] of the level below, concatenated
+    level by level in stream order and padded with one zero code: [BT, 2S]. psi = atan2(r_odd, r_even) lies in
+    [0, pi/2] like the boundaries, so psi > beta exactly when r2_odd cos^2 beta > r2_even sin^2 beta: no
+    angle and no square root (trig_ptr: rows cos^2, sin^2 of each level's boundaries)."""
+    NB: tl.constexpr = (1 << N_BITS) - 1
+    e, o = tl.split(tl.reshape(r2, (BT, S, 2)))
+    codes = _cross_count(o, e, trig_ptr + LVL * NB, trig_ptr + (LEVELS + LVL) * NB, N_BITS, ASM)
     if S == 1:
         rest = tl.zeros((BT, 1), tl.int32)
     else:
-        rest = _polar_codes(tl.sqrt_rn(a * a + b * b), bnd_ptr, BT, LVL + 1, S // 2, N_BITS, ASM)
+        rest = _polar_radii(e + o, trig_ptr, BT, LVL + 1, S // 2, LEVELS, N_BITS, ASM)
+    return _cat(codes, rest)
+
+
+@triton.jit
+def _polar_codes(y, trig_ptr, BT: tl.constexpr, D: tl.constexpr, LEVELS: tl.constexpr, N_BITS: tl.constexpr,
+                 ASM: tl.constexpr):
+    """polarquant codes [BT, D] (D - 1 and a zero pad) of rotated rows y [BT, D] scaled by any positive
+    per-row factor (the angles do not depend on it). Level 1, pair (a, b): psi = atan2(b, a) in [0, 2 pi)
+    against the uniform boundaries beta_k, k < 2^N - 1; beta_{h-1} (h = 2^(N-1)) is pi within rounding, the
+    h - 1 below it lie in (0, pi) and the upper half repeats them shifted by pi. So for b >= 0 the code counts
+    the lower boundaries with b cos beta - a sin beta > 0; for b < 0 it is h plus the same count for the
+    reflected pair (-a, -b) (one rounding apart from the upper boundaries themselves); the middle boundary is
+    tested on its own (trig row 0 holds cos, sin of level 1's boundaries; its sine's sign says on which side
+    of pi it was rounded). Levels >= 2: `_polar_radii`."""
+    NB: tl.constexpr = (1 << N_BITS) - 1
+    H: tl.constexpr = 1 << (N_BITS - 1)
+    a, b = tl.split(tl.reshape(y, (BT, D // 2, 2)))
+    neg = b < 0
+    ar = tl.where(neg, -a, a)
+    br = tl.abs(b)
+    c_ptr = trig_ptr
+    s_ptr = trig_ptr + LEVELS * NB
+    if N_BITS > 1:
+        lower = _cross_count(br, ar, c_ptr, s_ptr, N_BITS - 1, ASM)
+    else:
+        lower = tl.zeros(a.shape, tl.int32)
+    s_mid = tl.load(s_ptr + (H - 1))
+    cross = tl.fma(b, tl.load(c_ptr + (H - 1)), -(a * s_mid)) > 0
+    below_pi = (tl.zeros(b.shape, tl.float32) + s_mid) > 0
+    mid = tl.where(neg, below_pi | cross, below_pi & cross)
+    codes = tl.where(neg, H - 1, 0) + lower + mid.to(tl.int32)
+    rest = _polar_radii(tl.fma(a, a, b * b), trig_ptr, BT, 1, D // 4, LEVELS, N_BITS, ASM)
     return _cat(codes, rest)
 
 
@@ -223,12 +294,13 @@ def _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D: tl.constexpr, stride_b, strid
 
 @triton.jit
 def _key_norm(xf):
-    """gamma = ||x|| per row of xf [BT, D] (fp32) for any finite x: the row is scaled by the power of two
-    2**-e (exact) that takes max|x| into [1, 2), squared and summed, and the root scaled back by 2**e."""
+    """(gamma = ||x||, 2**-e) per row of xf [BT, D] (fp32) for any finite x: the row is scaled by the power of
+    two 2**-e (exact) that takes max|x| into [1, 2), squared and summed, and the root scaled back by 2**e."""
     e = tl.max(tl.abs(xf), 1).to(tl.int32, bitcast=True) & 0x7F800000
     e = tl.minimum(tl.maximum(e, 1 << 23), 253 << 23)  # binades 1..253: both 2**e and 2**-e are normal
-    xs = xf * ((254 << 23) - e).to(tl.float32, bitcast=True)[:, None]
-    return tl.sqrt_rn(tl.sum(xs * xs, 1)) * e.to(tl.float32, bitcast=True)
+    scale = ((254 << 23) - e).to(tl.float32, bitcast=True)
+    xs = xf * scale[:, None]
+    return tl.sqrt_rn(tl.sum(xs * xs, 1)) * e.to(tl.float32, bitcast=True), scale
 
 
 @triton.jit
@@ -239,6 +311,16 @@ def _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D: tl.constexpr):
         return _div_row(y, gmax * (1 << (LOG2D // 2)), inv_g * inv_sqrt_d)
     else:
         return _div_row(y * inv_sqrt_d, gmax, inv_g)
+
+
+@triton.jit
+def _rcp(x, ASM: tl.constexpr):
+    """1 / x to about an ulp (ASM: one MUFU.RCP, denormals flushed), for decisions that tolerate it."""
+    if ASM:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / x
 
 
 @triton.jit
@@ -264,29 +346,29 @@ def _try_direction(best, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
 
 
 @triton.jit
-def _octopus_search(tx, ty, tz, xib_ptr, xi3_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
+def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
     """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
     its score s = t.n_hat, the seeds' flat index).
 
     The reference keeps the candidate of least cost rho^2 - 2 c(s) s + c(s)^2 with c(s) the rho centroid
     nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
     codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The candidate
-    directions are unfolded in registers from the xi centroids (3 per coordinate from `xi3_ptr`, rows
+    directions are unfolded in registers from the xi centroids (3 per coordinate from `aux_ptr`, rows
     (C[i-1], C[i], C[i+1], 0) clamped) instead of read from the direction table; their s differ from the
     table's by float rounding only, as do the seeds, computed from t / ||t||_1 (one reciprocal). Candidates
     run in increasing flat index and a tie keeps the first: the reference's lowest-index rule."""
     M: tl.constexpr = 1 << B_DIR
     l1 = tl.abs(tx) + tl.abs(ty) + tl.abs(tz)
-    inv = tl.math.fdiv(1.0, tl.where(l1 > 0, l1, 1.0))  # approximate: the seeds only
+    inv = _rcp(tl.where(l1 > 0, l1, 1.0), ASM)  # approximate: it places the seeds only
     px = tx * inv
     py = ty * inv
     lower = tz < 0
     xi = tl.where(lower, tl.where(px < 0, tl.abs(py) - 1.0, 1.0 - tl.abs(py)), px)
     eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
-    i_xi = _index(xi, xib_ptr, B_DIR, ASM)
-    i_eta = _index(eta, xib_ptr, B_DIR, ASM)
-    rx = xi3_ptr + i_xi * 4
-    ry = xi3_ptr + i_eta * 4
+    i_xi = _index(xi, xib_ptr, B_DIR, ASM, True)
+    i_eta = _index(eta, xib_ptr, B_DIR, ASM, True)
+    rx = aux_ptr + i_xi * 4
+    ry = aux_ptr + i_eta * 4
     b0 = _table(ry, ASM)
     b1 = _table(ry + 1, ASM)
     b2 = _table(ry + 2, ASM)
@@ -319,7 +401,7 @@ def _octopus_search(tx, ty, tz, xib_ptr, xi3_ptr, B_DIR: tl.constexpr, ASM: tl.c
 def _encode_keys_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
@@ -331,7 +413,7 @@ def _encode_keys_kernel(
     """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`)."""
     _encode_key_rows(
         tl.program_id(0), k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
-        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, xi3_ptr,
+        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
         dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
         CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
         S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)
@@ -341,7 +423,7 @@ def _encode_keys_kernel(
 def _encode_key_rows(
     pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
@@ -373,7 +455,7 @@ def _encode_key_rows(
     if CHECK:
         if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
             _mark_bad(flag_ptr)
-    gamma = _key_norm(xf)
+    gamma, rscale = _key_norm(xf)
     tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
     gmax = tl.maximum(gamma, 1e-30)[:, None]
     inv_g = tl.math.div_rn(1.0, gmax)
@@ -393,7 +475,7 @@ def _encode_key_rows(
                           inv_g, inv_sqrt_d, LOG2D)
         tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + (2 * D + hrow) * LP + lcol), DOT_NATIVE, SPLIT),
                           gmax, inv_g, inv_sqrt_d, LOG2D)
-        flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, xi3_ptr, B_DIR, SPLIT)
+        flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, SPLIT)
         zero = ((tx * tx + ty * ty) + tz * tz) == 0  # rho = 0: the placeholder direction's seeds
         flat = tl.where(zero, seeds, flat)
         if DIR_TABLE or HAS_QJL:
@@ -427,18 +509,20 @@ def _encode_key_rows(
             proj = acc
             gamma_r = tl.sqrt_rn(tl.sum(res2, 1))
     else:
-        u = _unit_coords(_rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT), gmax, inv_g,
-                         inv_sqrt_d, LOG2D)
+        y = _rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT)
         if CODEC == POLAR:
-            codes = _polar_codes(u, bnd_ptr, BLOCK_T, 0, D // 2, K_BITS, SPLIT)
+            # the angles need no division by gamma, only a scale that keeps the squares finite
+            codes = _polar_codes(y * rscale[:, None], aux_ptr, BLOCK_T, D, LOG2D, K_BITS, SPLIT)
             words = _pack(codes, K_CODES, K_BITS, WP, KP)
-        elif K_BITS > 0:
-            i_u = _index(u, bnd_ptr, K_BITS, SPLIT)
-            words = _pack(i_u, K_CODES, K_BITS, WP, KP)
-            if HAS_QJL:
-                u_hat = _table(cent_ptr + i_u, SPLIT)
         else:
-            u_hat = tl.zeros((BLOCK_T, D), tl.float32)
+            u = _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
+            if K_BITS > 0:
+                i_u = _index(u, bnd_ptr, K_BITS, SPLIT, True)
+                words = _pack(i_u, K_CODES, K_BITS, WP, KP)
+                if HAS_QJL:
+                    u_hat = _table(cent_ptr + i_u, SPLIT)
+            else:
+                u_hat = tl.zeros((BLOCK_T, D), tl.float32)
         if HAS_QJL:
             res = u - u_hat
             gamma_r = tl.sqrt_rn(tl.sum(res * res, 1))
@@ -545,7 +629,7 @@ def _encode_unit_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, v_ptr, stride_vb, stride_vh, stride_vt,
     codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, v_codes_ptr, scale_ptr, min_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
@@ -563,7 +647,7 @@ def _encode_unit_kernel(
     if pid < key_programs:
         _encode_key_rows(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, xi3_ptr, dir_ptr,
+            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
             n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
             CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)

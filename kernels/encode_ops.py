@@ -15,7 +15,7 @@ from .encode import (
     _encode_values_any_group_kernel,
     _encode_values_kernel,
 )
-from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2
+from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2, _sm_count
 from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
 
 DIR_TABLE = True  # EncodeConfig.dir_table's default
@@ -51,15 +51,37 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
     return words, _pow2(max(words, 1)), _pow2(most)
 
 
-def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "") -> tuple[int, dict]:
-    """(rows per program, launch options). Defaults from the H200 sweeps at 64k tokens x 16 heads, d=64
-    (benchmarks/sweep_encode.py, 2026-11-30): 64 rows for turboquant-mse keys (0.161 ms against 0.33 ms
-    at 16), 16 for the other key codecs (octopus b=2 1.51 ms against 1.66-4.9 ms for 32-64 rows), 32 for
-    the fallback values kernel. The CPU interpreter pays per op, not per element, so it takes 128."""
+# (rows per program, warps) of the key kernel per codec: the fewest SASS instructions per key without spills
+# (benchmarks/count_sass_encode.py, sm_90, triton 3.6; 64k tokens, bf16 keys) until the H200 sweep
+# (benchmarks/sweep_encode.py) says otherwise. Head dims above 64 take the d=128 row (twice the registers
+# per row), 256 with half its rows.
+KEY_LAUNCH = {
+    64: {"turboquant-mse": (128, 4), "turboquant-qjl": (64, 4), "polarquant": (128, 4), "octopus": (64, 4),
+         "octopus-qjl": (128, 8)},
+    128: {"turboquant-mse": (64, 4), "turboquant-qjl": (64, 4), "polarquant": (64, 8), "octopus": (32, 4),
+          "octopus-qjl": (16, 4)},
+}
+SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
+
+
+def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "",
+                   n_rows: int | None = None, device: torch.device | None = None) -> tuple[int, dict]:
+    """(rows per program, launch options). Keys: KEY_LAUNCH, its rows halved (to SMALL_BLOCK at least, 4 warps
+    at most) while the launch has fewer than two programs per SM (a decode step's unit: B x H rows). The
+    fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays per op, not per element, so it
+    takes 128 rows."""
     cfg = config or EncodeConfig()
-    rows = (64 if codec == "turboquant-mse" else 16) if keys else (16 if d > 64 else 32)
+    if keys:
+        rows, warps = KEY_LAUNCH[64 if d <= 64 else 128][codec]
+        if d > 128:
+            rows = max(SMALL_BLOCK, rows // 2)
+        if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
+            while rows > SMALL_BLOCK and -(-n_rows // rows) < 2 * _sm_count(device):
+                rows, warps = rows // 2, min(warps, 4)
+    else:
+        rows, warps = (16 if d > 64 else 32), 4
     block_t = cfg.block_t or (128 if _interpreting() else rows)
-    return block_t, {"num_warps": cfg.num_warps or 4, "num_stages": cfg.num_stages or 1,
+    return block_t, {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
                      "enable_fp_fusion": False}
 
 
@@ -107,6 +129,15 @@ def _xi_triples(codec: KernelCodec) -> torch.Tensor:
     return torch.stack(cols + [torch.zeros_like(c)], 1).contiguous()
 
 
+def _polar_trig(codec: KernelCodec) -> torch.Tensor:
+    """[2, levels, 2^b - 1] fp32 from the fp32 polarquant boundaries, in float64: level 1 (row 0) cos and sin
+    of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii)."""
+    beta = codec.boundaries.double()
+    c, s = torch.cos(beta), torch.sin(beta)
+    c[1:], s[1:] = c[1:] ** 2, s[1:] ** 2
+    return torch.stack([c, s]).float().contiguous()
+
+
 def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
                    dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
@@ -128,21 +159,22 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
             codec.centroids if codec.centroids is not None else dummy,
             codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
             codec.xi_boundaries if octo else dummy,
-            _xi_triples(codec) if octo else dummy,
+            _xi_triples(codec) if octo else _polar_trig(codec) if codec.name == "polarquant" else dummy,
             codec.directions.t().contiguous() if octo else dummy)
     return cache[key]
 
 
-def _key_constants(codec: KernelCodec, native: bool, split: bool,
-                   config: EncodeConfig | None) -> tuple[dict, int, dict]:
-    """(the key kernel's compile-time arguments but CHECK, rows per program, launch options) for `codec`:
-    native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter)."""
+def _key_constants(codec: KernelCodec, native: bool, split: bool, config: EncodeConfig | None,
+                   n_rows: int | None = None, device: torch.device | None = None) -> tuple[dict, int, dict]:
+    """(the key kernel's compile-time arguments but CHECK and ALIGNED, rows per program, launch options) for
+    `codec`: native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter); a
+    launch of n_rows rows on `device` (`_encode_launch`)."""
     d = codec.head_dim
     n_bits, n_codes = codec.key_code_bits, codec.key_codes
     words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
     s_words, s_wp, s_kp = _pack_shape(1, d)
     octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name)
+    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name, n_rows=n_rows, device=device)
     dir_table = DIR_TABLE if config is None or config.dir_table is None else config.dir_table
     consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
@@ -177,7 +209,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     lead = k.shape[:-1]
     n_rows = kc.numel() // d
     native = k.dtype != torch.float32 and not _interpreting()
-    consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config)
+    consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, dev)
     words = consts["K_WORDS"]
     codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
     gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)
@@ -252,15 +284,17 @@ def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range:
     return PackedValues(codes, scale, minimum, bits, group)
 
 
-def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool,
-                    config: EncodeConfig | None) -> tuple[int, int, dict, torch.dtype]:
+def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, config: EncodeConfig | None,
+                    n_rows: int, device: torch.device) -> tuple[int, int, dict, torch.dtype]:
     """(key rows per program, value groups per program, the unit kernel's compile-time arguments, the value
-    codes' chunk dtype), cached on the codec per value format, operand mode and launch configuration."""
+    codes' chunk dtype), cached on the codec per value format, operand mode, launch configuration and the
+    key rows per program a launch of n_rows rows takes (`_encode_launch`)."""
     cache = codec.__dict__.setdefault("_unit_constants", {})
-    key = (bits, group, native, config)
+    rows = _encode_launch(codec.head_dim, config, True, codec.name, n_rows, device)[0]
+    key = (bits, group, native, config, rows)
     if key not in cache:
         d = codec.head_dim
-        keys, block_t, launch = _key_constants(codec, native, not _interpreting(), config)
+        keys, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, device)
         # values: 64 rows of d=64 (256 groups of 16) per program; with 128 rows (the values kernel's own
         # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
@@ -330,8 +364,8 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
     codec = codec.to(dev)
     dummy = _dummy(dev)
     native = k.dtype != torch.float32 and not _interpreting()
-    block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config)
     n_rows = b * h * t
+    block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config, n_rows, dev)
     n_groups = n_rows * (d // group)
     key_programs = -(-n_rows // block_t)
     if n_rows == 0:

@@ -82,6 +82,40 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert got.signs is None and got.gamma_r is None
 
 
+# T a multiple of the rows per program (128 under the interpreter): every block lies in one head, whose
+# rotation signs the kernel reads once (encode_ops passes ALIGNED)
+ALIGNED_CASES = [("octopus", 2, 64, torch.bfloat16), ("polarquant", 3, 64, torch.float32),
+                 ("turboquant-qjl", 3, 64, torch.float16)]
+
+
+@pytest.mark.parametrize("name,bits,d,dtype", ALIGNED_CASES,
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in ALIGNED_CASES])
+def test_encode_keys_aligned_blocks_match_codec(name, bits, d, dtype):
+    heads, tokens = 2, 128
+    codec = get_codec(name, bits, d, seed=5)
+    k = _keys((1, heads, tokens, d), dtype, seed=bits + 100)
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    want = codec.encode(k.cpu())
+    for field in ("codes", "gamma", "signs", "gamma_r"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert _mismatch(a, b) == 0.0, field
+
+
+def test_kernel_codebooks_are_symmetric():
+    """The encode kernel counts only the positive half of the coordinate (turboquant) and xi (octopus seeds)
+    boundaries (`_index_sym`): that needs beta_{h-1+j} = -beta_{h-1-j} exactly in fp32, for every codebook
+    the kernels can be given."""
+    from octopus_audio.codebooks import get_codebook
+
+    books = [("coord", d, b) for d in (16, 32, 64, 128, 256) for b in range(1, 9)]
+    books += [("xi", None, b) for b in range(1, 9)]
+    for kind, d, b in books:
+        beta = get_codebook(kind, d, b).boundaries.to(torch.float32)
+        assert torch.equal(beta, -beta.flip(0)), (kind, d, b)
+
+
 VALUE_CASES = [(1, 64, torch.float32), (2, 128, torch.bfloat16), (3, 64, torch.float16),
                (4, 128, torch.float32), (8, 64, torch.float32)]
 
