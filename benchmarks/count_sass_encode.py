@@ -83,7 +83,8 @@ def sass_stats(kernel) -> dict:
             "convert_layout": ttgir.count("ttg.convert_layout"), "top_ops": ops.most_common(12)}
 
 
-def key_constants(name: str, bits: int, d: int, block_t: int | None, dir_table: bool | None = None):
+def key_constants(name: str, bits: int, d: int, block_t: int | None, dir_table: bool | None = None,
+                  native: bool = True):
     """(the kernel's constexprs, rows per program, launch options) exactly as encode_keys launches it."""
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
@@ -92,20 +93,21 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None, dir_table: 
 
     kc = backend.kernel_codec(get_codec(name, bits, d), 16, "cpu")
     cfg = EncodeConfig(block_t=block_t, dir_table=dir_table)
-    return encode_ops._key_constants(kc, native=True, split=True, config=cfg)
+    return encode_ops._key_constants(kc, native=native, split=True, config=cfg)
 
 
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
-          dump: str | None = None, aligned: bool = True, dir_table: bool | None = None) -> dict:
+          dump: str | None = None, aligned: bool = True, dir_table: bool | None = None,
+          dtype: str = "bf16") -> dict:
     from octopus_audio.kernels.encode import _encode_keys_kernel
 
-    consts, rows, launch = key_constants(name, bits, d, block_t, dir_table)
+    consts, rows, launch = key_constants(name, bits, d, block_t, dir_table, native=dtype != "fp32")
     warps = num_warps or launch["num_warps"]
     types = {p: "*fp32" for p in ("qs_ptr", "cent_ptr", "bnd_ptr", "xib_ptr", "aux_ptr", "dir_ptr",
                                   "flag_ptr")}
-    # bf16 keys: the Hadamard matrices and rotation signs come in the keys' dtype (encode_ops._encode_tables)
-    types.update(had_ptr="*bf16", hadt_ptr="*bf16", rs_ptr="*bf16", k_ptr="*bf16", codes_ptr="*i32",
-                 gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", inv_sqrt_d="fp32")
+    # the Hadamard matrices and rotation signs come in the keys' dtype (encode_ops._encode_tables)
+    types.update(had_ptr=f"*{dtype}", hadt_ptr=f"*{dtype}", rs_ptr=f"*{dtype}", k_ptr=f"*{dtype}",
+                 codes_ptr="*i32", gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", inv_sqrt_d="fp32")
     kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned), warps)
     st = sass_stats(kernel)
     if dump:
@@ -118,6 +120,7 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
             f.write(sass_text(kernel))
     per_key = st["instructions"] * warps / rows
     st.update(codec=name, bits=bits, d=d, block_t=rows, num_warps=warps, per_key=per_key, aligned=aligned,
+              dtype=dtype,
               dir_table=consts["DIR_TABLE"],
               bound_ms=per_key * KEYS * (16 if d == 64 else 32) / 16 / ISSUE_RATE * 1e3)
     return st
@@ -133,6 +136,7 @@ def main() -> int:
     parser.add_argument("--ops", action="store_true", help="print the commonest opcodes")
     parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T % block_t != 0)")
     parser.add_argument("--dir-table", type=int, choices=(0, 1), help="octopus: EncodeConfig.dir_table")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
     parser.add_argument("--json")
     parser.add_argument("--dump", help="folder for each kernel's ttgir, ptx and sass")
     args = parser.parse_args()
@@ -143,7 +147,7 @@ def main() -> int:
         for bt in args.block_t:
             for nw in args.num_warps:
                 r = count(name, bits, d, bt, nw, args.dump, not args.unaligned,
-                          None if args.dir_table is None else bool(args.dir_table))
+                          None if args.dir_table is None else bool(args.dir_table), args.dtype)
                 rows.append(r)
                 print(f"{name:15s} b={bits} d={d:3d} block_t={r['block_t']:3d} warps={r['num_warps']} "
                       f"instr={r['instructions']:6d} per key={r['per_key']:7.1f} regs={r['regs']} "

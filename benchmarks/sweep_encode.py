@@ -44,7 +44,7 @@ def _cfg(block_t=None, num_warps=None, dir_table=None):
 ALTERNATIVES = {"turboquant-mse": [(128, 8), (32, 4)], "turboquant-qjl": [(128, 4), (32, 4)],
                 "polarquant": [(64, 4), (128, 8)], "octopus": [(128, 8), (32, 4)],
                 "octopus-qjl": [(64, 4), (32, 4)]}
-ALTERNATIVES_D128 = {"octopus": [(64, 8)]}
+ALTERNATIVES_D128 = {"octopus": [(32, 4)]}
 
 
 def key_jobs(quick: bool) -> list[tuple[str, int, tuple, str, object]]:

@@ -398,6 +398,99 @@ def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.c
 
 
 @triton.jit
+def _columns(x, idx, S: tl.constexpr):
+    """Columns idx [1, W] of x [BT, S] (a register gather along the row), 0 where idx >= S."""
+    BT: tl.constexpr = x.shape[0]
+    W: tl.constexpr = idx.shape[1]
+    g = tl.gather(x, tl.broadcast_to(tl.minimum(idx, S - 1), (BT, W)), axis=1)
+    return tl.where(idx < S, g, 0.0)
+
+
+@triton.jit
+def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, B_DIR: tl.constexpr,
+                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, ASM: tl.constexpr):
+    """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
+    indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
+    the rho index of the winner's score (against the table's direction with DIR_TABLE). A zero triplet
+    (rho = 0) keeps the placeholder direction's seeds and the rho index of s = 0."""
+    M: tl.constexpr = 1 << B_DIR
+    flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
+    flat = tl.where(((tx * tx + ty * ty) + tz * tz) == 0, seeds, flat)
+    if DIR_TABLE:
+        ddx = _table(dir_ptr + flat, ASM)
+        ddy = _table(dir_ptr + M * M + flat, ASM)
+        ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
+        s = (tx * ddx + ty * ddy) + tz * ddz
+    else:
+        ddx = tl.zeros(tx.shape, tl.float32)
+        ddy = ddx
+        ddz = ddx
+    i_rho = _index(s, bnd_ptr, B_RHO, ASM)
+    return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz
+
+
+@triton.jit
+def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.constexpr, ASM: tl.constexpr):
+    """r = t - C_rho[i_rho] * direction per component, 0 for coordinates coord + c >= D (u's zero padding
+    is not part of the residual)."""
+    rh = _table(cent_ptr + i_rho, ASM)
+    rx = tl.where(coord < D, tx - rh * ddx, 0.0)
+    ry = tl.where(coord + 1 < D, ty - rh * ddy, 0.0)
+    rz = tl.where(coord + 2 < D, tz - rh * ddz, 0.0)
+    return rx, ry, rz
+
+
+@triton.jit
+def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
+                   inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
+                   LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
+                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
+                   HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
+    """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
+    three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words
+    [BT, WP] at code J0 (zero elsewhere), and for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these
+    triplets (zeros otherwise)."""
+    BT: tl.constexpr = xsg.shape[0]
+    hrow = tl.arange(0, D)[:, None]
+    lcol = tl.arange(0, W)[None, :]
+    cols = hrow * LP + J0 + lcol
+    tx = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), DOT_NATIVE, SPLIT), gmax, inv_g, inv_sqrt_d,
+                      LOG2D)
+    ty = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
+                      inv_sqrt_d, LOG2D)
+    tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
+                      inv_sqrt_d, LOG2D)
+    j = J0 + lcol
+    code, i_rho, ddx, ddy, ddz = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+                                               B_DIR, B_RHO, DIR_TABLE, SPLIT)
+    if J0 == 0 and W >= K_CODES:
+        words = _pack(code, K_CODES, K_BITS, WP, KP)
+    else:
+        N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
+        words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
+    acc = tl.zeros((BT, D), tl.float32)
+    res2 = tl.zeros((BT,), tl.float32)
+    if HAS_QJL:
+        rx, ry, rz = _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, 3 * j, D, SPLIT)
+        res2 = tl.sum((rx * rx + ry * ry) + rz * rz, 1)
+        dcol = tl.arange(0, D)[None, :]
+        jr = J0 + tl.arange(0, W)[:, None]
+        # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
+        for comp in tl.static_range(3):
+            if comp == 0:
+                rc = rx
+            elif comp == 1:
+                rc = ry
+            else:
+                rc = rz
+            jc = 3 * j + comp
+            qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
+            ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
+            acc += _dot_pm1(rc * qsg, ht, SPLIT)
+    return words, acc, res2
+
+
+@triton.jit
 def _encode_keys_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
@@ -467,47 +560,28 @@ def _encode_key_rows(
     hrow = tl.arange(0, D)[:, None]
 
     if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
-        M: tl.constexpr = 1 << B_DIR
-        lcol = tl.arange(0, LP)[None, :]
-        tx = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + hrow * LP + lcol), DOT_NATIVE, SPLIT), gmax, inv_g,
-                          inv_sqrt_d, LOG2D)
-        ty = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + (D + hrow) * LP + lcol), DOT_NATIVE, SPLIT), gmax,
-                          inv_g, inv_sqrt_d, LOG2D)
-        tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + (2 * D + hrow) * LP + lcol), DOT_NATIVE, SPLIT),
-                          gmax, inv_g, inv_sqrt_d, LOG2D)
-        flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, SPLIT)
-        zero = ((tx * tx + ty * ty) + tz * tz) == 0  # rho = 0: the placeholder direction's seeds
-        flat = tl.where(zero, seeds, flat)
-        if DIR_TABLE or HAS_QJL:
-            ddx = _table(dir_ptr + flat, SPLIT)
-            ddy = _table(dir_ptr + M * M + flat, SPLIT)
-            ddz = _table(dir_ptr + 2 * M * M + flat, SPLIT)
-            s = (tx * ddx + ty * ddy) + tz * ddz
-        i_rho = _index(s, bnd_ptr, B_RHO, SPLIT)  # s = 0 for a zero triplet: the rho index of 0
-        code = tl.where(lcol < K_CODES, (flat << B_RHO) | i_rho, 0)
-        words = _pack(code, K_CODES, K_BITS, WP, KP)
+        if D >= 128:
+            # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
+            # instead of the D/2 of one power-of-two tile
+            words, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff,
+                                              qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D, LOG2D,
+                                              K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
+                                              DOT_NATIVE, SPLIT)
+            words_b, acc_b, res2_b = _octopus_words(xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g,
+                                                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
+                                                    bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP,
+                                                    B_DIR, B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
+            words = words | words_b
+            acc += acc_b
+            res2 += res2_b
+        else:
+            words, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff,
+                                              qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D, LOG2D,
+                                              K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
+                                              DOT_NATIVE, SPLIT)
         if HAS_QJL:
-            rh = _table(cent_ptr + i_rho, SPLIT)
-            jr = tl.arange(0, LP)[:, None]
-            # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
-            acc = tl.zeros((BLOCK_T, D), tl.float32)
-            res2 = tl.zeros((BLOCK_T, LP), tl.float32)
-            for comp in tl.static_range(3):
-                if comp == 0:
-                    rc = tx - rh * ddx
-                elif comp == 1:
-                    rc = ty - rh * ddy
-                else:
-                    rc = tz - rh * ddz
-                rc = tl.where(lcol * 3 + comp < D, rc, 0.0)
-                res2 += rc * rc
-                jc = lcol * 3 + comp
-                qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
-                # [LP, D]: H[3j + comp, :]
-                ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)
-                acc += _dot_pm1(rc * qsg, ht, SPLIT)
             proj = acc
-            gamma_r = tl.sqrt_rn(tl.sum(res2, 1))
+            gamma_r = tl.sqrt_rn(res2)
     else:
         y = _rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT)
         if CODEC == POLAR:

@@ -58,7 +58,7 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
 KEY_LAUNCH = {
     64: {"turboquant-mse": (128, 4), "turboquant-qjl": (64, 4), "polarquant": (128, 4), "octopus": (64, 4),
          "octopus-qjl": (128, 8)},
-    128: {"turboquant-mse": (64, 4), "turboquant-qjl": (64, 4), "polarquant": (64, 8), "octopus": (32, 4),
+    128: {"turboquant-mse": (64, 4), "turboquant-qjl": (64, 4), "polarquant": (64, 8), "octopus": (64, 8),
           "octopus-qjl": (16, 4)},
 }
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
