@@ -286,8 +286,8 @@ def _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D: tl.constexpr, stride_b, strid
         src = (bh0 // H) * stride_b + h0 * stride_h + t * stride_t
         return r0 + i < n_rows, src, bh0 * T_OUT + OFFSET + t, h0 * D
     else:
-        q, t = _divmod_near(r0 - bh0 * T + i, T, 1.0 / T.to(tl.float32))
-        qh, head = _divmod_near(h0 + q, H, 1.0 / H.to(tl.float32))
+        q, t = _divmod_near(r0 - bh0 * T + i, T, 1.0 / (T * 1.0))
+        qh, head = _divmod_near(h0 + q, H, 1.0 / (H * 1.0))  # H may be a constexpr 1
         src = (bh0 // H + qh) * stride_b + head * stride_h + t * stride_t
         return r0 + i < n_rows, src, (bh0 + q) * T_OUT + OFFSET + t, (head * D)[:, None]
 
@@ -412,10 +412,11 @@ def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, B_DIR: 
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
     indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
     the rho index of the winner's score (against the table's direction with DIR_TABLE). A zero triplet
-    (rho = 0) keeps the placeholder direction's seeds and the rho index of s = 0."""
+    (rho = 0; tested as |tx| + |ty| + |tz| = 0, which differs from the reference's sum of squares only where
+    those underflow, |t| < 4e-23) keeps the placeholder direction's seeds and the rho index of s = 0."""
     M: tl.constexpr = 1 << B_DIR
     flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
-    flat = tl.where(((tx * tx + ty * ty) + tz * tz) == 0, seeds, flat)
+    flat = tl.where((tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0, seeds, flat)
     if DIR_TABLE:
         ddx = _table(dir_ptr + flat, ASM)
         ddy = _table(dir_ptr + M * M + flat, ASM)
