@@ -32,33 +32,46 @@ PREVIOUS = Path(__file__).parent / "results" / "h200_2026-11-30" / "sweep_encode
 UNIT = (4, 16, 75)  # the fused unit check: B, H, T (an AAR scale of 75 tokens, 4 sequences)
 
 
-def _cfg(block_t=None, num_warps=None, dir_table=None):
+def _cfg(block_t=None, num_warps=None, max_registers=None, dir_table=None):
     from octopus_audio.kernels import EncodeConfig
 
     return EncodeConfig(block_t=block_t, num_warps=num_warps, num_stages=1 if block_t else None,
-                        dir_table=dir_table)
+                        dir_table=dir_table, max_registers=max_registers)
 
 
-# alternatives to the default launch (rows, warps) per codec: at b=2 all, at b=3 and 4 the first; none spills
-# registers in benchmarks/count_sass_encode.py (octopus at 128 rows and 4 warps does)
-ALTERNATIVES = {"turboquant-mse": [(128, 8), (32, 4)], "turboquant-qjl": [(128, 4), (32, 4)],
-                "polarquant": [(64, 4), (128, 8)], "octopus": [(128, 8), (32, 4)],
-                "octopus-qjl": [(64, 4), (32, 4)]}
-ALTERNATIVES_D128 = {"octopus": [(32, 4)]}
+# alternatives to the default launch (rows, warps[, register cap]) per codec: at b=2 all, at b=3 and 4 the
+# first two; none spills more than a few registers in benchmarks/count_sass_encode.py (octopus at 128 rows and
+# 4 warps does). The caps trade a few spills for more programs per SM (octopus b=2 at 64 rows, 4 warps: 206
+# registers, two 4-warp programs per SM; capped at 128: four, 5 spilled registers, 2.5% more instructions).
+ALTERNATIVES = {"turboquant-mse": [(128, 8), (64, 4, 128), (32, 4)],
+                "turboquant-qjl": [(128, 4), (64, 4, 128), (32, 4)],
+                "polarquant": [(64, 4), (128, 4, 128), (128, 8)],
+                "octopus": [(64, 4, 128), (128, 8), (64, 4), (32, 4)],
+                "octopus-qjl": [(64, 4), (128, 8, 128), (32, 4)]}
+ALTERNATIVES_D128 = {"octopus": [(32, 4), (64, 8, 128)]}
 
 
 def key_jobs(quick: bool) -> list[tuple[str, int, tuple, str, object]]:
     """(codec, bits, shape, label, EncodeConfig or None) of every timed key row: the 2026-11-30 default
-    launch (16 rows, 4 warps; 64 rows for turboquant-mse), the default, ALTERNATIVES, and for octopus the rho
-    index from the search's own score."""
+    launch (16 rows, 4 warps; 64 rows for turboquant-mse), the default, ALTERNATIVES (those equal to the
+    default skipped), and for octopus the rho index from the search's own score."""
+    from octopus_audio.kernels.encode_ops import KEY_LAUNCH, KEY_LAUNCH_BITS
+
     jobs = []
     for shape, names, bits_list in ((SMALL, CODECS, (2,) if quick else (2, 3, 4)), (BIG, ("octopus",), (2,))):
+        d = shape[2]
         for name in names:
             for bits in bits_list:
                 old = (64, 4) if name == "turboquant-mse" else (16, 4)
+                dk = 64 if d <= 64 else 128
+                new = KEY_LAUNCH_BITS.get((dk, name, bits), KEY_LAUNCH[dk][name])
                 alts = (ALTERNATIVES if shape == SMALL else ALTERNATIVES_D128)[name]
                 rows = [("previous default", _cfg(*old)), ("default", None)]
-                rows += [(f"{t} rows {w} warps", _cfg(t, w)) for t, w in alts[:None if bits == 2 else 1]]
+                for alt in alts[:None if bits == 2 else 2]:
+                    if alt[:2] in (old, new) and len(alt) == 2:
+                        continue
+                    cap = f", max {alt[2]} registers" if len(alt) > 2 else ""
+                    rows.append((f"{alt[0]} rows {alt[1]} warps{cap}", _cfg(*alt)))
                 if name == "octopus":
                     rows.append(("rho index from the search score", _cfg(dir_table=False)))
                 jobs += [(name, bits, shape, label, cfg) for label, cfg in rows]
@@ -72,8 +85,9 @@ def _resolved(name: str, bits: int, shape, cfg):
     from octopus_audio.kernels import encode_ops
 
     tokens, heads, d = shape
-    block_t, launch = encode_ops._encode_launch(d, cfg, True, name, tokens * heads, torch.device(DEVICE))
-    return _cfg(block_t, launch["num_warps"], None if cfg is None else cfg.dir_table)
+    block_t, launch = encode_ops._encode_launch(d, cfg, True, name, tokens * heads, torch.device(DEVICE),
+                                                bits)
+    return _cfg(block_t, launch["num_warps"], launch.get("maxnreg"), None if cfg is None else cfg.dir_table)
 
 
 def _compile_one(job) -> str:
@@ -290,6 +304,24 @@ def table(rows: list[dict], copy_gbps: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def best(rows: list[dict]) -> str:
+    """The fastest key row per (codec, b, shape) that matches the reference, against the default."""
+    out = ["", "## fastest launch per codec", "",
+           "| shape | codec | b | fastest | ms | of copy BW | default ms | default of copy BW |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    groups: dict = {}
+    for r in rows:
+        if r["kind"] == "encode-k" and "error" not in r and max(r["mismatch"].values()) <= MAX_MISMATCH:
+            groups.setdefault((r["shape"], r["codec"], r["bits"]), []).append(r)
+    for (shape, codec, bits), rs in groups.items():
+        fast = min(rs, key=lambda r: r["ms"])
+        dflt = next((r for r in rs if r["label"] == "default"), None)
+        d_ms = f"{dflt['ms']:.4f} | {100 * dflt['of_copy']:.1f}%" if dflt else " | "
+        out.append(f"| {shape} | {codec} | {bits} | {fast['label']} | {fast['ms']:.4f} "
+                   f"| {100 * fast['of_copy']:.1f}% | {d_ms} |")
+    return "\n".join(out) + "\n"
+
+
 def _previous() -> dict:
     """(codec, bits, shape) -> the 2026-11-30 default's ms (that session's kernel), where recorded."""
     if not PREVIOUS.exists():
@@ -310,7 +342,7 @@ def _dry_run() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for sweep_encode.json / .md")
-    parser.add_argument("--rep-ms", type=float, default=20.0, help="do_bench time per measurement (ms)")
+    parser.add_argument("--rep-ms", type=float, default=10.0, help="do_bench time per measurement (ms)")
     parser.add_argument("--jobs", type=int, default=12, help="compile worker processes")
     parser.add_argument("--quick", action="store_true", help="b=2 only")
     parser.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
@@ -346,7 +378,7 @@ def main() -> int:
             "triton": __import__("triton").__version__, "copy_gbps": copy_gbps,
             "seconds": time.time() - start, "rows": rows}
     (args.out / "sweep_encode.json").write_text(json.dumps(info, indent=1))
-    md = f"# encode sweep on {info['device']}\n\n" + table(rows, copy_gbps)
+    md = f"# encode sweep on {info['device']}\n\n" + table(rows, copy_gbps) + best(rows)
     (args.out / "sweep_encode.md").write_text(md)
     bad = [r for r in rows if "error" in r or max(r["mismatch"].values(), default=0.0) > MAX_MISMATCH]
     for r in bad:

@@ -26,18 +26,22 @@ class EncodeConfig:
     """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages;
     dir_table (octopus keys): the winner's rho index from its score against the direction table (True) or
     from the search's own score (False); the two differ only where a score lies within float rounding of a
-    rho boundary (the -qjl codecs read the table for their residual either way)."""
+    rho boundary (the -qjl codecs read the table for their residual either way); max_registers: a register
+    cap per thread for the key kernel (Triton's maxnreg; ptxas spills beyond it)."""
 
     block_t: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
     dir_table: bool | None = None
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         _check_pow2("block_t", self.block_t, 16, 512)
         _check_pow2("num_warps", self.num_warps, 1, 16)
         if self.num_stages is not None and not 1 <= self.num_stages <= 4:
             raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+        if self.max_registers is not None and not 32 <= self.max_registers <= 255:
+            raise ValueError(f"max_registers must be in 32..255, got {self.max_registers}")
 
 
 def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
@@ -54,25 +58,30 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
 # (rows per program, warps) of the key kernel per codec: the fewest SASS instructions per key without spills
 # (benchmarks/count_sass_encode.py, sm_90, triton 3.6; 64k tokens, bf16 keys) until the H200 sweep
 # (benchmarks/sweep_encode.py) says otherwise. Head dims above 64 take the d=128 row (twice the registers
-# per row), 256 with half its rows.
+# per row), 256 with half its rows. KEY_LAUNCH_BITS overrides a codec at some bit widths.
 KEY_LAUNCH = {
     64: {"turboquant-mse": (128, 4), "turboquant-qjl": (64, 4), "polarquant": (128, 4), "octopus": (64, 4),
          "octopus-qjl": (128, 8)},
     128: {"turboquant-mse": (64, 4), "turboquant-qjl": (64, 4), "polarquant": (64, 8), "octopus": (64, 8),
           "octopus-qjl": (16, 4)},
 }
+# octopus b >= 3 at 64 rows and 4 warps takes 251-254 registers (one 4-warp program per SM); 128 rows and 8
+# warps count 5% more instructions at 205 (b=3) and 133 (b=4)
+KEY_LAUNCH_BITS = {(64, "octopus", 3): (128, 8), (64, "octopus", 4): (128, 8)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
 def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "",
-                   n_rows: int | None = None, device: torch.device | None = None) -> tuple[int, dict]:
-    """(rows per program, launch options). Keys: KEY_LAUNCH, its rows halved (to SMALL_BLOCK at least, 4 warps
-    at most) while the launch has fewer than two programs per SM (a decode step's unit: B x H rows). The
-    fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays per op, not per element, so it
-    takes 128 rows."""
+                   n_rows: int | None = None, device: torch.device | None = None,
+                   bits: int = 0) -> tuple[int, dict]:
+    """(rows per program, launch options). Keys: KEY_LAUNCH (KEY_LAUNCH_BITS for `bits`), its rows halved (to
+    SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than two programs per SM (a decode
+    step's unit: B x H rows). The fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays
+    per op, not per element, so it takes 128 rows."""
     cfg = config or EncodeConfig()
     if keys:
-        rows, warps = KEY_LAUNCH[64 if d <= 64 else 128][codec]
+        dk = 64 if d <= 64 else 128
+        rows, warps = KEY_LAUNCH_BITS.get((dk, codec, bits), KEY_LAUNCH[dk][codec])
         if d > 128:
             rows = max(SMALL_BLOCK, rows // 2)
         if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
@@ -81,8 +90,11 @@ def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str =
     else:
         rows, warps = (16 if d > 64 else 32), 4
     block_t = cfg.block_t or (128 if _interpreting() else rows)
-    return block_t, {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
-                     "enable_fp_fusion": False}
+    launch = {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
+              "enable_fp_fusion": False}
+    if keys and cfg.max_registers is not None:
+        launch["maxnreg"] = cfg.max_registers
+    return block_t, launch
 
 
 def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
@@ -174,7 +186,8 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
     words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
     s_words, s_wp, s_kp = _pack_shape(1, d)
     octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name, n_rows=n_rows, device=device)
+    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name, n_rows=n_rows, device=device,
+                                     bits=codec.bits)
     dir_table = DIR_TABLE if config is None or config.dir_table is None else config.dir_table
     consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
@@ -290,7 +303,7 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
     codes' chunk dtype), cached on the codec per value format, operand mode, launch configuration and the
     key rows per program a launch of n_rows rows takes (`_encode_launch`)."""
     cache = codec.__dict__.setdefault("_unit_constants", {})
-    rows = _encode_launch(codec.head_dim, config, True, codec.name, n_rows, device)[0]
+    rows = _encode_launch(codec.head_dim, config, True, codec.name, n_rows, device, codec.bits)[0]
     key = (bits, group, native, config, rows)
     if key not in cache:
         d = codec.head_dim
