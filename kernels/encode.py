@@ -8,6 +8,7 @@ from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 
 PI = tl.constexpr(3.141592653589793)
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
+PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
 
 
 @triton.jit
@@ -157,14 +158,45 @@ def _pack_whole(codes, N_BITS: tl.constexpr):
 
 
 @triton.jit
+def _pack_sum(codes, N_BITS: tl.constexpr):
+    """Codes [BT, CP] of N_BITS bits, N_BITS odd or twice odd and at most 7, CP a multiple of P -> (words,
+    their word numbers in the stream [1, W], -1 for padding). The stream repeats every P = 32 / gcd(N, 32)
+    codes (Q = P N / 32 words): per period, codes paired (c_2i | c_2i+1 << N), and word k the sum of the
+    pairs' pieces that fall in it (shifted left, or right for a pair that began in word k - 1)."""
+    BT: tl.constexpr = codes.shape[0]
+    CP: tl.constexpr = codes.shape[1]
+    P: tl.constexpr = 32 if N_BITS % 2 == 1 else 16
+    Q: tl.constexpr = N_BITS * P // 32
+    QP: tl.constexpr = 4 if Q <= 4 else 8
+    NPER: tl.constexpr = CP // P
+    c0, c1 = tl.split(tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, CP // 2, 2)))
+    v = tl.reshape(c0 | (c1 << N_BITS), (BT, NPER, P // 2))
+    off = (tl.arange(0, P // 2) * (2 * N_BITS))[None, None, :]
+    kk = tl.arange(0, QP)[None, None, :]
+    out = tl.zeros((BT, NPER, QP), tl.uint32)
+    for k in tl.static_range(Q):
+        sh = off - 32 * k
+        lo = v << tl.minimum(tl.maximum(sh, 0), 31).to(tl.uint32)
+        hi = v >> tl.minimum(tl.maximum(-sh, 0), 31).to(tl.uint32)
+        piece = tl.where((sh >= 0) & (sh < 32), lo, tl.where((sh < 0) & (sh > -2 * N_BITS), hi, 0))
+        out = tl.where(kk == k, tl.sum(piece, 2)[:, :, None], out)  # disjoint bit fields: sum = OR
+    q = tl.arange(0, QP)[None, :]
+    wmap = tl.where(q < Q, tl.arange(0, NPER)[:, None] * Q + q, -1)
+    return tl.reshape(out, (BT, NPER * QP)).to(tl.int32, bitcast=True), tl.reshape(wmap, (1, NPER * QP))
+
+
+@triton.jit
 def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
-    """Codes [BT, CP] (CP >= L, codes beyond L zero) -> words [BT, WP]: `_pack_whole` when the codes per word
-    are whole and fill the padded row, else `pack_codes` (a register gather)."""
+    """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
+    where unused): `_pack_whole` when the codes per word are whole and fill the padded row, `_pack_sum` for
+    3, 5, 6 and 7 bits over whole periods, else `pack_codes` (a register gather)."""
     CP: tl.constexpr = codes.shape[1]
     if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
-        return _pack_whole(codes, N_BITS)
+        return _pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
+    elif PACK_SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (32 if N_BITS % 2 == 1 else 16) == 0):
+        return _pack_sum(codes, N_BITS)
     else:
-        return pack_codes(codes, 0, L, N_BITS, WP, KP)
+        return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]
 
 
 @triton.jit
@@ -448,9 +480,10 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                    KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
                    HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
-    three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words
-    [BT, WP] at code J0 (zero elsewhere), and for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these
-    triplets (zeros otherwise)."""
+    three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
+    code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
+    [BT, WP] in order), and for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
+    otherwise)."""
     BT: tl.constexpr = xsg.shape[0]
     hrow = tl.arange(0, D)[:, None]
     lcol = tl.arange(0, W)[None, :]
@@ -465,10 +498,11 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
     code, i_rho, ddx, ddy, ddz = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
                                                B_DIR, B_RHO, DIR_TABLE, SPLIT)
     if J0 == 0 and W >= K_CODES:
-        words = _pack(code, K_CODES, K_BITS, WP, KP)
+        words, wmap = _pack(code, K_CODES, K_BITS, WP, KP)
     else:
         N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
         words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
+        wmap = tl.arange(0, WP)[None, :]
     acc = tl.zeros((BT, D), tl.float32)
     res2 = tl.zeros((BT,), tl.float32)
     if HAS_QJL:
@@ -488,7 +522,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
             qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
             ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
             acc += _dot_pm1(rc * qsg, ht, SPLIT)
-    return words, acc, res2
+    return words, wmap, acc, res2
 
 
 @triton.jit
@@ -564,11 +598,11 @@ def _encode_key_rows(
         if D >= 128:
             # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
             # instead of the D/2 of one power-of-two tile
-            words, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff,
-                                              qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D, LOG2D,
-                                              K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
-                                              DOT_NATIVE, SPLIT)
-            words_b, acc_b, res2_b = _octopus_words(xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g,
+            words, wmap, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d,
+                                                    hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+                                                    cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR,
+                                                    B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
+            words_b, _, acc_b, res2_b = _octopus_words(xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g,
                                                     inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
                                                     bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP,
                                                     B_DIR, B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
@@ -576,10 +610,10 @@ def _encode_key_rows(
             acc += acc_b
             res2 += res2_b
         else:
-            words, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff,
-                                              qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D, LOG2D,
-                                              K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
-                                              DOT_NATIVE, SPLIT)
+            words, wmap, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d,
+                                                    hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+                                                    cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR,
+                                                    B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
         if HAS_QJL:
             proj = acc
             gamma_r = tl.sqrt_rn(res2)
@@ -588,12 +622,12 @@ def _encode_key_rows(
         if CODEC == POLAR:
             # the angles need no division by gamma, only a scale that keeps the squares finite
             codes = _polar_codes(y * rscale[:, None], aux_ptr, BLOCK_T, D, LOG2D, K_BITS, SPLIT)
-            words = _pack(codes, K_CODES, K_BITS, WP, KP)
+            words, wmap = _pack(codes, K_CODES, K_BITS, WP, KP)
         else:
             u = _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
             if K_BITS > 0:
                 i_u = _index(u, bnd_ptr, K_BITS, SPLIT, True)
-                words = _pack(i_u, K_CODES, K_BITS, WP, KP)
+                words, wmap = _pack(i_u, K_CODES, K_BITS, WP, KP)
                 if HAS_QJL:
                     u_hat = _table(cent_ptr + i_u, SPLIT)
             else:
@@ -604,11 +638,11 @@ def _encode_key_rows(
             qsg = tl.load(qs_ptr + hoff + dcol)
             proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol).to(tl.float32), SPLIT)
     if K_WORDS > 0:
-        wcol = tl.arange(0, WP)[None, :]
-        tl.store(codes_ptr + dst[:, None] * K_WORDS + wcol, words, mask=ok[:, None] & (wcol < K_WORDS))
+        tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
+                 mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
     if HAS_QJL:
         tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
-        sbits = _pack((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
+        sbits, _ = _pack((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
         scol = tl.arange(0, S_WP)[None, :]
         tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 
