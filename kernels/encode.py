@@ -6,35 +6,8 @@ import triton.language as tl
 from .bits import bf16_bits, pack_codes, round_half_even
 from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 
-PI = tl.constexpr(3.141592653589793)
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
-
-
-@triton.jit
-def _atan2(y, x):
-    """atan2 in fp32 (Cephes atanf on the reduced ratio min/max, ~1e-7 rad), IEEE signs of zeros."""
-    ax = tl.abs(x)
-    ay = tl.abs(y)
-    hi = tl.maximum(ax, ay)
-    lo = tl.minimum(ax, ay)
-    a = tl.math.div_rn(lo, tl.where(hi > 0, hi, 1.0))
-    big = a > 0.41421356237309503
-    z = tl.where(big, tl.math.div_rn(a - 1.0, a + 1.0), a)
-    base = tl.where(big, PI / 4, 0.0)
-    z2 = z * z
-    poly = (((8.05374449538e-2 * z2 - 1.38776856032e-1) * z2 + 1.99777106478e-1) * z2 - 3.33329491539e-1)
-    r = base + (poly * z2 * z + z)
-    r = tl.where(ay > ax, PI / 2 - r, r)
-    x_neg = x.to(tl.int32, bitcast=True) < 0
-    r = tl.where(x_neg, PI - r, r)
-    y_neg = y.to(tl.int32, bitcast=True) < 0
-    return tl.where(y_neg, -r, r)
-
-
-@triton.jit
-def _sgn(x):
-    return tl.where(x < 0, -1.0, 1.0)
 
 
 @triton.jit
@@ -430,15 +403,6 @@ def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.c
 
 
 @triton.jit
-def _columns(x, idx, S: tl.constexpr):
-    """Columns idx [1, W] of x [BT, S] (a register gather along the row), 0 where idx >= S."""
-    BT: tl.constexpr = x.shape[0]
-    W: tl.constexpr = idx.shape[1]
-    g = tl.gather(x, tl.broadcast_to(tl.minimum(idx, S - 1), (BT, W)), axis=1)
-    return tl.where(idx < S, g, 0.0)
-
-
-@triton.jit
 def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, B_DIR: tl.constexpr,
                   B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
@@ -568,12 +532,14 @@ def _encode_key_rows(
     gamma = ||k|| (fp32, `_key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
     rotation a matmul with the +-1 Hadamard matrix (`_rotate`; the signs s_h and the matrices had_ptr /
     hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32), the per-row divisions as `_div_row`. Then
-    per codec: codebook search against boundaries (turboquant), recursive polar angles (polarquant),
-    octahedral seeds + local3x3 joint rounding (octopus, `_octopus_search`: the triplet coordinates come
-    straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; the
-    winner's rho index from its score against the direction table `dir_ptr` [3, 4^b_dir] (DIR_TABLE, always
-    for -qjl) or from the search's own score); the -qjl codecs add sigma = sign(R' (u - u_hat)) and
-    gamma_r = ||u - u_hat||.
+    per codec: codebook search against boundaries (turboquant, `_index`), recursive polar angles by cross
+    products against the boundaries' cos and sin (polarquant, `_polar_codes`; `aux_ptr` the trig table),
+    octahedral seeds + local3x3 joint rounding (octopus, `_octopus_words`: the triplet coordinates come
+    straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP], in two
+    tiles from d = 128; `_octopus_search` with `aux_ptr` the xi neighbour table; the winner's rho index from
+    its score against the direction table `dir_ptr` [3, 4^b_dir] (DIR_TABLE, always for -qjl) or from the
+    search's own score); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `_pack`'s word map.
     """
     ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
                                    BLOCK_T, ALIGNED)
