@@ -137,9 +137,17 @@ def main() -> int:
     parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T % block_t != 0)")
     parser.add_argument("--dir-table", type=int, choices=(0, 1), help="octopus: EncodeConfig.dir_table")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
+    parser.add_argument("--fast-path", action="store_true",
+                        help="octopus: leave out the rare re-decision of near ties (what most keys run)")
     parser.add_argument("--json")
     parser.add_argument("--dump", help="folder for each kernel's ttgir, ptx and sass")
     args = parser.parse_args()
+    if args.fast_path:
+        import triton.language as tl
+
+        from octopus_audio.kernels import encode
+
+        encode.EXACT_TIES = tl.constexpr(False)
     jobs = [(n, b, d) for n, b, d in JOBS if (args.codec in (None, n)) and (args.bits in (None, b))
             and (args.d in (None, d))] or [(args.codec, args.bits, args.d or 64)]
     rows = []

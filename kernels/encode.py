@@ -8,6 +8,8 @@ from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
+NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
+EXACT_TIES = tl.constexpr(True)  # `_octopus_tile`'s re-decision (off: count_sass_encode.py --fast-path)
 
 
 @triton.jit
@@ -218,7 +220,8 @@ def _polar_codes(y, trig_ptr, BT: tl.constexpr, D: tl.constexpr, LEVELS: tl.cons
     the lower boundaries with b cos beta - a sin beta > 0; for b < 0 it is h plus the same count for the
     reflected pair (-a, -b) (one rounding apart from the upper boundaries themselves); the middle boundary is
     tested on its own (trig row 0 holds cos, sin of level 1's boundaries; its sine's sign says on which side
-    of pi it was rounded). Levels >= 2: `_polar_radii`."""
+    of pi it was rounded). From 3 bits, pairs exactly on an axis or a diagonal (one in 1e5 with 16-bit keys)
+    take the reference's own code for that angle. Levels >= 2: `_polar_radii`."""
     NB: tl.constexpr = (1 << N_BITS) - 1
     H: tl.constexpr = 1 << (N_BITS - 1)
     a, b = tl.split(tl.reshape(y, (BT, D // 2, 2)))
@@ -236,6 +239,17 @@ def _polar_codes(y, trig_ptr, BT: tl.constexpr, D: tl.constexpr, LEVELS: tl.cons
     below_pi = (tl.zeros(b.shape, tl.float32) + s_mid) > 0
     mid = tl.where(neg, below_pi | cross, below_pi & cross)
     codes = tl.where(neg, H - 1, 0) + lower + mid.to(tl.int32)
+    if N_BITS >= 3:
+        # (a, b) on an axis or a diagonal lies exactly on a boundary from 3 bits (the cross products get the
+        # axes of 1 and 2 bits right): the reference's code there is whatever its atan2 rounds to, read from
+        # the table (9 cases after the trig rows)
+        sa = (a.to(tl.int32, bitcast=True) >> 31) & 1
+        sb = (b.to(tl.int32, bitcast=True) >> 31) & 1
+        bz = b == 0
+        az = a == 0
+        k = tl.where(bz, sa * (4 + 4 * sb), tl.where(az, 2 + 4 * sb, 1 + 2 * (2 * sb + (sa ^ sb))))
+        tie = bz | az | (tl.abs(a) == tl.abs(b))
+        codes = tl.where(tie, _table(trig_ptr + 2 * LEVELS * NB + k, ASM).to(tl.int32), codes)
     rest = _polar_radii(tl.fma(a, a, b * b), trig_ptr, BT, 1, D // 4, LEVELS, N_BITS, ASM)
     return _cat(codes, rest)
 
@@ -336,10 +350,11 @@ def _sign_of(x, s):
 
 
 @triton.jit
-def _try_direction(best, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
+def _try_direction(best, second, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
     """One local3x3 candidate: the grid point (xi, eta) = (sa A, sb B) unfolds to v = (sa X, sb Y, w),
     w = 1 - A - B, (X, Y) = (A, B) on the upper half and (1 - B, 1 - A) where w < 0; its score
-    s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K."""
+    s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K,
+    and the largest score below it."""
     w = oA - B
     lower = w < 0
     X = tl.where(lower, oB, A)
@@ -347,13 +362,15 @@ def _try_direction(best, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
     dot = tl.fma(txs, X, tl.fma(tys, Y, tz * w))
     s = dot * tl.math.rsqrt(tl.fma(X, X, tl.fma(Y, Y, w * w)))
     better = s > best
-    return tl.where(better, s, best), tl.where(better, K, best_k)
+    # the best score other than the best's own value (a grid-clamped repeat or a mirror scores the same)
+    second = tl.where(s == best, second, tl.maximum(second, tl.minimum(best, s)))
+    return tl.where(better, s, best), second, tl.where(better, K, best_k)
 
 
 @triton.jit
 def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
     """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
-    its score s = t.n_hat, the seeds' flat index).
+    its score s = t.n_hat, the runner-up's score, the seeds i_xi, i_eta).
 
     The reference keeps the candidate of least cost rho^2 - 2 c(s) s + c(s)^2 with c(s) the rho centroid
     nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
@@ -387,41 +404,80 @@ def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.c
     t1 = _sign_of(ty, b1)
     t2 = _sign_of(ty, b2)
     best = tl.full(tx.shape, float("-inf"), tl.float32)
+    second = best
     best_k = tl.zeros(tx.shape, tl.int32)
     for dx in tl.static_range(3):
         a = _table(rx + dx, ASM)
         A = tl.abs(a)
         oA = 1.0 - A
         txs = _sign_of(tx, a)
-        best, best_k = _try_direction(best, best_k, 3 * dx, tz, txs, A, oA, t0, B0, oB0)
-        best, best_k = _try_direction(best, best_k, 3 * dx + 1, tz, txs, A, oA, t1, B1, oB1)
-        best, best_k = _try_direction(best, best_k, 3 * dx + 2, tz, txs, A, oA, t2, B2, oB2)
+        best, second, best_k = _try_direction(best, second, best_k, 3 * dx, tz, txs, A, oA, t0, B0, oB0)
+        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 1, tz, txs, A, oA, t1, B1, oB1)
+        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 2, tz, txs, A, oA, t2, B2, oB2)
     kx = (best_k * 11) >> 5  # best_k // 3 for best_k < 9
     fx = tl.minimum(tl.maximum(i_xi + kx - 1, 0), M - 1)
     fy = tl.minimum(tl.maximum(i_eta + (best_k - 3 * kx) - 1, 0), M - 1)
-    return fx * M + fy, best, i_xi * M + i_eta
+    return fx * M + fy, best, second, i_xi, i_eta
 
 
 @triton.jit
-def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, B_DIR: tl.constexpr,
+def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
+                   B_RHO: tl.constexpr, ASM: tl.constexpr):
+    """The reference's local3x3 in its own arithmetic -> the flat direction index: per candidate (increasing
+    flat index) its direction from the table, s = t.n_hat, the rho index of s, cost (rho^2 - 2 c s) + c^2;
+    the least cost, the first on a tie."""
+    M: tl.constexpr = 1 << B_DIR
+    rho2 = (tx * tx + ty * ty) + tz * tz
+    best = tl.full(tx.shape, float("inf"), tl.float32)
+    flat = tl.zeros(tx.shape, tl.int32)
+    for dx in tl.static_range(3):
+        cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1) * M
+        for dy in tl.static_range(3):
+            f = cx + tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
+            s = (tx * _table(dir_ptr + f, ASM) + ty * _table(dir_ptr + M * M + f, ASM)) \
+                + tz * _table(dir_ptr + 2 * M * M + f, ASM)
+            rh = _table(cent_ptr + _index(s, bnd_ptr, B_RHO, ASM), ASM)
+            cost = (rho2 - 2.0 * rh * s) + rh * rh
+            better = cost < best
+            best = tl.where(better, cost, best)
+            flat = tl.where(better, f, flat)
+    return flat
+
+
+@triton.jit
+def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
                   B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
     indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
-    the rho index of the winner's score (against the table's direction with DIR_TABLE). A zero triplet
-    (rho = 0; tested as |tx| + |ty| + |tz| = 0, which differs from the reference's sum of squares only where
-    those underflow, |t| < 4e-23) keeps the placeholder direction's seeds and the rho index of s = 0."""
+    the rho index of the winner's score (against the table's direction with DIR_TABLE). Where the search's
+    two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
+    the reference's: a program holding such a triplet reruns every triplet's choice in the reference's
+    arithmetic (`_octopus_exact`; rare). A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
+    differs from the reference's sum of squares only where those underflow, |t| < 4e-23) keeps the
+    placeholder direction's seeds and the rho index of s = 0."""
     M: tl.constexpr = 1 << B_DIR
-    flat, s, seeds = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
-    flat = tl.where((tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0, seeds, flat)
-    if DIR_TABLE:
+    flat, s, second, i_xi, i_eta = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
+    # a zero triplet keeps its seeds (their direction feeds the -qjl residual); its s = 0 on either path
+    zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
+    near = valid & (second < s) & (s - second <= NEAR * tl.abs(s))
+    if EXACT_TIES and (tl.max(tl.max(near.to(tl.int32), 1), 0) > 0):
+        flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
+        flat = tl.where(zero, i_xi * M + i_eta, flat)
         ddx = _table(dir_ptr + flat, ASM)
         ddy = _table(dir_ptr + M * M + flat, ASM)
         ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
         s = (tx * ddx + ty * ddy) + tz * ddz
     else:
-        ddx = tl.zeros(tx.shape, tl.float32)
-        ddy = ddx
-        ddz = ddx
+        flat = tl.where(zero, i_xi * M + i_eta, flat)
+        if DIR_TABLE:
+            ddx = _table(dir_ptr + flat, ASM)
+            ddy = _table(dir_ptr + M * M + flat, ASM)
+            ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
+            s = (tx * ddx + ty * ddy) + tz * ddz
+        else:
+            ddx = tl.zeros(tx.shape, tl.float32)
+            ddy = ddx
+            ddz = ddx
     i_rho = _index(s, bnd_ptr, B_RHO, ASM)
     return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz
 
@@ -460,7 +516,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
-                                               B_DIR, B_RHO, DIR_TABLE, SPLIT)
+                                               cent_ptr, B_DIR, B_RHO, DIR_TABLE, SPLIT)
     if J0 == 0 and W >= K_CODES:
         words, wmap = _pack(code, K_CODES, K_BITS, WP, KP)
     else:

@@ -55,45 +55,50 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
     return words, _pow2(max(words, 1)), _pow2(most)
 
 
-# (rows per program, warps) of the key kernel per codec: the fewest SASS instructions per key without spills
-# (benchmarks/count_sass_encode.py, sm_90, triton 3.6; 64k tokens, bf16 keys) until the H200 sweep
-# (benchmarks/sweep_encode.py) says otherwise. Head dims above 64 take the d=128 row (twice the registers
-# per row), 256 with half its rows. KEY_LAUNCH_BITS overrides a codec at some bit widths.
+# (rows per program, warps, register cap or None) of the key kernel per codec: the fastest launch of the
+# H200 sweep (benchmarks/results/h200_2026-11-30d, at 1c34463; octopus's near-tie re-decision and the
+# 3/5/6/7-bit packing came later), else the fewest SASS instructions per key without spills
+# (count_sass_encode.py). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
+# overrides a codec at a bit width.
 KEY_LAUNCH = {
-    64: {"turboquant-mse": (128, 4), "turboquant-qjl": (64, 4), "polarquant": (128, 4), "octopus": (64, 4),
-         "octopus-qjl": (128, 8)},
-    128: {"turboquant-mse": (64, 4), "turboquant-qjl": (64, 4), "polarquant": (64, 8), "octopus": (64, 8),
-          "octopus-qjl": (16, 4)},
+    64: {"turboquant-mse": (64, 4, 128), "turboquant-qjl": (64, 4, 128), "polarquant": (64, 4, None),
+         "octopus": (64, 4, 128), "octopus-qjl": (128, 8, 128)},
+    128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
+          "octopus": (64, 8, None), "octopus-qjl": (16, 4, None)},
 }
-# octopus b >= 3 at 64 rows and 4 warps takes 251-254 registers (one 4-warp program per SM); 128 rows and 8
-# warps count 5% more instructions at 205 (b=3) and 133 (b=4)
-KEY_LAUNCH_BITS = {(64, "octopus", 3): (128, 8), (64, "octopus", 4): (128, 8)}
+KEY_LAUNCH_BITS = {(64, "turboquant-mse", 2): (128, 8, None), (64, "turboquant-mse", 3): (64, 4, None),
+                   (64, "octopus-qjl", 4): (64, 4, None)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
 def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "",
                    n_rows: int | None = None, device: torch.device | None = None,
                    bits: int = 0) -> tuple[int, dict]:
-    """(rows per program, launch options). Keys: KEY_LAUNCH (KEY_LAUNCH_BITS for `bits`), its rows halved (to
-    SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than two programs per SM (a decode
-    step's unit: B x H rows). The fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays
-    per op, not per element, so it takes 128 rows."""
+    """(rows per program, launch options). Keys: KEY_LAUNCH (KEY_LAUNCH_BITS for `bits`; its register cap
+    only where the config leaves rows and warps to it), its rows halved (to SMALL_BLOCK at least, 4 warps at
+    most) while the launch has fewer than two programs per SM (a decode step's unit: B x H rows). The
+    fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays per op, not per element, so it
+    takes 128 rows."""
     cfg = config or EncodeConfig()
     if keys:
         dk = 64 if d <= 64 else 128
-        rows, warps = KEY_LAUNCH_BITS.get((dk, codec, bits), KEY_LAUNCH[dk][codec])
+        rows, warps, cap = KEY_LAUNCH_BITS.get((dk, codec, bits), KEY_LAUNCH[dk][codec])
         if d > 128:
             rows = max(SMALL_BLOCK, rows // 2)
         if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
             while rows > SMALL_BLOCK and -(-n_rows // rows) < 2 * _sm_count(device):
                 rows, warps = rows // 2, min(warps, 4)
     else:
-        rows, warps = (16 if d > 64 else 32), 4
+        rows, warps, cap = (16 if d > 64 else 32), 4, None
     block_t = cfg.block_t or (128 if _interpreting() else rows)
     launch = {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
               "enable_fp_fusion": False}
-    if keys and cfg.max_registers is not None:
-        launch["maxnreg"] = cfg.max_registers
+    if cfg.max_registers is not None:
+        cap = cfg.max_registers
+    elif cfg.block_t is not None or cfg.num_warps is not None:
+        cap = None  # the table's cap goes with its own rows and warps
+    if keys and cap is not None:
+        launch["maxnreg"] = cap
     return block_t, launch
 
 
@@ -142,12 +147,21 @@ def _xi_triples(codec: KernelCodec) -> torch.Tensor:
 
 
 def _polar_trig(codec: KernelCodec) -> torch.Tensor:
-    """[2, levels, 2^b - 1] fp32 from the fp32 polarquant boundaries, in float64: level 1 (row 0) cos and sin
-    of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii)."""
+    """fp32, flat: [2, levels, 2^b - 1] from the fp32 polarquant boundaries, in float64: level 1 (row 0) cos
+    and sin of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii); then 9 level-1
+    codes as the reference computes them, in fp32 on the codec's device (its atan2 decides where the angle
+    lies exactly on a boundary), of the pairs (a, b) at angles k pi/4, k < 8, and (-1, -0)."""
     beta = codec.boundaries.double()
     c, s = torch.cos(beta), torch.sin(beta)
     c[1:], s[1:] = c[1:] ** 2, s[1:] ** 2
-    return torch.stack([c, s]).float().contiguous()
+    k = torch.arange(9, device=beta.device, dtype=torch.float64)
+    a = torch.where(k == 8, -1.0, torch.round(torch.cos(k * (math.pi / 4)))).float()
+    b = torch.round(torch.sin(k * (math.pi / 4))).float()
+    b = torch.where(k == 8, -torch.zeros_like(b), b)
+    psi = torch.atan2(b, a)
+    psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
+    ties = torch.searchsorted(codec.boundaries[0].contiguous(), psi.contiguous(), right=False)
+    return torch.cat([torch.stack([c, s]).float().reshape(-1), ties.float()])
 
 
 def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,

@@ -103,6 +103,59 @@ def test_encode_keys_aligned_blocks_match_codec(name, bits, d, dtype):
             assert _mismatch(a, b) == 0.0, field
 
 
+TIE_CASES = [("polarquant", 2, torch.bfloat16), ("polarquant", 3, torch.float32),
+             ("polarquant", 4, torch.bfloat16), ("octopus", 2, torch.bfloat16),
+             ("octopus-qjl", 4, torch.float16)]
+SPARSE_KEYS = [(0, None, 0), (0, 1, 1), (0, 1, -1), (3, 17, 1), (5, 40, -1), (63, 62, 1)]  # (i, j, sign of j)
+
+
+@pytest.mark.parametrize("name,bits,dtype", TIE_CASES,
+                         ids=[f"{n}-b{b}-{str(t)[6:]}" for n, b, t in TIE_CASES])
+def test_encode_keys_exact_ties_match_codec(name, bits, dtype):
+    """Keys of one or two equal nonzero channels rotate to coordinates of equal magnitude or zero: polar
+    angles exactly on an axis or a diagonal (on a boundary; the reference's atan2 decides), octopus triplets
+    with mirror-image candidates of equal score. The kernel must decide them as the reference does."""
+    d, heads = 64, 2
+    k = torch.zeros(1, heads, 24, d)
+    for t, (i, j, sj) in enumerate(SPARSE_KEYS):
+        k[0, :, t, i] = 2.0 ** (t - 3)
+        if j is not None:
+            k[0, :, t, j] = sj * 2.0 ** (t - 3)
+    k[0, :, 6:] = torch.randn(heads, 18, d, generator=torch.Generator().manual_seed(bits))
+    k = k.to(dtype).to(DEVICE)
+    codec = get_codec(name, bits, d, seed=4)
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    want = codec.encode(k.cpu())
+    for field in ("codes", "gamma", "signs", "gamma_r"):
+        a, b = getattr(got, field), getattr(want, field)
+        if a is not None:
+            assert _mismatch(a, b) == 0.0, field
+
+
+EXACT_CASES = [("octopus", 3, 64, torch.bfloat16), ("octopus-qjl", 2, 128, torch.float32)]
+
+
+@pytest.mark.parametrize("name,bits,d,dtype", EXACT_CASES,
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in EXACT_CASES])
+def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeypatch):
+    """With every score pair counted as a near tie, every program takes the reference-arithmetic path of
+    local3x3 (`_octopus_exact`, otherwise rare): it must give the reference's codes too."""
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import encode
+
+    monkeypatch.setattr(encode, "NEAR", tl.constexpr(1.0))
+    heads, tokens = 2, 45
+    codec = get_codec(name, bits, d, seed=2)
+    k = _keys((1, heads, tokens, d), dtype, seed=bits + 200)
+    k[0, 0, 3] = 0.0
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    want = codec.encode(k.cpu())
+    for field in ("codes", "gamma", "signs", "gamma_r"):
+        a, b = getattr(got, field), getattr(want, field)
+        if a is not None:
+            assert _mismatch(a, b) == 0.0, field
+
+
 def test_kernel_codebooks_are_symmetric():
     """The encode kernel counts only the positive half of the coordinate (turboquant) and xi (octopus seeds)
     boundaries (`_index_sym`): that needs beta_{h-1+j} = -beta_{h-1-j} exactly in fp32, for every codebook
