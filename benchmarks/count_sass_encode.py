@@ -27,7 +27,7 @@ JOBS = [("turboquant-mse", b, 64) for b in (2, 3, 4)] + [("turboquant-qjl", b, 6
     ("octopus-qjl", b, 64) for b in (2, 3, 4)] + [("octopus", 2, 128)]
 
 
-def _compile(fn, types: dict, constexprs: dict, num_warps: int):
+def _compile(fn, types: dict, constexprs: dict, num_warps: int, maxnreg: int | None = None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -38,8 +38,10 @@ def _compile(fn, types: dict, constexprs: dict, num_warps: int):
     div16 = [p for p in params if p not in constexprs and (p.endswith("_ptr") or p.startswith("stride"))]
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in div16}
     src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": False})
+    options = {"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": False}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _tool(name: str) -> str:
@@ -98,7 +100,7 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None, dir_table: 
 
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
           dump: str | None = None, aligned: bool = True, dir_table: bool | None = None,
-          dtype: str = "bf16") -> dict:
+          dtype: str = "bf16", exact: int = 1) -> dict:
     from octopus_audio.kernels.encode import _encode_keys_kernel
 
     consts, rows, launch = key_constants(name, bits, d, block_t, dir_table, native=dtype != "fp32")
@@ -107,8 +109,11 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
                                   "flag_ptr")}
     # the Hadamard matrices and rotation signs come in the keys' dtype (encode_ops._encode_tables)
     types.update(had_ptr=f"*{dtype}", hadt_ptr=f"*{dtype}", rs_ptr=f"*{dtype}", k_ptr=f"*{dtype}",
-                 codes_ptr="*i32", gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", inv_sqrt_d="fp32")
-    kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned), warps)
+                 codes_ptr="*i32", gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", near_ptr="*i32",
+                 inv_sqrt_d="fp32")
+    exact = exact if name.startswith("octopus") else 0
+    kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact),
+                      warps, launch.get("maxnreg") if num_warps is None else None)
     st = sass_stats(kernel)
     if dump:
         os.makedirs(dump, exist_ok=True)
@@ -120,6 +125,7 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
             f.write(sass_text(kernel))
     per_key = st["instructions"] * warps / rows
     st.update(codec=name, bits=bits, d=d, block_t=rows, num_warps=warps, per_key=per_key, aligned=aligned,
+              maxnreg=launch.get("maxnreg") if num_warps is None else None, exact=exact,
               dtype=dtype,
               dir_table=consts["DIR_TABLE"],
               bound_ms=per_key * KEYS * (16 if d == 64 else 32) / 16 / ISSUE_RATE * 1e3)
@@ -137,17 +143,12 @@ def main() -> int:
     parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T % block_t != 0)")
     parser.add_argument("--dir-table", type=int, choices=(0, 1), help="octopus: EncodeConfig.dir_table")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
-    parser.add_argument("--fast-path", action="store_true",
-                        help="octopus: leave out the rare re-decision of near ties (what most keys run)")
+    parser.add_argument("--exact", type=int, choices=(0, 1, 2), default=1,
+                        help="octopus: the kernel's EXACT (1: encode_keys's first launch, what every key "
+                             "runs; 2: its second, for blocks with a near tie; 0: encode_unit's inline one)")
     parser.add_argument("--json")
     parser.add_argument("--dump", help="folder for each kernel's ttgir, ptx and sass")
     args = parser.parse_args()
-    if args.fast_path:
-        import triton.language as tl
-
-        from octopus_audio.kernels import encode
-
-        encode.EXACT_TIES = tl.constexpr(False)
     jobs = [(n, b, d) for n, b, d in JOBS if (args.codec in (None, n)) and (args.bits in (None, b))
             and (args.d in (None, d))] or [(args.codec, args.bits, args.d or 64)]
     rows = []
@@ -155,9 +156,10 @@ def main() -> int:
         for bt in args.block_t:
             for nw in args.num_warps:
                 r = count(name, bits, d, bt, nw, args.dump, not args.unaligned,
-                          None if args.dir_table is None else bool(args.dir_table), args.dtype)
+                          None if args.dir_table is None else bool(args.dir_table), args.dtype, args.exact)
                 rows.append(r)
                 print(f"{name:15s} b={bits} d={d:3d} block_t={r['block_t']:3d} warps={r['num_warps']} "
+                      f"cap={r['maxnreg']} "
                       f"instr={r['instructions']:6d} per key={r['per_key']:7.1f} regs={r['regs']} "
                       f"stack={r['stack']} spills st/ld={r['spill_st']}/{r['spill_ld']} "
                       f"cvt={r['convert_layout']} issue bound {r['bound_ms']:.3f} ms", flush=True)

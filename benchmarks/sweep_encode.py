@@ -44,8 +44,8 @@ def _cfg(block_t=None, num_warps=None, max_registers=None, dir_table=None):
 ALTERNATIVES = {"turboquant-mse": [(128, 4, None), (128, 8, None), (64, 4, 128)],
                 "turboquant-qjl": [(64, 4, None), (128, 4, None)],
                 "polarquant": [(128, 4, None), (64, 4, 128)],
-                "octopus": [(64, 4, None), (128, 8, None), (128, 8, 128)],
-                "octopus-qjl": [(64, 4, None), (128, 8, None), (64, 4, 128)]}
+                "octopus": [(64, 4, 128), (64, 4, None), (128, 8, None)],
+                "octopus-qjl": [(64, 4, None), (128, 8, 128)]}
 ALTERNATIVES_D128 = {"octopus": [(32, 4, None), (64, 8, 128)]}
 
 

@@ -9,7 +9,6 @@ from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
-EXACT_TIES = tl.constexpr(True)  # `_octopus_tile`'s re-decision (off: count_sass_encode.py --fast-path)
 
 
 @triton.jit
@@ -161,14 +160,15 @@ def _pack_sum(codes, N_BITS: tl.constexpr):
 
 
 @triton.jit
-def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
+def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+          SUM: tl.constexpr = True):
     """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
     where unused): `_pack_whole` when the codes per word are whole and fill the padded row, `_pack_sum` for
-    3, 5, 6 and 7 bits over whole periods, else `pack_codes` (a register gather)."""
+    3, 5, 6 and 7 bits over whole periods (with SUM), else `pack_codes` (a register gather)."""
     CP: tl.constexpr = codes.shape[1]
     if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
         return _pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
-    elif PACK_SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (32 if N_BITS % 2 == 1 else 16) == 0):
+    elif SUM and PACK_SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
         return _pack_sum(codes, N_BITS)
     else:
         return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]
@@ -446,21 +446,23 @@ def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: t
 
 @triton.jit
 def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
-                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, ASM: tl.constexpr):
+                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
     indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
     the rho index of the winner's score (against the table's direction with DIR_TABLE). Where the search's
     two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
-    the reference's: a program holding such a triplet reruns every triplet's choice in the reference's
-    arithmetic (`_octopus_exact`; rare). A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
+    the reference's: EXACT 0, a program holding such a triplet reruns every triplet's choice in the
+    reference's arithmetic (`_octopus_exact`; rare); 1, the choice stays the search's and the last value
+    returned says whether the tile holds one (a second launch with EXACT 2 redoes such programs); 2, every
+    choice in the reference's arithmetic. A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
     differs from the reference's sum of squares only where those underflow, |t| < 4e-23) keeps the
     placeholder direction's seeds and the rho index of s = 0."""
     M: tl.constexpr = 1 << B_DIR
     flat, s, second, i_xi, i_eta = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
     # a zero triplet keeps its seeds (their direction feeds the -qjl residual); its s = 0 on either path
     zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
-    near = valid & (second < s) & (s - second <= NEAR * tl.abs(s))
-    if EXACT_TIES and (tl.max(tl.max(near.to(tl.int32), 1), 0) > 0):
+    near = tl.max(tl.max((valid & (second < s) & (s - second <= NEAR * tl.abs(s))).to(tl.int32), 1), 0)
+    if (EXACT == 2) or ((EXACT == 0) and (near > 0)):
         flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
         flat = tl.where(zero, i_xi * M + i_eta, flat)
         ddx = _table(dir_ptr + flat, ASM)
@@ -479,7 +481,7 @@ def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_pt
             ddy = ddx
             ddz = ddx
     i_rho = _index(s, bnd_ptr, B_RHO, ASM)
-    return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz
+    return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz, near
 
 
 @triton.jit
@@ -498,12 +500,12 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
                    LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
                    KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
-                   HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
+                   HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
     code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
-    [BT, WP] in order), and for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
-    otherwise)."""
+    [BT, WP] in order), for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
+    otherwise), and `_octopus_tile`'s near-tie flag."""
     BT: tl.constexpr = xsg.shape[0]
     hrow = tl.arange(0, D)[:, None]
     lcol = tl.arange(0, W)[None, :]
@@ -515,10 +517,11 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
     tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
-    code, i_rho, ddx, ddy, ddz = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
-                                               cent_ptr, B_DIR, B_RHO, DIR_TABLE, SPLIT)
+    code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
+                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, DIR_TABLE, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
-        words, wmap = _pack(code, K_CODES, K_BITS, WP, KP)
+        # (the period sums lift octopus-qjl b=2 to 255 registers and spills; its gather pack does not)
+        words, wmap = _pack(code, K_CODES, K_BITS, WP, KP, not HAS_QJL)
     else:
         N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
         words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
@@ -542,12 +545,12 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
             qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
             ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
             acc += _dot_pm1(rc * qsg, ht, SPLIT)
-    return words, wmap, acc, res2
+    return words, wmap, acc, res2, near
 
 
 @triton.jit
 def _encode_keys_kernel(
-    k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
+    k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr, near_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
@@ -556,21 +559,34 @@ def _encode_keys_kernel(
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
 ):
-    """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`)."""
-    _encode_key_rows(
-        tl.program_id(0), k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
-        gamma_r_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-        dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-        CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
-        S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)
+    """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`). Octopus runs twice:
+    EXACT 1 writes near_ptr[pid] (the block holds a near tie, `_octopus_tile`), then EXACT 2 redoes just
+    those blocks in the reference's arithmetic (a separate kernel keeps that rare path's registers out of
+    the first)."""
+    pid = tl.program_id(0)
+    if EXACT == 2:
+        if tl.load(near_ptr + pid) != 0:
+            _encode_key_rows(
+                pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+                flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
+                dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+                CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL,
+                S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+    else:
+        _encode_key_rows(
+            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+            flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
+            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
 
 @triton.jit
 def _encode_key_rows(
     pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
-    had_ptr, hadt_ptr, rs_ptr, qs_ptr,
+    near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
@@ -578,7 +594,7 @@ def _encode_key_rows(
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
 ):
     """Rows [BLOCK_T] (block `pid`) of a unit K [B, H, T, D] (row r is token r % T of head (r // T) % H; the
     input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to rows
@@ -620,22 +636,25 @@ def _encode_key_rows(
         if D >= 128:
             # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
             # instead of the D/2 of one power-of-two tile
-            words, wmap, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d,
-                                                    hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
-                                                    cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR,
-                                                    B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
-            words_b, _, acc_b, res2_b = _octopus_words(xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g,
-                                                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-                                                    bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP,
-                                                    B_DIR, B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
+            words, wmap, acc, res2, near = _octopus_words(
+                xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
+                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
+                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
+            words_b, _, acc_b, res2_b, near_b = _octopus_words(
+                xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
+                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
+                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
             words = words | words_b
             acc += acc_b
             res2 += res2_b
+            near = tl.maximum(near, near_b)
         else:
-            words, wmap, acc, res2 = _octopus_words(xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d,
-                                                    hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
-                                                    cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR,
-                                                    B_RHO, DIR_TABLE, HAS_QJL, DOT_NATIVE, SPLIT)
+            words, wmap, acc, res2, near = _octopus_words(
+                xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
+                bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
+                DOT_NATIVE, SPLIT, EXACT)
+        if EXACT == 1:
+            tl.store(near_ptr + pid, near)
         if HAS_QJL:
             proj = acc
             gamma_r = tl.sqrt_rn(res2)
@@ -778,10 +797,10 @@ def _encode_unit_kernel(
     if pid < key_programs:
         _encode_key_rows(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-            flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-            n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+            flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
+            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
             CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
-            S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED)
+            S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
                              scale_ptr, min_ptr, flag_ptr + 1, n_groups, T, H, T_OUT, OFFSET, D, GROUP,

@@ -55,19 +55,19 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
     return words, _pow2(max(words, 1)), _pow2(most)
 
 
-# (rows per program, warps, register cap or None) of the key kernel per codec: the fastest launch of the
-# H200 sweep (benchmarks/results/h200_2026-11-30d, at 1c34463; octopus's near-tie re-decision and the
-# 3/5/6/7-bit packing came later), else the fewest SASS instructions per key without spills
-# (count_sass_encode.py). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
+# (rows per program, warps, register cap or None) of the key kernel per codec: the H200 sweep
+# (benchmarks/results/h200_2026-11-30d, at 1c34463) where the kernel has not changed since (turboquant,
+# polarquant), else the fewest SASS instructions per key without spills (count_sass_encode.py; octopus since
+# its near-tie flags). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
 # overrides a codec at a bit width.
 KEY_LAUNCH = {
     64: {"turboquant-mse": (64, 4, 128), "turboquant-qjl": (64, 4, 128), "polarquant": (64, 4, None),
-         "octopus": (64, 4, 128), "octopus-qjl": (128, 8, 128)},
+         "octopus": (64, 4, None), "octopus-qjl": (128, 8, None)},
     128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
           "octopus": (64, 8, None), "octopus-qjl": (16, 4, None)},
 }
 KEY_LAUNCH_BITS = {(64, "turboquant-mse", 2): (128, 8, None), (64, "turboquant-mse", 3): (64, 4, None),
-                   (64, "octopus-qjl", 4): (64, 4, None)}
+                   (64, "octopus", 3): (128, 8, None), (64, "octopus", 4): (128, 8, None)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
@@ -243,12 +243,19 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     signs = torch.empty(*lead, consts["S_WORDS"], device=dev, dtype=torch.int32) if codec.has_qjl else None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = _dummy(dev)
-    _encode_keys_kernel[(triton.cdiv(n_rows, block_t),)](
-        kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
-        signs if signs is not None else dummy, gamma_r.view(torch.int16) if gamma_r is not None else dummy,
-        dummy, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
-        n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, **consts, **launch,
-    )
+    programs = triton.cdiv(n_rows, block_t)
+    octo = codec.name.startswith("octopus")
+    # octopus: a second launch redoes the blocks the first flags (near ties, encode._octopus_tile)
+    near = torch.empty(programs, device=dev, dtype=torch.int32) if octo and programs else dummy
+    gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
+    for exact in (1, 2) if octo else (0,):
+        _encode_keys_kernel[(programs,)](
+            kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
+            signs if signs is not None else dummy, gamma_r16,
+            dummy, near, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
+            n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, EXACT=exact,
+            **consts, **launch,
+        )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 

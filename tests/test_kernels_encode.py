@@ -156,6 +156,22 @@ def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeyp
             assert _mismatch(a, b) == 0.0, field
 
 
+def test_fused_unit_near_tie_redecision_matches_codec(monkeypatch):
+    """The fused unit kernel re-decides near ties inside its one launch (EXACT 0): with every score pair a
+    near tie, its keys must still be the reference's."""
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import encode, encode_ops
+
+    monkeypatch.setattr(encode, "NEAR", tl.constexpr(1.0))
+    b, h, t, d = 1, 2, 9, 64
+    kc = backend.kernel_codec(get_codec("octopus", 3, d, seed=8), h, DEVICE)
+    k, v = _qkv_views(b, t, h, d, torch.bfloat16, seed=9)
+    keys, values = _store(kc, b, h, t, d, 2, 16)
+    encode_ops.encode_unit(k, v, kc, keys, values, 0)
+    want = get_codec("octopus", 3, d, seed=8).encode(k.cpu())
+    assert torch.equal(keys.codes.cpu(), want.codes) and torch.equal(keys.gamma.cpu(), want.gamma)
+
+
 def test_kernel_codebooks_are_symmetric():
     """The encode kernel counts only the positive half of the coordinate (turboquant) and xi (octopus seeds)
     boundaries (`_index_sym`): that needs beta_{h-1+j} = -beta_{h-1-j} exactly in fp32, for every codebook
