@@ -354,7 +354,7 @@ def _try_direction(best, second, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B
     """One local3x3 candidate: the grid point (xi, eta) = (sa A, sb B) unfolds to v = (sa X, sb Y, w),
     w = 1 - A - B, (X, Y) = (A, B) on the upper half and (1 - B, 1 - A) where w < 0; its score
     s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K,
-    and the largest score below it."""
+    and the runner-up's score (equal to the best's on a tie)."""
     w = oA - B
     lower = w < 0
     X = tl.where(lower, oB, A)
@@ -362,8 +362,9 @@ def _try_direction(best, second, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B
     dot = tl.fma(txs, X, tl.fma(tys, Y, tz * w))
     s = dot * tl.math.rsqrt(tl.fma(X, X, tl.fma(Y, Y, w * w)))
     better = s > best
-    # the best score other than the best's own value (a grid-clamped repeat or a mirror scores the same)
-    second = tl.where(s == best, second, tl.maximum(second, tl.minimum(best, s)))
+    # the largest score below or equal to the best, the best's own value once (a repeat at the grid's edge
+    # scores NaN: `_xi_triples`)
+    second = tl.where(better, best, tl.where(s <= best, tl.maximum(second, s), second))
     return tl.where(better, s, best), second, tl.where(better, K, best_k)
 
 
@@ -451,7 +452,8 @@ def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_pt
     indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
     the rho index of the winner's score (against the table's direction with DIR_TABLE). Where the search's
     two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
-    the reference's: EXACT 0, a program holding such a triplet reruns every triplet's choice in the
+    the reference's (as may an exact tie off the symmetry planes): EXACT 0, a program holding such a triplet
+    reruns every triplet's choice in the
     reference's arithmetic (`_octopus_exact`; rare); 1, the choice stays the search's and the last value
     returned says whether the tile holds one (a second launch with EXACT 2 redoes such programs); 2, every
     choice in the reference's arithmetic. A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
@@ -461,7 +463,10 @@ def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_pt
     flat, s, second, i_xi, i_eta = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
     # a zero triplet keeps its seeds (their direction feeds the -qjl residual); its s = 0 on either path
     zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
-    near = tl.max(tl.max((valid & (second < s) & (s - second <= NEAR * tl.abs(s))).to(tl.int32), 1), 0)
+    # exact mirror images score alike in both arithmetics (t on a symmetry plane: tx or ty 0, |tx| = |ty|);
+    # any other pair of scores within NEAR may be ordered unlike the reference's
+    sym = (tx == 0) | (ty == 0) | (tl.abs(tx) == tl.abs(ty))
+    near = tl.max(tl.max((valid & ~sym & (s - second <= NEAR * tl.abs(s))).to(tl.int32), 1), 0)
     if (EXACT == 2) or ((EXACT == 0) and (near > 0)):
         flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
         flat = tl.where(zero, i_xi * M + i_eta, flat)

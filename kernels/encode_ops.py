@@ -66,8 +66,7 @@ KEY_LAUNCH = {
     128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
           "octopus": (64, 8, None), "octopus-qjl": (16, 4, None)},
 }
-KEY_LAUNCH_BITS = {(64, "turboquant-mse", 2): (128, 8, None), (64, "turboquant-mse", 3): (64, 4, None),
-                   (64, "octopus", 3): (128, 8, None), (64, "octopus", 4): (128, 8, None)}
+KEY_LAUNCH_BITS = {(64, "turboquant-mse", 2): (128, 8, None), (64, "turboquant-mse", 3): (64, 4, None)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
@@ -137,12 +136,14 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 
 def _xi_triples(codec: KernelCodec) -> torch.Tensor:
-    """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0) with indices clamped to the grid, the
-    xi values of a seed's three local3x3 neighbours (one row read per seed)."""
+    """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0), the xi values of a seed's three
+    local3x3 neighbours (one row read per seed); NaN off the grid, where the reference's clamped index
+    repeats a neighbour (a NaN candidate never wins and never counts as the runner-up)."""
     c = codec.xi_centroids
     m = c.numel()
     i = torch.arange(m, device=c.device)
-    cols = [c[(i + k).clamp(0, m - 1)] for k in (-1, 0, 1)]
+    nan = torch.full_like(c, float("nan"))
+    cols = [torch.where((i + k >= 0) & (i + k < m), c[(i + k).clamp(0, m - 1)], nan) for k in (-1, 0, 1)]
     return torch.stack(cols + [torch.zeros_like(c)], 1).contiguous()
 
 
