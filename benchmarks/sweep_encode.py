@@ -40,7 +40,7 @@ def _cfg(block_t=None, num_warps=None, max_registers=None, dir_table=None):
 
 
 # alternatives to the default launch (rows, warps, register cap) per codec, those equal to the default left
-# out: at b=2 all, at b=3 and 4 the first two. Register caps trade a few spills for more programs per SM.
+# out: at b=2 all, at b=3 and 4 the first. Register caps trade a few spills for more programs per SM.
 ALTERNATIVES = {"turboquant-mse": [(128, 4, None), (128, 8, None), (64, 4, 128)],
                 "turboquant-qjl": [(64, 4, None), (128, 4, None)],
                 "polarquant": [(128, 4, None), (64, 4, 128)],
@@ -67,7 +67,7 @@ def key_jobs(quick: bool) -> list[tuple[str, int, tuple, str, object]]:
                         if a not in (old, new)]
                 rows = [("previous default", _cfg(*old))] if bits == 2 else []
                 rows.append(("default", None))
-                for t, w, cap in alts[:None if bits == 2 else 2]:
+                for t, w, cap in alts[:None if bits == 2 else 1]:
                     rows.append((f"{t} rows {w} warps" + (f", max {cap} registers" if cap else ""),
                                  _cfg(t, w, cap)))
                 if name == "octopus" and bits == 2:
