@@ -60,13 +60,17 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
 # polarquant), else the fewest SASS instructions per key without spills (count_sass_encode.py; octopus since
 # its near-tie flags). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
 # overrides a codec at a bit width.
+# 2026-11-30, at 343bb44: the d=64 rows and octopus b=2 at d=128 are the fastest launch of the H200 sweep
+# (benchmarks/results/h200_2026-11-30f/sweep_encode.md, every row checked against the library on the GPU)
 KEY_LAUNCH = {
-    64: {"turboquant-mse": (64, 4, 128), "turboquant-qjl": (64, 4, 128), "polarquant": (64, 4, None),
-         "octopus": (64, 4, None), "octopus-qjl": (128, 8, None)},
+    64: {"turboquant-mse": (64, 4, 128), "turboquant-qjl": (64, 4, None), "polarquant": (64, 4, None),
+         "octopus": (64, 4, None), "octopus-qjl": (64, 4, None)},
     128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
-          "octopus": (64, 8, None), "octopus-qjl": (16, 4, None)},
+          "octopus": (64, 8, 128), "octopus-qjl": (16, 4, None)},
 }
-KEY_LAUNCH_BITS = {(64, "turboquant-mse", 2): (128, 8, None), (64, "turboquant-mse", 3): (64, 4, None)}
+KEY_LAUNCH_BITS = {(64, "turboquant-mse", 3): (128, 4, None), (64, "turboquant-qjl", 4): (64, 4, 128),
+                   (64, "polarquant", 2): (128, 4, None), (64, "octopus", 3): (64, 4, 128),
+                   (64, "octopus", 4): (64, 4, 128), (64, "octopus-qjl", 2): (128, 8, 128)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
