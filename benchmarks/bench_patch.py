@@ -607,7 +607,7 @@ def main() -> None:
         t0 = time.perf_counter()
         if what in ("kernels", "syncs", "nan", "profile"):
             checks_out = report["checks"].setdefault(what, {})
-            key = name if what != "profile" else name
+            key = name  # a profile at a batch above 1 is keyed name:batch (below)
             try:
                 if what == "kernels":
                     checks_out.update(kernel_check([name], args.bits))
