@@ -571,15 +571,10 @@ def _encode_keys_kernel(
     those blocks in the reference's arithmetic (a separate kernel keeps that rare path's registers out of
     the first)."""
     pid = tl.program_id(0)
+    go = True  # EXACT 2: only the blocks the first launch flagged
     if EXACT == 2:
-        if tl.load(near_ptr + pid) != 0:
-            _encode_key_rows(
-                pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-                flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-                dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-                CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL,
-                S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
-    else:
+        go = tl.load(near_ptr + pid) != 0
+    if go:
         _encode_key_rows(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
