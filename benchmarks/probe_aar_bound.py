@@ -11,6 +11,8 @@ Times (medians of triton.testing.do_bench, L2 flushed), each against the same bf
   flash loop with no decode at all, i.e. what the Triton kernel structure costs before any codec work.
 If `ours window only` is already far from `sdpa default`, the gap is the kernel structure (Triton's mma on
 register operands vs cuDNN's warp-specialised wgmma pipeline), not the decode.
+The `... 64 q` cases take the first 64 of the 75 queries: the query block then fits 64 rows instead of 75
+padded to 128, which prices the padding (the share of the time that scales with the rows, not the keys).
 
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/probe_aar_bound.py --out $OUT/bound
@@ -58,6 +60,7 @@ def _cases(batch: int, gen: torch.Generator):
     oct_keys, oct_values, oct_kc = _inputs("octopus", 2, batch, gen)
     tq_keys, tq_values, tq_kc = _inputs("turboquant-mse", 2, batch, gen)
     empty_keys, empty_values, _ = _inputs("turboquant-mse", 2, batch, gen)
+    q64 = q[:, :, :64].contiguous()
 
     def sdpa(backend=None):
         if backend is None:
@@ -75,6 +78,10 @@ def _cases(batch: int, gen: torch.Generator):
         "ours octopus b=2": lambda: ops.attention(q, oct_keys, oct_values, T_COMP, k_win, v_win, oct_kc),
         "ours turboquant-mse b=2": lambda: ops.attention(q, tq_keys, tq_values, T_COMP, k_win, v_win, tq_kc),
         "ours window only": lambda: ops.attention(q, empty_keys, empty_values, 0, k_all, v_all, tq_kc),
+        "sdpa default 64 q": lambda: F.scaled_dot_product_attention(q64, k_all, v_all),
+        "ours octopus b=2 64 q": lambda: ops.attention(q64, oct_keys, oct_values, T_COMP, k_win, v_win,
+                                                       oct_kc),
+        "ours window only 64 q": lambda: ops.attention(q64, empty_keys, empty_values, 0, k_all, v_all, tq_kc),
     }
     return cases, (q, k_all, v_all)
 
@@ -108,7 +115,16 @@ def main() -> int:
             rows.append(row)
             print(f"[{time.perf_counter() - t0:5.1f}s] B={batch} {name}: {ms:.4f} ms = {ms / base:.2f}x SDPA"
                   + (f" (rel err {err:.1e})" if "rel_err" in row else ""), flush=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
+
+    compiled = [{"constants": {k: str(v) for k, v in ck.src.constants.items() if k[0] in "BC"}
+                 if hasattr(ck, "src") else None, "registers": ck.n_regs, "spills": ck.n_spills,
+                 "warps": ck.metadata.num_warps}
+                for cache in _attn_fwd_kernel.device_caches.values() for ck in cache[0].values()]
+    for c in compiled:
+        print(f"compiled variant: {c}", flush=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "compiled": compiled, "torch": torch.__version__,
+            "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0}
     (args.out / "probe_aar_bound.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# AAR-shape attention bound probe on {meta['gpu']} (torch {meta['torch']}, "
