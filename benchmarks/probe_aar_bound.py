@@ -117,9 +117,8 @@ def main() -> int:
                   + (f" (rel err {err:.1e})" if "rel_err" in row else ""), flush=True)
     from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
 
-    compiled = [{"constants": {k: str(v) for k, v in ck.src.constants.items() if k[0] in "BC"}
-                 if hasattr(ck, "src") else None, "registers": ck.n_regs, "spills": ck.n_spills,
-                 "warps": ck.metadata.num_warps}
+    compiled = [{"registers": ck.n_regs, "spills": ck.n_spills, "warps": ck.metadata.num_warps,
+                 "shared": ck.metadata.shared}
                 for cache in _attn_fwd_kernel.device_caches.values() for ck in cache[0].values()]
     for c in compiled:
         print(f"compiled variant: {c}", flush=True)

@@ -38,7 +38,8 @@ class AttnConfig:
     block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
     block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
     keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
-    1: none);
+    1: none); window_stages / store_stages: the pipelining depth of the native window's loop / the
+    compressed store's loop alone (default: num_stages);
     programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no
     split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
     split, the native window gets a split of its own instead of riding on the last one (default True);
@@ -73,14 +74,18 @@ class AttnConfig:
     projection: str | None = None
     score_halves: bool | None = None
     block_w: int | None = None
+    window_stages: int | None = None
+    store_stages: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
             _check_pow2("block_m", self.block_m, 16, 256)
         _check_pow2("block_n", self.block_n, 16, 256)
         _check_pow2("num_warps", self.num_warps, 1, 16)
-        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
-            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+        for name in ("num_stages", "window_stages", "store_stages"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= 4:
+                raise ValueError(f"{name} must be in 1..4, got {value}")
         if self.programs_per_sm is not None and self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
         if self.operands not in (None, *OPERANDS):
@@ -307,7 +312,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
         K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
-        num_warps=warps, num_stages=cfg.num_stages or 1,
+        STAGES_W=cfg.window_stages, STAGES_C=cfg.store_stages, num_warps=warps,
+        num_stages=cfg.num_stages or 1,
     )
     if not direct:
         block_r = 32

@@ -1,0 +1,111 @@
+"""GPU sweep: software pipelining of the attention kernel's two loops at AAR shapes.
+
+The kernel's default launch pipelines neither loop (num_stages 1; the 2026-11-30 sweep found num_stages=2 for
+the whole kernel 4x slower at B=64). This sweep sets the depth of each loop alone (`AttnConfig.window_stages`
+for the native window's loop, `store_stages` for the compressed store's), at the probe's shape
+(probe_aar_bound.py: 75 or 64 queries against 380 compressed + 75 native keys, d=64, 2B rows x 16 heads),
+for octopus b=2, turboquant-mse b=2 and the window-only case (all 455 keys native, no decode). Each row is
+checked against the default launch's output (the same math: max abs difference printed, must be < 1e-2 in
+bf16) and timed with triton.testing.do_bench (median).
+
+    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
+    PYTHONPATH=$PWD python3 benchmarks/sweep_stages.py --out $OUT/stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_aar_bound import HEADS, ROWS_PER_B, T_COMP, T_WIN, TQ, D, _inputs  # noqa: E402
+
+CONFIGS = {
+    "default": {},
+    "window 2": {"window_stages": 2},
+    "window 3": {"window_stages": 3},
+    "store 2": {"store_stages": 2},
+    "store 3": {"store_stages": 3},
+    "window 2 store 2": {"window_stages": 2, "store_stages": 2},
+    "window 3 store 2, n32": {"window_stages": 3, "store_stages": 2, "block_n": 32},
+    "store 2, n32": {"store_stages": 2, "block_n": 32},
+    "store 2, n128 w8": {"store_stages": 2, "block_n": 128, "num_warps": 8},
+}
+
+
+def main() -> int:
+    from octopus_audio.kernels import ops
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batches", default="64,512")
+    p.add_argument("--rep-ms", type=int, default=25)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows, t0 = [], time.perf_counter()
+    for batch in (int(b) for b in args.batches.split(",")):
+        r = ROWS_PER_B * batch
+        q75 = torch.randn(r, HEADS, TQ, D, generator=gen, device="cuda").bfloat16()
+        k_all = torch.randn(r, HEADS, T_COMP + T_WIN, D, generator=gen, device="cuda").bfloat16()
+        v_all = torch.randn(r, HEADS, T_COMP + T_WIN, D, generator=gen, device="cuda").bfloat16()
+        k_win, v_win = k_all[:, :, T_COMP:].contiguous(), v_all[:, :, T_COMP:].contiguous()
+        stores = {c: _inputs(c, 2, batch, gen) for c in ("octopus", "turboquant-mse")}
+        for tq in (TQ, 64):
+            q = q75[:, :, :tq].contiguous()
+            sdpa = lambda q=q, k=k_all, v=v_all: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+            sdpa_ms = triton.testing.do_bench(sdpa, warmup=5, rep=args.rep_ms, return_mode="median")
+            for case in ("octopus b=2", "turboquant-mse b=2", "window only"):
+                keys, values, kc = stores["turboquant-mse" if case == "window only" else case.split()[0]]
+                length, kw, vw = (0, k_all, v_all) if case == "window only" else (T_COMP, k_win, v_win)
+                ref = None
+                for name, cfg in CONFIGS.items():
+                    config = ops.AttnConfig(**cfg)
+
+                    def fn(q=q, keys=keys, values=values, length=length, kw=kw, vw=vw, kc=kc, config=config):
+                        return ops.attention(q, keys, values, length, kw, vw, kc, config=config)
+                    try:
+                        out = fn().float()
+                        ref = out if ref is None else ref
+                        diff = (out - ref).abs().max().item()
+                        ms = triton.testing.do_bench(fn, warmup=5, rep=args.rep_ms, return_mode="median")
+                    except Exception as e:  # noqa: BLE001 - a config the compiler rejects is a row, not a stop
+                        rows.append({"B": batch, "tq": tq, "case": case, "config": name,
+                                     "error": str(e)[:200]})
+                        print(f"B={batch} tq={tq} {case} {name}: {str(e)[:150]}", flush=True)
+                        continue
+                    row = {"B": batch, "tq": tq, "case": case, "config": name, "ms": ms,
+                           "x_sdpa": ms / sdpa_ms, "max_diff": diff, "ok": diff < 1e-2}
+                    rows.append(row)
+                    print(f"[{time.perf_counter() - t0:5.1f}s] B={batch} tq={tq} {case} {name}: {ms:.4f} ms "
+                          f"= {ms / sdpa_ms:.2f}x SDPA (diff {diff:.1e})", flush=True)
+    from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
+
+    compiled = [{"registers": ck.n_regs, "spills": ck.n_spills, "warps": ck.metadata.num_warps,
+                 "shared": ck.metadata.shared}
+                for cache in _attn_fwd_kernel.device_caches.values() for ck in cache[0].values()]
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0, "compiled": compiled}
+    (args.out / "sweep_stages.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Loop pipelining sweep on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']})", "",
+             "| B | queries | case | config | ms | x SDPA | max diff vs default |",
+             "| ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['B']} | {r['tq']} | {r['case']} | {r['config']} | {r['ms']:.4f} | {r['x_sdpa']:.2f} | "
+              f"{r['max_diff']:.1e} |" if "ms" in r else
+              f"| {r['B']} | {r['tq']} | {r['case']} | {r['config']} | - | - | {r['error'][:50]} |"
+              for r in rows]
+    lines += ["", "compiled variants (registers, spills, warps, shared bytes):", ""]
+    lines += [f"- {c}" for c in compiled]
+    (args.out / "sweep_stages.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
