@@ -1,7 +1,6 @@
 """GPU sweep: software pipelining of the attention kernel's two loops at AAR shapes.
 
-The kernel's default launch pipelines neither loop (and runs 75 rows as a 64-row and a 16-row tile; `one
-row tile` is the single 128-row tile it ran before) (num_stages 1; the 2026-11-30 sweep found num_stages=2 for
+The kernel's default launch pipelines neither loop (num_stages 1; the 2026-11-30 sweep found num_stages=2 for
 the whole kernel 4x slower at B=64). This sweep sets the depth of each loop alone (`AttnConfig.window_stages`
 for the native window's loop, `store_stages` for the compressed store's), at the probe's shape
 (probe_aar_bound.py: 75 or 64 queries against 380 compressed + 75 native keys, d=64, 2B rows x 16 heads),
@@ -31,14 +30,16 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_aar_bound import HEADS, ROWS_PER_B, T_COMP, T_WIN, TQ, D, _inputs  # noqa: E402
 
-CONFIGS = {  # names without commas (--configs is a comma list)
+CONFIGS = {
     "default": {},
-    "one row tile": {"second_tile": False},
     "window 2": {"window_stages": 2},
     "window 3": {"window_stages": 3},
     "store 2": {"store_stages": 2},
-    "window 3 store 2 n32": {"window_stages": 3, "store_stages": 2, "block_n": 32},
-    "store 2 n128 w8": {"store_stages": 2, "block_n": 128, "num_warps": 8},
+    "store 3": {"store_stages": 3},
+    "window 2 store 2": {"window_stages": 2, "store_stages": 2},
+    "window 3 store 2, n32": {"window_stages": 3, "store_stages": 2, "block_n": 32},
+    "store 2, n32": {"store_stages": 2, "block_n": 32},
+    "store 2, n128 w8": {"store_stages": 2, "block_n": 128, "num_warps": 8},
 }
 
 

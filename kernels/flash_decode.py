@@ -76,20 +76,21 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
 
 
 @triton.jit
-def _key_operands(n0, end, row0, kc_ptr, kg_ptr, ks_ptr, kr_ptr, tab_a_ptr, tab_b_ptr,
-                  CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
-                  K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
-                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
-                  S_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_N: tl.constexpr, OPD: tl.constexpr,
-                  RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr, K_WP2: tl.constexpr, MASKED: tl.constexpr):
-    """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) into the score's key operands,
-    in the operand dtype OPD: a1, a2, a3 for the rotated part (octopus: x, y, z triplet components times
-    gamma; polarquant: even | odd coordinates, or the whole unit vector, times gamma; turboquant: first |
-    second half, or whole) and b1, b2 for the QJL part (gamma gamma_r sigma, halves or whole); the slots a
-    codec does not use repeat a used one and are never read (NA / NB of _tile_scores). Also the key mask
-    n_ok [BLOCK_N] and the store rows krow. MASKED: the tile may run past `end` (keys >= end are not read);
-    otherwise every key is valid and no mask is computed. HALVES: the d-wide dots as two of d/2 (K_WP2: the
+def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
+                     kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
+                     CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+                     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+                     B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
+                     S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
+                     V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+                     K_WP2: tl.constexpr, MASKED: tl.constexpr):
+    """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
+    softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
+    key is valid and no mask is computed. HALVES: the d-wide score dots (rotated and QJL) run as two dots of
+    d/2 (qr/qr2, qj/qj2: polarquant's even | odd coordinates, the others' first | second half; K_WP2: the
     word-tile width of half a key's codes)."""
+    USE_DOT: tl.constexpr = BLOCK_M >= 16
     n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         n_ok = n < end
@@ -98,40 +99,33 @@ def _key_operands(n0, end, row0, kc_ptr, kg_ptr, ks_ptr, kr_ptr, tab_a_ptr, tab_
     krow = row0 + n
     k_rows = kc_ptr + krow[:, None] * K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
         kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
                                       B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
-        a1 = _operand(kx, OPD, RNE_BY_HAND)
-        a2 = _operand(ky, OPD, RNE_BY_HAND)
-        a3 = _operand(kz, OPD, RNE_BY_HAND)
+        s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     elif CODEC == POLAR:
         if HALVES:
             ue, uo = polar_halves(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS,
                                   K_WORDS, K_WP, TILE)
-            a1 = _operand(ue * gamma, OPD, RNE_BY_HAND)
-            a2 = _operand(uo * gamma, OPD, RNE_BY_HAND)
+            s = _mm_nt(qr, _operand(ue * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = _mm_nt(qr2, _operand(uo * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         else:
             u = polar_unit(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
                            K_WP, TILE)
-            a1 = _operand(u * gamma, OPD, RNE_BY_HAND)
-            a2 = a1
-        a3 = a1
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     elif K_BITS > 0:
         if HALVES:  # half a key's codes is d/2 * K_BITS bits: whole words for d >= 64
             KW2: tl.constexpr = D * K_BITS // 64
             u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            a1 = _operand(u * gamma, OPD, RNE_BY_HAND)
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
             u = turbo_unit(k_rows + KW2, n_ok[:, None], tab_a_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            a2 = _operand(u * gamma, OPD, RNE_BY_HAND)
+            s = _mm_nt(qr2, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         else:
             u = turbo_unit(k_rows, n_ok[:, None], tab_a_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-            a1 = _operand(u * gamma, OPD, RNE_BY_HAND)
-            a2 = a1
-        a3 = a1
-    else:  # no rotated part (never read)
-        a1 = gamma
-        a2 = gamma
-        a3 = gamma
+            s = _mm_nt(qr, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     if HAS_QJL:
         s_words = (D + 31) // 32
         g_r = tl.load(kr_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -139,137 +133,19 @@ def _key_operands(n0, end, row0, kc_ptr, kg_ptr, ks_ptr, kr_ptr, tab_a_ptr, tab_
         if HALVES:
             SW2: tl.constexpr = D // 64
             sigma = qjl_signs(s_rows, n_ok[:, None], D // 2, SW2, SW2, TILE)
-            b1 = _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND)
+            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
             sigma = qjl_signs(s_rows + SW2, n_ok[:, None], D // 2, SW2, SW2, TILE)
-            b2 = _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND)
+            s = _mm_nt(qj2, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         else:
             sigma = qjl_signs(s_rows, n_ok[:, None], D, s_words, S_WP, TILE)
-            b1 = _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND)
-            b2 = b1
-    else:
-        b1 = a1
-        b2 = a1
-    return a1, a2, a3, b1, b2, n_ok, krow
-
-
-@triton.jit
-def _tile_scores(q1, q2, q3, qj1, qj2, a1, a2, a3, b1, b2, n_ok, NA: tl.constexpr, NB: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
-    """Scores [M, BLOCK_N] of one row tile (M = q1's rows) against decoded keys: q1 a1 + .. (NA terms, the
-    rotated part) + qj1 b1 + .. (NB terms, the QJL part); -inf for masked keys."""
-    USE_DOT: tl.constexpr = q1.shape[0] >= 16
-    s = tl.zeros((q1.shape[0], BLOCK_N), tl.float32)
-    if NA >= 1:
-        s = _mm_nt(q1, a1, s, USE_DOT, PREC)
-    if NA >= 2:
-        s = _mm_nt(q2, a2, s, USE_DOT, PREC)
-    if NA >= 3:
-        s = _mm_nt(q3, a3, s, USE_DOT, PREC)
-    if NB >= 1:
-        s = _mm_nt(qj1, b1, s, USE_DOT, PREC)
-    if NB >= 2:
-        s = _mm_nt(qj2, b2, s, USE_DOT, PREC)
+            s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     if MASKED:
         s = tl.where(n_ok[None, :], s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _query_operands(q, qmap_ptr, h, rot_scale, qjl_scale, CODEC: tl.constexpr, D: tl.constexpr,
-                    LP: tl.constexpr, NP: tl.constexpr, HAS_QJL: tl.constexpr, HALVES: tl.constexpr,
-                    USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr,
-                    RNE_BY_HAND: tl.constexpr):
-    """The query rows' projections q @ M_h in the layouts the codec's score needs (see _key_operands):
-    q1, q2, q3 (rotated part, times rot_scale) and qj1, qj2 (QJL part, times qjl_scale); unused slots repeat
-    q1."""
-    q_pro = q.to(qmap_ptr.dtype.element_ty)
-    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
-    dcol = tl.arange(0, D)[None, :]
-    hcol = tl.arange(0, D // 2)[None, :]
-    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
-        lcol = tl.arange(0, LP)[None, :]
-        q1 = _project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        q2 = _project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        q3 = _project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        QJL_COL: tl.constexpr = 3 * LP
-    elif HALVES:
-        c0 = 2 * hcol if CODEC == POLAR else hcol  # polarquant: even | odd coordinates
-        c1 = c0 + 1 if CODEC == POLAR else hcol + D // 2
-        q1 = _project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        q2 = _project(q_pro, qmap, c1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        q3 = q1
-        QJL_COL: tl.constexpr = D
-    else:
-        q1 = _project(q_pro, qmap, dcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        q2 = q1
-        q3 = q1
-        QJL_COL: tl.constexpr = D
-    if HAS_QJL:
-        if HALVES:
-            qj1 = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
-                           RNE_BY_HAND)
-        else:
-            qj1 = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-            qj2 = qj1
-    else:
-        qj1 = q1
-        qj2 = q1
-    return q1, q2, q3, qj1, qj2
-
-
-@triton.jit
-def _load_rows(q_ptr, b, h, grp, tq, stride_qb, stride_qh, stride_qt, rows, row_ok, D: tl.constexpr):
-    """Query rows r = g * tq + t of KV head h (query head h * grp + g, token t) [M, D]; 0 past n_rows."""
-    q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
-    return tl.load(q_rows + (rows % tq)[:, None] * stride_qt + tl.arange(0, D)[None, :], mask=row_ok[:, None],
-                   other=0.0)
-
-
-@triton.jit
-def _finish(o_acc, m_i, l_i, rows, row_ok, pid_bh, pid_s, n_rows, total_rows, out_ptr, opart_ptr, lse_ptr,
-            D: tl.constexpr, DIRECT: tl.constexpr):
-    """Write one row tile: the normalised output (DIRECT) or the split's o/l and log2-sum-exp."""
-    qrow = pid_bh * n_rows + rows
-    dcol = tl.arange(0, D)[None, :]
-    o = o_acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    if DIRECT:
-        _store_out(out_ptr + qrow[:, None] * D + dcol, o, row_ok[:, None])
-    else:
-        part = pid_s * total_rows + qrow
-        tl.store(opart_ptr + part[:, None] * D + dcol, o, mask=row_ok[:, None])
-        tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=row_ok)
-
-
-@triton.jit
-def _store_step(m_i, l_i, acc, m2, l2, acc2, q1, q2, q3, qj1, qj2, r1, r2, r3, rj1, rj2, n0, end, row0,
-                kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
-                CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
-                K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
-                B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
-                S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
-                V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr, K_WP2: tl.constexpr,
-                NA: tl.constexpr, NB: tl.constexpr, TWO: tl.constexpr, MASKED: tl.constexpr):
-    """One step of BLOCK_N compressed keys: decode them (_key_operands), score the row tile (q1..qj2) and,
-    with TWO, the second row tile (r1..rj2) against them, decode the step's values once and fold both into
-    their online softmax states."""
-    a1, a2, a3, b1, b2, n_ok, krow = _key_operands(
-        n0, end, row0, kc_ptr, kg_ptr, ks_ptr, kr_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS,
-        K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, TILE, BLOCK_N, OPD, RNE_BY_HAND,
-        HALVES, K_WP2, MASKED)
-    s = _tile_scores(q1, q2, q3, qj1, qj2, a1, a2, a3, b1, b2, n_ok, NA, NB, BLOCK_N, PREC, MASKED)
-    if TWO:
-        s2 = _tile_scores(r1, r2, r3, rj1, rj2, a1, a2, a3, b1, b2, n_ok, NA, NB, BLOCK_N, PREC, MASKED)
     # values cut from word tiles whenever the width divides 32 (shifts alone: ptxas counts 890 instructions a
     # warp per tile against 932 with one gathered load per code, octopus b=2, 128 rows, 8 warps)
     v_tile: tl.constexpr = TILE or (32 % V_BITS == 0)
-    v = _operand(value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP,
-                            v_tile), OPD, RNE_BY_HAND)
-    m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, q1.shape[0] >= 16, PREC, OPD, RNE_BY_HAND)
-    if TWO:
-        m2, l2, acc2 = _online_update(m2, l2, acc2, s2, v, True, PREC, OPD, RNE_BY_HAND)
-    return m_i, l_i, acc, m2, l2, acc2
+    v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
+    return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
 
 # the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
@@ -298,7 +174,6 @@ def _attn_fwd_kernel(
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
     K_WP2: tl.constexpr, BLOCK_W: tl.constexpr, STAGES_W: tl.constexpr, STAGES_C: tl.constexpr,
-    NA: tl.constexpr, NB: tl.constexpr, BLOCK_M2: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -315,13 +190,8 @@ def _attn_fwd_kernel(
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
     centroids/C_rho (octopus). HALVES (d >= 128): the d-wide projections and score dots as two of d/2 each
-    (see _key_operands); NA / NB: the rotated / QJL score terms. BLOCK_W: native window keys per step.
-    STAGES_W / STAGES_C: software pipelining depth of the window loop / the compressed loop (None: the
-    launch's num_stages).
-    BLOCK_M2 > 0: a second row tile of BLOCK_M2 rows after the first BLOCK_M (one program holds all n_rows
-    <= BLOCK_M + BLOCK_M2, e.g. 75 = 64 + 16 rows instead of 75 padded to 128): both tiles score against
-    the same decoded keys and accumulate the same decoded values, so the key and value decode is shared and
-    the matmuls and exponentials cover 80 rows, not 128.
+    (see _compressed_tile). BLOCK_W: native window keys per step. STAGES_W / STAGES_C: software pipelining
+    depth of the window loop / the compressed loop (None: the launch's num_stages).
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -329,30 +199,22 @@ def _attn_fwd_kernel(
     b = pid_bh // H
     h = pid_bh % H
     USE_DOT: tl.constexpr = BLOCK_M >= 16
-    TWO: tl.constexpr = BLOCK_M2 > 0
-    ROWS2: tl.constexpr = BLOCK_M2 if TWO else 16  # the second tile's shape when absent (never used)
+    IS_OCT: tl.constexpr = (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)
 
-    # prologue: the query block(s)
+    # prologue: the query block
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
-    q = _load_rows(q_ptr, b, h, grp, tq, stride_qb, stride_qh, stride_qt, rows, row_ok, D)
+    qrow = pid_bh * n_rows + rows
+    dcol = tl.arange(0, D)[None, :]
+    q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
+    q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
     qn = _operand(q, OPD, RNE_BY_HAND)
+
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
-    rows2 = BLOCK_M + tl.arange(0, ROWS2)
-    row_ok2 = rows2 < n_rows
-    if TWO:
-        q2 = _load_rows(q_ptr, b, h, grp, tq, stride_qb, stride_qh, stride_qt, rows2, row_ok2, D)
-    else:
-        q2 = q
-    qn2 = _operand(q2, OPD, RNE_BY_HAND)
-    m2 = tl.full((ROWS2,), float("-inf"), tl.float32)
-    l2 = tl.zeros((ROWS2,), tl.float32)
-    acc2 = tl.zeros((ROWS2, D), tl.float32)
 
     # native window first (the last split's share), so qn is dead during the compressed loop
-    dcol = tl.arange(0, D)[None, :]
     w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
     vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
@@ -363,47 +225,68 @@ def _attn_fwd_kernel(
                      RNE_BY_HAND)
         s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
-        if TWO:
-            s2 = _mm_nt(qn2, k, tl.zeros((ROWS2, BLOCK_W), tl.float32), True, PREC)
-            s2 = tl.where(n_ok[None, :], s2 * qk_scale, float("-inf"))
         v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
-        if TWO:
-            m2, l2, acc2 = _online_update(m2, l2, acc2, s2, v, True, PREC, OPD, RNE_BY_HAND)
 
     # the query's projections for the compressed keys (after the window: q and these are not live together)
-    q1, q2a, q3, qj1, qj2 = _query_operands(q, qmap_ptr, h, rot_scale, qjl_scale, CODEC, D, LP, NP, HAS_QJL,
-                                            HALVES, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    if TWO:
-        r1, r2, r3, rj1, rj2 = _query_operands(q2, qmap_ptr, h, rot_scale, qjl_scale, CODEC, D, LP, NP,
-                                               HAS_QJL, HALVES, True, PREC_Q, OPD, RNE_BY_HAND)
+    q_pro = q.to(qmap_ptr.dtype.element_ty)
+    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
+    qx = qn  # placeholders for the operands a codec does not use (never read)
+    qy = qn
+    qz = qn
+    qr = qn
+    qj = qn
+    qr2 = qn
+    qj2 = qn
+    hcol = tl.arange(0, D // 2)[None, :]
+    if IS_OCT:
+        lcol = tl.arange(0, LP)[None, :]
+        qx = _project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qy = _project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qz = _project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = 3 * LP
+    elif HALVES:
+        c0 = 2 * hcol if CODEC == POLAR else hcol  # polarquant: even | odd coordinates
+        c1 = c0 + 1 if CODEC == POLAR else hcol + D // 2
+        qr = _project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qr2 = _project(q_pro, qmap, c1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = D
     else:
-        r1, r2, r3, rj1, rj2 = q1, q2a, q3, qj1, qj2
+        qr = _project(q_pro, qmap, dcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        QJL_COL: tl.constexpr = D
+    if HAS_QJL:
+        if HALVES:
+            qj = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
+                           RNE_BY_HAND)
+        else:
+            qj = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk
     end = tl.maximum(tl.minimum(start + chunk, t_comp), start)  # a window-only split: empty
     full_end = start + (end - start) // BLOCK_N * BLOCK_N
-    row0 = pid_bh * t_cap
     for n0 in tl.range(start, full_end, BLOCK_N, num_stages=STAGES_C):
-        m_i, l_i, acc, m2, l2, acc2 = _store_step(
-            m_i, l_i, acc, m2, l2, acc2, q1, q2a, q3, qj1, qj2, r1, r2, r3, rj1, rj2, n0, end, row0,
-            kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D,
-            K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS,
-            V_WP, TILE, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, NA, NB, TWO, False)
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES,
+            K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
+            BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
     if full_end < end:
-        m_i, l_i, acc, m2, l2, acc2 = _store_step(
-            m_i, l_i, acc, m2, l2, acc2, q1, q2a, q3, qj1, qj2, r1, r2, r3, rj1, rj2, full_end, end, row0,
-            kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D,
-            K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS,
-            V_WP, TILE, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, NA, NB, TWO, True)
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS,
+            K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
+            TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
 
-    _finish(acc, m_i, l_i, rows, row_ok, pid_bh, pid_s, n_rows, total_rows, out_ptr, opart_ptr, lse_ptr, D,
-            DIRECT)
-    if TWO:
-        _finish(acc2, m2, l2, rows2, row_ok2, pid_bh, pid_s, n_rows, total_rows, out_ptr, opart_ptr, lse_ptr,
-                D, DIRECT)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if DIRECT:
+        _store_out(out_ptr + qrow[:, None] * D + dcol, o, row_ok[:, None])
+    else:
+        part = pid_s * total_rows + qrow
+        tl.store(opart_ptr + part[:, None] * D + dcol, o, mask=row_ok[:, None])
+        tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["total_rows", "n_splits"])

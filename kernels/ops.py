@@ -39,9 +39,7 @@ class AttnConfig:
     block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
     keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
     1: none); window_stages / store_stages: the pipelining depth of the native window's loop / the
-    compressed store's loop alone (default: num_stages); second_tile: where block_m is not given, a query
-    block whose rows would pad to the next power of two by more runs as two row tiles in one program that
-    share every decoded key and value (75 rows: 64 + 16 instead of 128; default SECOND_TILE);
+    compressed store's loop alone (default: num_stages);
     programs_per_sm: the split-K count aims at this many programs per multiprocessor; split_min_keys: no
     split gets fewer compressed keys than this (default 4 * block_n); window_split: when the store is
     split, the native window gets a split of its own instead of riding on the last one (default True);
@@ -78,7 +76,6 @@ class AttnConfig:
     block_w: int | None = None
     window_stages: int | None = None
     store_stages: int | None = None
-    second_tile: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_m not in (None, 1):
@@ -96,8 +93,6 @@ class AttnConfig:
         if self.projection not in (None, *PROJECTIONS):
             raise ValueError(f"projection must be one of {', '.join(PROJECTIONS)} or None, "
                              f"got {self.projection!r}")
-        if self.second_tile not in (None, True, False):
-            raise ValueError(f"second_tile must be True, False or None, got {self.second_tile!r}")
         if self.score_halves not in (None, True, False):
             raise ValueError(f"score_halves must be True, False or None, got {self.score_halves!r}")
         _check_pow2("block_v", self.block_v, 8, 256)
@@ -106,8 +101,6 @@ class AttnConfig:
             raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
-# AttnConfig.second_tile's default (see _row_tiles)
-SECOND_TILE = True
 OCTOPUS_DECODES = {"unfold": 0, "table": 1, "folded": 2}  # the kernels' DIR_TABLE
 FOLDED_MAX_BITS = 10  # folded table rows: 2**n of 16 bytes (16 KiB at n = 10, octopus b=3; b=4 has n = 13)
 
@@ -173,26 +166,11 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
     return t_cap
 
 
-def _row_tiles(n_rows: int, cap: int) -> tuple[int, int]:
-    """(block_m, block_m2): the query block's row tiles at most `cap` rows in all. One power-of-two tile,
-    or, where that would pad by more, a power-of-two tile and a second of at least 16 rows (75 -> 64 + 16,
-    40 -> 32 + 16; 20 stays 32: 16 + 16 pads as much)."""
-    one = min(max(16, _pow2(n_rows)), cap)
-    if n_rows >= cap:
-        return one, 0
-    main = max(16, one // 2 if one > n_rows else one)
-    second = max(16, _pow2(n_rows - main)) if n_rows > main else 0
-    if second and main + second < one:
-        return main, second
-    return one, 0
-
-
 def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
-                  device: torch.device, folded: bool = False) -> tuple[int, int, int, bool, int, int, int]:
-    """(block_m, block_n, num_warps, tile_words, num_splits, chunk, block_m2) for n_rows rows per KV head:
-    split s covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone,
-    with window_split, when there is room for more programs). folded: octopus keys decode from folded rows.
-    block_m2 > 0: one program holds all rows in two tiles (`_row_tiles`, AttnConfig.second_tile).
+                  device: torch.device, folded: bool = False) -> tuple[int, int, int, bool, int, int]:
+    """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
+    covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
+    window_split, when there is room for more programs). folded: octopus keys decode from folded rows.
 
     One query row (H200 sweep, benchmarks/results/kernels_2026-11-29.md, octopus b=2): no tensor cores,
     32 keys a step, 4 warps, word tiles, ~8 programs per SM (1.50 ms at 128k keys x 32 heads, d=128,
@@ -207,25 +185,19 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     choices untimed.
     """
     single = n_rows == 1
-    block_m, block_m2 = 1, 0
-    if cfg.block_m:
-        block_m = cfg.block_m
-    elif not single:
-        block_m, block_m2 = _row_tiles(n_rows, 128 if d <= 64 else 64)
-        if not (SECOND_TILE if cfg.second_tile is None else cfg.second_tile):
-            block_m, block_m2 = min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64), 0
+    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
     block_n = cfg.block_n or (32 if single or d > 64 else 64)
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
     num_warps = cfg.num_warps or 4
     tile = cfg.tile_words if cfg.tile_words is not None else not (folded and block_m > 1)
-    programs = programs_bh * (1 if block_m2 else _cdiv(n_rows, block_m))
+    programs = programs_bh * _cdiv(n_rows, block_m)
     want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
     num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
     num_splits, chunk = split_chunk(length, num_splits, block_n)
     if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
         num_splits += 1  # its chunk starts past the store: the window alone
-    return block_m, block_n, num_warps, tile, num_splits, chunk, block_m2
+    return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
 def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
@@ -285,8 +257,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
                                 cfg)
     folded = octopus_directions == "folded" and codec.name.startswith("octopus")
-    block_m, block_n, warps, tile, splits, chunk, block_m2 = _launch_shape(cfg, n_rows, d, length, t_win,
-                                                                           b * h, dev, folded)
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
+                                                                 folded)
     if num_splits is not None:
         splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
 
@@ -323,12 +295,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     opart, lse = split_buffers(out, splits, total_rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    if codec.name.startswith("octopus"):
-        n_a = 3
-    else:
-        n_a = (2 if halves else 1) if (codec.name == "polarquant" or codec.key_code_bits > 0) else 0
-    n_b = (2 if halves else 1) if codec.has_qjl else 0
-    _attn_fwd_kernel[(b * h, 1 if block_m2 else _cdiv(n_rows, block_m), splits)](
+    _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
         q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
@@ -345,8 +312,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
         K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
-        STAGES_W=cfg.window_stages, STAGES_C=cfg.store_stages, NA=n_a, NB=n_b, BLOCK_M2=block_m2,
-        num_warps=warps,
+        STAGES_W=cfg.window_stages, STAGES_C=cfg.store_stages, num_warps=warps,
         num_stages=cfg.num_stages or 1,
     )
     if not direct:

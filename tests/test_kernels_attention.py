@@ -189,46 +189,6 @@ def test_launch_variants_match_decoded_reference(variant):
     assert_close(got, want, TOL[dtype])
 
 
-# codec, bits, query dtype, head dim, query tokens, GQA ratio, forced splits: query blocks that run as two row
-# tiles in one program (ops._row_tiles; AttnConfig.second_tile, on by default)
-SECOND_TILE = {
-    "octopus-b2-bf16-75-rows": ("octopus", 2, torch.bfloat16, 64, 75, 1, None),
-    "octopus-qjl-b3-fp32-40-rows-gqa2-split2": ("octopus-qjl", 3, torch.float32, 64, 20, 2, 2),
-    "turboquant-qjl-b2-bf16-d128-40-rows-halves": ("turboquant-qjl", 2, torch.bfloat16, 128, 40, 1, None),
-    "polarquant-b3-fp16-33-rows": ("polarquant", 3, torch.float16, 64, 33, 1, None),
-    "turboquant-mse-b4-fp32-66-rows-split3": ("turboquant-mse", 4, torch.float32, 64, 66, 1, 3),
-}
-
-
-@pytest.mark.parametrize("case", list(SECOND_TILE))
-def test_second_row_tile_matches_decoded_reference(case):
-    """A block of rows that would pad to the next power of two by more (75 -> 128) runs as a 64-row and a
-    16-row tile in one program sharing the decoded keys and values: rows of either tile, across query heads
-    of a group and across splits, equal the library's attention; 70 keys in 64-key steps leave a masked
-    tail tile."""
-    name, bits, dtype, d, tq, groups, splits = SECOND_TILE[case]
-    codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
-        name, bits, tq=tq, length=70, window=3, d=d, groups=groups, dtype=dtype, seed=13)
-    ops = kernel_ops(DEVICE)
-    assert ops._launch_shape(AttnConfig(), tq * groups, d, 70, 3, 1, torch.device(DEVICE))[6] >= 16
-    want = reference(codec, quant, q, ks, vs, 70, k_win, v_win, 0.1)
-    kc = backend.kernel_codec(codec, 1, DEVICE)
-    keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
-    values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
-    got = ops.attention(*_to(DEVICE, q), keys, values, 70, *_to(DEVICE, k_win, v_win), kc, scale=0.1,
-                        num_splits=splits, config=AttnConfig(block_n=64))
-    assert_close(got, want, TOL[dtype])
-
-
-@pytest.mark.parametrize("n_rows,cap,want", [
-    (75, 128, (64, 16)), (66, 128, (64, 16)), (64, 128, (64, 0)), (100, 128, (128, 0)), (40, 64, (32, 16)),
-    (33, 128, (32, 16)), (17, 128, (32, 0)), (10, 128, (16, 0)), (300, 128, (128, 0)), (75, 64, (64, 0))],
-    ids=lambda v: str(v))
-def test_row_tiles(n_rows, cap, want):
-    """Two tiles only where they pad less than one power-of-two tile, within the cap."""
-    assert kernel_ops(DEVICE)._row_tiles(n_rows, cap) == want
-
-
 # codec, bits, query dtype, config: the d = 128 score dots split in halves (the default, ops.SCORE_HALVES:
 # the H200 defect's workaround) with word tiles and gathered codes, 16-bit and fp32 projections; and the
 # d-wide dots (score_halves=False), which the H200 (probe_d128.py, 2026-11-30) gets wrong with bf16 operands
