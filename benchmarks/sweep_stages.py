@@ -30,16 +30,15 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_aar_bound import HEADS, ROWS_PER_B, T_COMP, T_WIN, TQ, D, _inputs  # noqa: E402
 
-CONFIGS = {
+CONFIGS = {  # names without commas (--configs is a comma list)
     "default": {},
     "window 2": {"window_stages": 2},
     "window 3": {"window_stages": 3},
     "store 2": {"store_stages": 2},
     "store 3": {"store_stages": 3},
     "window 2 store 2": {"window_stages": 2, "store_stages": 2},
-    "window 3 store 2, n32": {"window_stages": 3, "store_stages": 2, "block_n": 32},
-    "store 2, n32": {"store_stages": 2, "block_n": 32},
-    "store 2, n128 w8": {"store_stages": 2, "block_n": 128, "num_warps": 8},
+    "window 3 store 2 n32": {"window_stages": 3, "store_stages": 2, "block_n": 32},
+    "store 2 n128 w8": {"store_stages": 2, "block_n": 128, "num_warps": 8},
 }
 
 
