@@ -61,9 +61,12 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
 # its near-tie flags). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
 # overrides a codec at a bit width.
 # 2026-11-30, at 343bb44: the d=64 rows and octopus b=2 at d=128 are the fastest launch of the H200 sweep
-# (benchmarks/results/h200_2026-11-30f/sweep_encode.md, every row checked against the library on the GPU)
+# (benchmarks/results/h200_2026-11-30f/sweep_encode.md, every row checked against the library on the GPU),
+# except turboquant-mse at d=64: the 128-register cap chosen there ran 0.19 ms in both later sweeps against
+# 0.10-0.16 ms without it (h200_2026-11-30g at a09b55f; h200_2026-11-30h/enc_log.txt at 288b991: 0.1935 vs
+# 0.1028 ms, 18.7% vs 35.2% of copy bandwidth), so it runs uncapped.
 KEY_LAUNCH = {
-    64: {"turboquant-mse": (64, 4, 128), "turboquant-qjl": (64, 4, None), "polarquant": (64, 4, None),
+    64: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 4, None),
          "octopus": (64, 4, None), "octopus-qjl": (64, 4, None)},
     128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
           "octopus": (64, 8, 128), "octopus-qjl": (16, 4, None)},
