@@ -160,6 +160,9 @@ VARIANTS = {
                                              AttnConfig(block_m=64, block_n=32, block_w=32), False),
     "octopus-bf16-folded-tiles-m128-strided-q": ("octopus", 2, torch.bfloat16, "folded",
                                                  AttnConfig(block_m=128, block_n=32, tile_words=True), True),
+    "octopus-bf16-folded-pipelined-loops": ("octopus", 2, torch.bfloat16, "folded",
+                                            AttnConfig(block_m=128, block_n=64, window_stages=3,
+                                                       store_stages=2), False),
     "polarquant-fp32-ieee-many-splits": ("polarquant", 2, torch.float32, "unfold",
                                          AttnConfig(block_m=64, block_n=32, split_min_keys=32,
                                                     programs_per_sm=64), False),
@@ -312,6 +315,8 @@ def test_attention_rejects_bad_inputs():
         ops.attention(q.to(DEVICE), keys, values, 1, None, None, wide, octopus_directions="folded")
     with pytest.raises(ValueError, match="block_w must be a power of two in"):
         AttnConfig(block_w=8)
+    with pytest.raises(ValueError, match="store_stages must be in 1..4"):
+        AttnConfig(store_stages=0)
     with pytest.raises(ValueError, match="projection must be one of native, ieee"):
         AttnConfig(projection="tf32")
     with pytest.raises(ValueError, match="score_halves must be True, False or None"):
