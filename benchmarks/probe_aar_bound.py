@@ -86,6 +86,15 @@ def _cases(batch: int, gen: torch.Generator):
     return cases, (q, k_all, v_all)
 
 
+def compiled_variants() -> list[dict]:
+    """Registers, spills, warps and shared bytes of every variant of the attention kernel compiled so far."""
+    from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
+
+    return [{"registers": ck.n_regs, "spills": ck.n_spills, "warps": ck.metadata.num_warps,
+             "shared": ck.metadata.shared}
+            for cache in _attn_fwd_kernel.device_caches.values() for ck in cache[0].values()]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
@@ -115,11 +124,7 @@ def main() -> int:
             rows.append(row)
             print(f"[{time.perf_counter() - t0:5.1f}s] B={batch} {name}: {ms:.4f} ms = {ms / base:.2f}x SDPA"
                   + (f" (rel err {err:.1e})" if "rel_err" in row else ""), flush=True)
-    from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
-
-    compiled = [{"registers": ck.n_regs, "spills": ck.n_spills, "warps": ck.metadata.num_warps,
-                 "shared": ck.metadata.shared}
-                for cache in _attn_fwd_kernel.device_caches.values() for ck in cache[0].values()]
+    compiled = compiled_variants()
     for c in compiled:
         print(f"compiled variant: {c}", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "compiled": compiled, "torch": torch.__version__,

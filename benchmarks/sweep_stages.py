@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_aar_bound import HEADS, ROWS_PER_B, T_COMP, T_WIN, TQ, D, _inputs  # noqa: E402
+from probe_aar_bound import HEADS, ROWS_PER_B, T_COMP, T_WIN, TQ, D, _inputs, compiled_variants  # noqa: E402
 
 CONFIGS = {  # names without commas (--configs is a comma list)
     "default": {},
@@ -75,13 +75,9 @@ def run_config(name: str, batches: list[int], rep_ms: int, log: Path) -> None:
                     f.write(json.dumps(row) + "\n")
                 print(f"B={batch} tq={tq} {case} {name}: {ms:.4f} ms = {ms / sdpa_ms:.2f}x SDPA "
                       f"(rel err {err:.1e})", flush=True)
-    from octopus_audio.kernels.flash_decode import _attn_fwd_kernel
-
-    for cache in _attn_fwd_kernel.device_caches.values():
-        for ck in cache[0].values():
-            with log.open("a") as f:
-                f.write(json.dumps({"config": name, "registers": ck.n_regs, "spills": ck.n_spills,
-                                    "warps": ck.metadata.num_warps, "shared": ck.metadata.shared}) + "\n")
+    with log.open("a") as f:
+        for variant in compiled_variants():
+            f.write(json.dumps({"config": name, **variant}) + "\n")
 
 
 def main() -> int:

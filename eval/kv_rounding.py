@@ -16,7 +16,7 @@ the rounding changes nothing. Leaving the `with` block restores the modules.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch import nn
 from octopus_audio.aar_patch.patch import find_attention
 
 _WRAPPED = "_qkv"  # the instance attribute installed on each attention module
+KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -31,16 +32,40 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).to(x.dtype)
 
 
-def _install(m: nn.Module, dtype: torch.dtype) -> None:
+def _install(m: nn.Module, index: int, transform: KVTransform) -> None:
     original = m._qkv
 
     def _qkv(x_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q_BHLD, k_BHLD, v_BHLD = original(x_BLC)
         if not m.caching:
             return q_BHLD, k_BHLD, v_BHLD
-        return q_BHLD, round_to(k_BHLD, dtype), round_to(v_BHLD, dtype)
+        return (q_BHLD, *transform(index, k_BHLD, v_BHLD))
 
     m._qkv = _qkv
+
+
+@contextlib.contextmanager
+def transformed_kv_cache(model: object, transform: KVTransform) -> Iterator[list[nn.Module]]:
+    """Inside the block, every key and value entering a KV cache of `model` is replaced by
+    `transform(layer_index, k_BHLD, v_BHLD) -> (k, v)` (layer_index: the module's place in
+    `find_attention`'s order). The modules' requirements and errors are those of `rounded_kv_cache`."""
+    modules = find_attention(model)
+    if not modules:
+        raise ValueError(f"no attention modules found in {type(model).__name__}: nothing to round")
+    for i, m in enumerate(modules):
+        if not callable(getattr(m, "_qkv", None)):
+            raise ValueError(f"attention layer {i} ({type(m).__name__}) has no `_qkv`; rounding its cache "
+                             f"needs octopus_audio.aar_patch's SelfAttention")
+        if _WRAPPED in m.__dict__:
+            raise RuntimeError(f"attention layer {i} already has its own `_qkv` (a rounding block inside "
+                               f"another?); leave the first block before entering a second")
+    try:
+        for i, m in enumerate(modules):
+            _install(m, i, transform)
+        yield modules
+    finally:
+        for m in modules:
+            m.__dict__.pop(_WRAPPED, None)
 
 
 @contextlib.contextmanager
@@ -54,23 +79,8 @@ def rounded_kv_cache(model: object, dtype: torch.dtype = torch.bfloat16) -> Iter
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype such as torch.bfloat16, got {dtype!r}")
-    modules = find_attention(model)
-    if not modules:
-        raise ValueError(f"no attention modules found in {type(model).__name__}: nothing to round")
-    for i, m in enumerate(modules):
-        if not callable(getattr(m, "_qkv", None)):
-            raise ValueError(f"attention layer {i} ({type(m).__name__}) has no `_qkv`; rounding its cache "
-                             f"needs octopus_audio.aar_patch's SelfAttention")
-        if _WRAPPED in m.__dict__:
-            raise RuntimeError(f"attention layer {i} already has its own `_qkv` (a rounding block inside "
-                               f"another?); leave the first block before entering a second")
-    try:
-        for m in modules:
-            _install(m, dtype)
+    with transformed_kv_cache(model, lambda _, k, v: (round_to(k, dtype), round_to(v, dtype))) as modules:
         yield modules
-    finally:
-        for m in modules:
-            m.__dict__.pop(_WRAPPED, None)
 
 
-__all__ = ["round_to", "rounded_kv_cache"]
+__all__ = ["round_to", "rounded_kv_cache", "transformed_kv_cache"]

@@ -23,42 +23,34 @@ import numpy as np
 
 
 def kl_per_scale(probs_ref, probs_hat) -> np.ndarray:
-    """Mean KL(p_ref || p_hat) over the positions of each scale (nats per token)."""
-    out = []
-    for p, q in zip(probs_ref, probs_hat, strict=True):
-        p, q = p.double(), q.double()
-        out.append(float((p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum(-1).mean()))
-    return np.array(out)
+    """Mean KL(p_ref || p_hat) over the positions of each scale (nats per token; eval.fidelity's KL)."""
+    from octopus_audio.eval.fidelity import fidelity
+
+    return np.array([fidelity([p], [q])["kl_nats"][0] for p, q in zip(probs_ref, probs_hat, strict=True)])
 
 
-def install_round_trip(pipe, codec_name: str, bits: int, keys: bool, values: bool, first_native: bool):
-    """Wrap each attention module's `_qkv` so cached keys / values are codec round trips; returns the modules
-    (remove with `module.__dict__.pop('_qkv')`)."""
+def round_trip(codec_name: str, bits: int, keys: bool, values: bool, first_native: bool):
+    """A `transformed_kv_cache` transform: cached keys and/or values replaced by their codec round trips
+    (one rotation seed per layer), the first token of each layer left exact with `first_native`."""
     import octopus_audio as oa
-    from octopus_audio.aar_patch.patch import find_attention
 
-    modules = find_attention(pipe)
-    for layer, m in enumerate(modules):
-        original, seen = m._qkv, [0]
+    seen: dict[int, int] = {}
 
-        def _qkv(x, m=m, original=original, layer=layer, seen=seen):
-            q, k, v = original(x)
-            if not m.caching:
-                return q, k, v
-            first, seen[0] = seen[0] == 0, seen[0] + k.shape[2]
-            if first and first_native:
-                return q, k, v
-            d = k.shape[-1]
-            if keys:
-                codec = oa.get_codec(codec_name, bits, d, seed=layer)
-                k = codec.decode(codec.encode(k)).to(q.dtype)
-            if values:
-                quant = oa.ValueQuantizer(bits, d, 16)
-                v = quant.decode(quant.encode(v)).to(q.dtype)
-            return q, k, v
+    def transform(layer, k, v):
+        first = seen.get(layer, 0) == 0
+        seen[layer] = seen.get(layer, 0) + k.shape[2]
+        if first and first_native:
+            return k, v
+        d = k.shape[-1]
+        if keys:
+            codec = oa.get_codec(codec_name, bits, d, seed=layer)
+            k = codec.decode(codec.encode(k)).to(k.dtype)
+        if values:
+            quant = oa.ValueQuantizer(bits, d, 16)
+            v = quant.decode(quant.encode(v)).to(v.dtype)
+        return k, v
 
-        m._qkv = _qkv
-    return modules
+    return transform
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.codecs import CODECS
     from octopus_audio.eval.fidelity import teacher_forced_probs
+    from octopus_audio.eval.kv_rounding import transformed_kv_cache
 
     refs = sorted((Path(args.eval) / "refs").glob("*.npz"))[:args.clips]
     if not refs or args.codec not in CODECS or args.codec == "none" or not 2 <= args.bits <= 4:
@@ -95,12 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         with compressed_kv(pipe, args.codec, args.bits):
             rows.setdefault("patch", []).append(kl_per_scale(want, teacher_forced_probs(pipe, cond, tokens)))
         for name, (k, v, first) in variants.items():
-            modules = install_round_trip(pipe, args.codec, args.bits, k, v, first)
-            try:
+            with transformed_kv_cache(pipe, round_trip(args.codec, args.bits, k, v, first)):
                 rows.setdefault(name, []).append(kl_per_scale(want, teacher_forced_probs(pipe, cond, tokens)))
-            finally:
-                for m in modules:
-                    m.__dict__.pop("_qkv", None)
     weights = np.array(sizes, float)
     print(f"{args.codec} b={args.bits}, {len(refs)} clips; KL nats/token: mean over tokens | per scale "
           f"({', '.join(map(str, sizes))} tokens)")
