@@ -15,13 +15,23 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--codec", default="none", help="KV-cache codec (default: none, uncompressed)")
-    parser.add_argument("--bits", type=int, default=None, help="bits per key coordinate (compressed codecs)")
+    from octopus_audio.codecs import CODECS
+
+    parser.add_argument("--codec", default="none",
+                        help=f"KV-cache codec: {', '.join(CODECS)} (default: none, uncompressed)")
+    parser.add_argument("--bits", type=int, default=None,
+                        help="nominal bits of keys and values (compressed codecs; e.g. 2)")
+    parser.add_argument("--k-bits", type=int, default=None, help="the keys' bits (default: --bits)")
+    parser.add_argument("--v-bits", type=int, default=None,
+                        help="the values' bits (default: --bits; b-bit groups of 16 channels)")
     parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--clip", type=Path, default=None, help="audio clip to condition on (through CLAP)")
     source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
+    parser.epilog = ("With neither --clip nor --cond the default condition is used: the `spectral` embedding "
+                     "of a shipped clip (named in the output), the kind of condition the embedded default "
+                     "model was trained on.")
     parser.add_argument("--clap", default="auto",
                         help="conditioner for --clip: auto, spectral, hf:ID_OR_DIR or laion:FILE (auto)")
     parser.add_argument("--seed", type=int, default=42, help="sampling seed (default: 42)")
@@ -49,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     device = _device(args.device)
-    cond_BE = _load_condition(args, device)
-    tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
-    stem = (args.cond or args.clip).stem
+    cond_BE, stem = _load_condition(args, device)
+    tag = "none" if args.codec == "none" else f"{args.codec}-{_bits_tag(args)}"
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
     ref_wavs = [w.with_name(w.name.replace(f"_{tag}.wav", "_none.wav")) for w in wavs] if args.compare else []
     _refuse_existing(wavs + ref_wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
@@ -75,22 +84,24 @@ def run(args: argparse.Namespace) -> int:
         args.save_latents.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"tokens": [t.cpu() for t in result.tokens], "fhat": result.fhat.cpu(),
                     "audio": result.audio.cpu()}, args.save_latents)
-    print(f"wrote {len(wavs)} file(s) to {args.out}" + (f" and latents to {args.save_latents}"
-                                                        if args.save_latents else ""))
+    written = len(wavs) + len(ref_wavs)
+    print(f"wrote {written} WAV file{'s' * (written != 1)} to {args.out}"
+          + (f" and latents to {args.save_latents}" if args.save_latents else ""))
     return 0
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.cond is None and args.clip is None:
-        raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
     from octopus_audio.codecs import CODECS
 
     if args.codec not in CODECS:
         raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
-    if args.codec != "none" and args.bits is None:
-        raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
+    args.k_bits = args.bits if args.k_bits is None else args.k_bits
+    args.v_bits = args.bits if args.v_bits is None else args.v_bits
+    if args.codec != "none" and (args.k_bits is None or args.v_bits is None):
+        raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2), or both --k-bits and "
+                         f"--v-bits")
     if args.compare and args.codec == "none":
         raise UsageError("--compare compares a compressed cache with the uncompressed reference; pass a "
                          "--codec other than none (for example --codec octopus --bits 2)")
@@ -106,16 +117,30 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _load_condition(args: argparse.Namespace, device: str) -> np.ndarray:
-    """The (B, 512) condition from --cond or --clip, repeated to --batch rows when it has one row."""
-    cond = _condition_from_clip(args.clip, args.clap, device) if args.clip else _read_cond(args.cond)
+def _bits_tag(args: argparse.Namespace) -> str:
+    """`b2` when keys and values share the width, else `k2v4` (file names)."""
+    return f"b{args.k_bits}" if args.k_bits == args.v_bits else f"k{args.k_bits}v{args.v_bits}"
+
+
+def _load_condition(args: argparse.Namespace, device: str) -> tuple[np.ndarray, str]:
+    """The (B, 512) condition from --cond, --clip or the default condition, repeated to --batch rows when it
+    has one row, and the stem the WAV names start with."""
+    if args.clip:
+        cond, stem = _condition_from_clip(args.clip, args.clap, device), args.clip.stem
+    elif args.cond:
+        cond, stem = _read_cond(args.cond), args.cond.stem
+    else:
+        from .default_model import default_condition
+
+        cond, what, stem = default_condition()
+        print(f"no --clip or --cond: conditioning on the default condition, {what}")
     if args.batch is not None:
         if cond.shape[0] == 1:
             cond = np.repeat(cond, args.batch, axis=0)
         elif cond.shape[0] != args.batch:
             raise UsageError(f"--batch {args.batch} repeats a single condition, but {args.cond} has "
                              f"{cond.shape[0]} rows; drop --batch or pass a (1, 512) array")
-    return cond.astype(np.float32)
+    return cond.astype(np.float32), stem
 
 
 def _condition_from_clip(path: Path, spec: str, device: str) -> np.ndarray:
@@ -156,17 +181,22 @@ def _read_cond(path: Path) -> np.ndarray:
 
 
 def _apply_codec(pipe, args: argparse.Namespace):
-    """Put the compressed cache of `--codec/--bits` under the model; returns the patch handle.
+    """Put the compressed cache of `--codec` and its key / value bits under the model; returns the patch
+    handle.
 
     `--codec none` goes through the patch too (bit-identical to the model's own cache), so the cache
     accounting line is printed for every codec.
     """
     from .patch import patch_aar
 
+    if args.codec == "none":
+        return patch_aar(pipe, "none", 16)
     try:
-        return patch_aar(pipe, args.codec, 16 if args.bits is None else args.bits)
+        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits)
     except ValueError as e:
-        raise UsageError(f"--codec {args.codec} --bits {args.bits}: {e}") from e
+        given = (f"--bits {args.bits}" if args.k_bits == args.v_bits == args.bits
+                 else f"--k-bits {args.k_bits} --v-bits {args.v_bits}")
+        raise UsageError(f"--codec {args.codec} {given}: {e}") from e
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,
@@ -193,7 +223,8 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
         spread = f" [{v.min():.4g}..{v.max():.4g}]" if v.size > 1 else ""
         parts.append(f"{name} {v.mean():.4g}{unit}{spread}")
     rows_note = f"mean [min..max] over {len(out_BN)} rows" if len(out_BN) > 1 else "1 row"
-    print(f"compare {args.codec} b={args.bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
+    bits = (f"b={args.k_bits}" if args.k_bits == args.v_bits else f"K b={args.k_bits} V b={args.v_bits}")
+    print(f"compare {args.codec} {bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:

@@ -28,16 +28,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "`audioset-20k` (default: the shipped clips/ folder)")
     p.add_argument("--n", type=int, default=100,
                    help="clips to draw (seeded by --seed; all if fewer; default 100)")
+    from octopus_audio.codecs import CODECS
+
     p.add_argument("--codecs", default="all",
-                   help="`all` (every codec but none) or a comma list; `none` checks the patched model "
-                        "against the reference (default all)")
-    p.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
+                   help=f"`all` (every codec but none) or a comma list of {', '.join(CODECS)}; `none` checks "
+                        f"the patched model against the reference (default all)")
+    p.add_argument("--bits", default="2,3,4",
+                   help="comma list of bit widths, keys and values alike (default 2,3,4)")
+    p.add_argument("--k-bits", default=None,
+                   help="comma list of key widths (default: --bits); with --k-bits or --v-bits every pair of "
+                        "a key width and a value width is run")
+    p.add_argument("--v-bits", default=None, help="comma list of value widths (default: --bits)")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
                         "else spectral)")
-    p.add_argument("--aar", default=None, help="AAR transformer checkpoint (default: the embedded model)")
-    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with --aar)")
+    p.add_argument("--aar", default=None,
+                   help="AAR transformer checkpoint, or a model folder (config.json and its weights) alone "
+                        "(default: the embedded model)")
+    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with an --aar checkpoint file)")
     p.add_argument("--seed", type=int, default=42, help="sampling seed and clip-choice seed (default 42)")
     p.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default 4)")
     p.add_argument("--top-k", type=int, default=200, help="top-k sampling (default 200)")
@@ -51,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the core count); 1 can be faster on CPU when other processes share the cores")
     p.add_argument("--out", required=True, help="output folder; rerunning into it resumes")
     p.add_argument("--cache-dir", default=None,
-                   help="embedding cache (default: ~/.cache/octopus-audio/conditioning)")
+                   help="embedding cache (default: $XDG_CACHE_HOME/octopus-audio/conditioning, "
+                        "XDG_CACHE_HOME defaulting to ~/.cache)")
     p.add_argument("--dataset", default="agkphysics/AudioSet",
                    help="hub id or local folder that audioset-20k streams from (default agkphysics/AudioSet)")
     p.add_argument("--dataset-config", default="balanced", help="its config (default balanced; '' for none)")
@@ -74,21 +84,27 @@ def parse_codecs(text: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in text.split(",") if c.strip())
 
 
-def parse_bits(text: str) -> tuple[int, ...]:
+def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None:
+    if text is None:
+        return None
     try:
         return tuple(int(b) for b in text.split(",") if b.strip())
     except ValueError as e:
-        raise UsageError(f"--bits must be a comma list of integers such as 2,3,4, got {text!r}") from e
+        raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {text!r}") from e
 
 
 def model_name(aar: str | None, sat: str | None) -> str:
-    return "default" if aar is None else f"{Path(aar).name}+{Path(sat).name}"
+    if aar is None:
+        return "default"
+    return Path(aar).name if sat is None else f"{Path(aar).name}+{Path(sat).name}"
 
 
 def check_model_paths(aar: str | None, sat: str | None) -> None:
+    if aar is not None and sat is None and Path(aar).is_dir():
+        return  # a model folder: load_aar checks its config.json
     if (aar is None) != (sat is None):
-        raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), or neither "
-                         "for the embedded default model")
+        raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), --aar alone "
+                         "naming a model folder, or neither for the embedded default model")
     for flag, path in (("--aar", aar), ("--sat", sat)):
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{flag} {path!r} does not exist")
@@ -117,7 +133,7 @@ def set_threads(threads: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopus_audio.eval.conditioning import CachedConditioner, make_conditioner
+    from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
     from octopus_audio.eval.runner import (
         AARBackend,
         DistInfo,
@@ -131,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
-                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor)
+                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
+                        k_bits=parse_bits(args.k_bits, "--k-bits"),
+                        v_bits=parse_bits(args.v_bits, "--v-bits"))
     check_model_paths(args.aar, args.sat)
     set_threads(args.threads)
     info = DistInfo.from_env()
@@ -141,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")
     dataset = DatasetSpec(path=args.dataset, name=args.dataset_config or None, split=args.dataset_split)
     refs = list_clips(clips, args.n, args.seed, dataset)
-    cache_dir = Path(args.cache_dir or Path.home() / ".cache" / "octopus-audio" / "conditioning")
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
 

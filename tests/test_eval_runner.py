@@ -86,20 +86,21 @@ def fake_teacher_forced(pipe, cond_BD, tokens, cfg):
 
 
 class FakeStats:
-    def __init__(self, bits):
+    def __init__(self, bits, v_bits=None):
         self.bits = bits
+        self.v_bits = bits if v_bits is None else v_bits
 
     def as_dict(self):  # the shape of aar_patch's CacheStats.as_dict()
-        b = self.bits
-        return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": b + 2.0},
+        b, vb = self.bits, self.v_bits
+        return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": vb + 2.0},
                 "layers": []}
 
 
 @contextlib.contextmanager
-def fake_compressed_kv(pipe, codec, bits, window, v_group, seed):
-    pipe.active = (codec, bits)
+def fake_compressed_kv(pipe, codec, bits, window, v_group, seed, v_bits=None):
+    pipe.active = (codec, bits)  # the fake's noise follows the key bits
     try:
-        yield type("Handle", (), {"stats": lambda self: FakeStats(bits)})()
+        yield type("Handle", (), {"stats": lambda self: FakeStats(bits, v_bits)})()
     finally:
         pipe.active = None
 

@@ -1,0 +1,63 @@
+"""Rate-distortion views: a codec's error against the bits it actually stores per coordinate.
+
+Codecs store different amounts at the same nominal width (d=64, b=2: octopus keys 2.75 bits per coordinate,
+turboquant-mse 2.25), so they are compared on curves through their measured (bits per coordinate, error)
+points. `value_at_rate` reads a curve at another codec's rate by interpolating log(error) linearly in bits
+between the two nearest measured points (errors fall about geometrically with bits); it never extrapolates.
+`draw_curves` is the one plotting routine of the probe's and the eval's rate-distortion figures (matplotlib,
+imported when called).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+
+def value_at_rate(points: Sequence[tuple[float, float]], rate: float, log: bool = True) -> float | None:
+    """The curve through `points` (bits per coordinate, value) at `rate`: linear interpolation of log(value)
+    (`log`, every value > 0) or of the value between the two measured points around `rate`; None when `rate`
+    lies outside the measured range (no extrapolation)."""
+    pts = sorted(points)
+    if not pts or not pts[0][0] <= rate <= pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= rate <= x1:
+            if x1 == x0:
+                return y0
+            w = (rate - x0) / (x1 - x0)
+            if log:
+                if y0 <= 0 or y1 <= 0:
+                    raise ValueError(f"log interpolation needs positive values, got {y0} and {y1}")
+                return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
+            return (1 - w) * y0 + w * y1
+    return pts[0][1]  # a single point at exactly `rate`
+
+
+def relative_difference(ours: float, theirs: float) -> str:
+    """`12.3% lower` / `4.0% higher` / `equal`: ours against theirs, in words (whichever way it falls)."""
+    if theirs == 0:
+        return "equal" if ours == 0 else "-"
+    rel = (ours - theirs) / abs(theirs)
+    if abs(rel) < 5e-4:
+        return "equal"
+    return f"{abs(rel):.1%} {'lower' if rel < 0 else 'higher'}"
+
+
+def draw_curves(ax, curves: Mapping[str, Sequence[tuple[float, float]]],
+                points: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> None:
+    """One bold line with markers per codec through its (bits per coordinate, mean) points, sorted by bits;
+    `points`: per codec, individual measurements (one per clip or seed) drawn faint in the line's colour."""
+    for i, (codec, pts) in enumerate(curves.items()):
+        if not pts:
+            continue
+        colour = f"C{i % 10}"
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linewidth=2.2, markersize=5,
+                color=colour, label=codec, zorder=3)
+        faint = (points or {}).get(codec, ())
+        if faint:
+            ax.scatter([p[0] for p in faint], [p[1] for p in faint], s=9, alpha=0.25, color=colour,
+                       linewidths=0, zorder=2)
+    ax.set_xlabel("bits stored per coordinate (side fields included)")
+    ax.grid(alpha=0.3)
