@@ -18,8 +18,14 @@ Gaussian queries:
 - effective bits per coordinate (the codec's packed format) and bytes per key measured from the state tensors.
 Then the octopus bit split sweep (dir_bits, rho_bits) = (b + delta, b - delta), delta in -2..2 (note the
 total bits per triplet 3b + delta change along the diagonal), and the rounding ablation scalar / local3x3 /
-full. Every seed chunk uses its own codec seed, and each seed in a chunk is a different head, so rotations
-differ across seeds as well as data. Where section 7 gives a figure, the report prints it beside ours.
+full. Rate-distortion: the codecs store different amounts at one nominal b, so MSE and inner-product error
+are also read against the key bits each codec stores per coordinate (its packed format, norms included): the
+"at equal rate" table puts each OCTOPUS codec's figure beside every other codec's curve read at the same
+rate (`octopus_audio.rate_distortion.value_at_rate`: log-linear between that codec's two nearest measured
+widths, no extrapolation), and states the difference whichever way it falls; with matplotlib installed the
+probe also draws the curves (`rd_mse.png`, `rd_ip_error.png`). Every seed chunk uses its own codec seed,
+and each seed in a chunk is a different head, so rotations differ across seeds as well as data. Where
+section 7 gives a figure, the report prints it beside ours.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from octopus_audio.errors import UsageError
 log = logging.getLogger(__name__)
 
 RATED_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+SUBJECTS = ("octopus", "octopus-qjl")  # the codecs the equal-rate table reads every other codec's curve for
+RD_METRICS = (("mse", "MSE/coord", "rd_mse.png"), ("ip_abs_error", "IP abs error", "rd_ip_error.png"))
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 DELTAS = (-2, -1, 0, 1, 2)
 NEEDLE_NORMS = ("sqrt_d", "gaussian")
@@ -272,12 +280,64 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
         "sweep": sweep,
         "ablation": ablation,
         "comparisons": _comparisons(c, rows, sweep, ablation, fp32_needle),
+        "equal_rate": equal_rate(rows),
         "paper": {k: (v if not isinstance(v, dict) else {str(kk): vv for kk, vv in v.items()})
                   for k, v in PAPER.items()},
         "environment": {"torch": torch.__version__, "python": platform.python_version(), "device": c.device,
                         "seconds": round(time.time() - start, 1)},
     }
     return results
+
+
+def equal_rate(rows: list[dict]) -> list[dict]:
+    """Per metric (MSE, inner-product error), OCTOPUS codec and b: its rate (key bits per coordinate) and
+    value, and every other codec's curve read at that rate (`peer_value` None when the rate lies outside
+    the widths that codec was measured at; `peer_rates` says which)."""
+    from octopus_audio.rate_distortion import value_at_rate
+
+    out = []
+    codecs = list(dict.fromkeys(r["codec"] for r in rows))
+    for metric, _, _ in RD_METRICS:
+        for subject in (c for c in codecs if c in SUBJECTS):
+            for r in (r for r in rows if r["codec"] == subject):
+                rate, value = r["bits_per_coordinate"], r[metric][0]
+                for peer in (c for c in codecs if c != subject):
+                    curve = [(p["bits_per_coordinate"], p[metric][0]) for p in rows if p["codec"] == peer]
+                    peer_value = value_at_rate(curve, rate)
+                    out.append({"metric": metric, "codec": subject, "bits": r["bits"], "rate": rate,
+                                "value": value, "peer": peer, "peer_value": peer_value,
+                                "peer_rates": [min(x for x, _ in curve), max(x for x, _ in curve)],
+                                "relative_difference": None if peer_value is None
+                                else (value - peer_value) / peer_value})
+    return out
+
+
+def plot_rate_distortion(results: dict, out_dir: Path) -> list[str]:
+    """rd_mse.png and rd_ip_error.png: each codec's curve through its widths (the means over seeds) against
+    the key bits stored per coordinate, log error axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from octopus_audio.rate_distortion import draw_curves
+
+    rows, c = results["rows"], results["config"]
+    names = []
+    for metric, label, name in RD_METRICS:
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        curves = {codec: [(r["bits_per_coordinate"], r[metric][0]) for r in rows if r["codec"] == codec]
+                  for codec in dict.fromkeys(r["codec"] for r in rows)}
+        draw_curves(ax, curves)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{label} (log scale)")
+        ax.set_xlabel("key bits stored per coordinate (norms included)")
+        ax.set_title(f"{label} vs stored bits, d={c['d']}, {c['seeds']} seeds (lower is better)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, metadata={"Software": None})
+        names.append(name)
+    return names
 
 
 def _row(rows: list[dict], name: str, b: int) -> dict | None:
@@ -404,10 +464,49 @@ def render_markdown(results: dict) -> str:
             for e in entries:
                 gain = "-" if scalar is None else f"{1 - e['mse'][0] / scalar['mse'][0]:+.1%}"
                 lines.append(f"| {b} | {e['rounding']} | {_pm(e['mse'])} | {gain} |")
+    lines += render_equal_rate(results)
     env = results["environment"]
     lines += ["", f"torch {env['torch']}, python {env['python']}, device {env['device']}, "
               f"{env['seconds']} s", ""]
     return "\n".join(lines)
+
+
+def render_equal_rate(results: dict) -> list[str]:
+    """The "at equal rate" section: per metric, a row per OCTOPUS codec and b, a column per other codec."""
+    from octopus_audio.rate_distortion import relative_difference
+
+    entries = results.get("equal_rate") or []
+    if not entries:
+        return []
+    lines = ["", "## At equal rate", "",
+             "Each OCTOPUS codec at its measured rate (key bits stored per coordinate, norms and packing "
+             "included), beside every other codec's curve read at that rate: log-linear between that codec's "
+             "two nearest measured widths, '-' where the rate lies outside them (no extrapolation). The "
+             "difference is ours against theirs, lower error being better."]
+    for metric, label, _ in RD_METRICS:
+        mine = [e for e in entries if e["metric"] == metric]
+        named = {e["peer"] for e in mine}
+        peers = [c for c in dict.fromkeys(r["codec"] for r in results["rows"]) if c in named]
+        lines += ["", f"### {label}", "", "| codec | b | bits/coord | " + label + " | "
+                  + " | ".join(f"{p} at this rate" for p in peers) + " |",
+                  "|" + " --- |" * (4 + len(peers))]
+        keys = list(dict.fromkeys((e["codec"], e["bits"]) for e in mine))
+        for codec, b in keys:
+            cells = {e["peer"]: e for e in mine if (e["codec"], e["bits"]) == (codec, b)}
+            first = next(iter(cells.values()))
+            row = [codec, str(b), f"{first['rate']:.3f}", f"{first['value']:.4g}"]
+            for p in peers:
+                e = cells.get(p)
+                if e is None:
+                    row.append("(itself)")
+                elif e["peer_value"] is None:
+                    lo, hi = e["peer_rates"]
+                    row.append(f"- (measured {lo:.3f}..{hi:.3f})")
+                else:
+                    row.append(f"{e['peer_value']:.4g}: {codec} "
+                               f"{relative_difference(e['value'], e['peer_value'])}")
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -443,4 +542,10 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "table.md").write_text(render_markdown(results))
     print(f"wrote {args.out / 'table.md'} and {args.out / 'results.json'}")
+    try:
+        plots = plot_rate_distortion(results, args.out)
+    except ModuleNotFoundError as e:
+        print(f"rate-distortion plots skipped: they need {e.name} (pip install 'octopus-audio[eval]')")
+    else:
+        print(f"wrote {', '.join(str(args.out / p) for p in plots)}")
     return 0

@@ -21,17 +21,16 @@ def value_at_rate(points: Sequence[tuple[float, float]], rate: float, log: bool 
     pts = sorted(points)
     if not pts or not pts[0][0] <= rate <= pts[-1][0]:
         return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
-        if x0 <= rate <= x1:
-            if x1 == x0:
-                return y0
-            w = (rate - x0) / (x1 - x0)
-            if log:
-                if y0 <= 0 or y1 <= 0:
-                    raise ValueError(f"log interpolation needs positive values, got {y0} and {y1}")
-                return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
-            return (1 - w) * y0 + w * y1
-    return pts[0][1]  # a single point at exactly `rate`
+    exact = [y for x, y in pts if x == rate]
+    if exact:
+        return exact[0]  # a measured point
+    (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:], strict=False) if a[0] < rate < b[0])
+    w = (rate - x0) / (x1 - x0)
+    if not log:
+        return (1 - w) * y0 + w * y1
+    if y0 <= 0 or y1 <= 0:
+        raise ValueError(f"log interpolation needs positive values, got {y0} and {y1}")
+    return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
 
 
 def relative_difference(ours: float, theirs: float) -> str:
