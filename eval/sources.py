@@ -135,7 +135,7 @@ def load_stream(spec: DatasetSpec):
         import datasets
     except ModuleNotFoundError as e:
         raise UsageError("the audioset-20k source needs the `datasets` package: "
-                         "pip install 'octopus-audio[eval]'") from e
+                         "pip install 'octopus-audio[eval,audioset]'") from e
     try:
         return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
     except Exception as e:  # no network, unknown config, ...: one sentence for the user
