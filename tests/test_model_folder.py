@@ -13,8 +13,6 @@ import torch
 from octopus_audio.errors import UsageError
 from octopus_audio.tensorfile import load_tensors, save_tensors
 
-PATCH_NUMS = (1, 2, 4)
-
 
 def odd_tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
@@ -99,17 +97,9 @@ def test_writer_refuses_what_the_format_cannot_hold(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_pipe():
-    from octopus_audio.aar_patch import AARPipeline
-    from octopus_audio.aar_patch.aar import AAR, AARConfig
-    from octopus_audio.aar_patch.sat import SAT, SATConfig
+    from test_eval_perturbation import tiny_pipe as random_tiny_pipe
 
-    torch.manual_seed(0)
-    aar = AAR(AARConfig(depth=2, embed_dim=32, num_heads=2, vocab_size=16, latent_dim=8,
-                        patch_nums=PATCH_NUMS))
-    aar.init_weights(seed=0)
-    sat = SAT(SATConfig(n_filters=4, ratios=(8, 5, 4, 2), lstm_layers=1, dimension=8, latent_dim=8,
-                        codebook_size=16, patch_nums=PATCH_NUMS, num_phi=2, phi_kernel=3))
-    return AARPipeline(aar, sat).eval()
+    return random_tiny_pipe()  # 2 layers, head dim 32, scales 1, 2, 4, 8, vocabulary 256
 
 
 def test_a_saved_folder_loads_the_same_pipeline(tiny_pipe, tmp_path):
@@ -192,8 +182,8 @@ def test_generate_and_eval_take_a_folder(tiny_pipe, tmp_path, capsys):
     cond = tmp_path / "c.npy"
     np.save(cond, np.ones((1, 512), dtype=np.float32) / 512**0.5)
     assert main(["generate", "--aar", str(folder), "--cond", str(cond), "--codec", "octopus", "--bits", "2",
-                 "--top-k", "5", "--device", "cpu", "--out", str(tmp_path / "o")]) == 0
-    assert "kv cache [octopus b=2 W=1, 2 layers, 7 tokens (4 native)]" in capsys.readouterr().out
+                 "--device", "cpu", "--out", str(tmp_path / "o")]) == 0
+    assert "kv cache [octopus b=2 W=1, 2 layers, 15 tokens (8 native)]" in capsys.readouterr().out
     check_model_paths(str(folder), None)  # a folder alone is accepted
     assert model_name(str(folder), None) == "tiny"
     with pytest.raises(UsageError, match="--aar alone naming a model folder"):
