@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(handle.stats().line())
     handle.unpatch()
     if args.compare:
-        _compare(pipe, cond_BE, result, args, fast, ref_wavs)
+        _compare(pipe, cond_BE, result, args, fast, ref_wavs, handle.config.bits_label)
 
     args.out.mkdir(parents=True, exist_ok=True)
     sample_rate = pipe.sat.config.sample_rate
@@ -200,9 +200,10 @@ def _apply_codec(pipe, args: argparse.Namespace):
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,
-             ref_wavs: list[Path]) -> None:
+             ref_wavs: list[Path], bits: str) -> None:
     """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
-    and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows."""
+    and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows
+    (`bits`: the codec's widths as the accounting line names them)."""
     from octopus_audio.eval.latent import latent_cosine
     from octopus_audio.eval.lsd import lsd_db
     from octopus_audio.eval.snr import snr_db
@@ -223,7 +224,6 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
         spread = f" [{v.min():.4g}..{v.max():.4g}]" if v.size > 1 else ""
         parts.append(f"{name} {v.mean():.4g}{unit}{spread}")
     rows_note = f"mean [min..max] over {len(out_BN)} rows" if len(out_BN) > 1 else "1 row"
-    bits = (f"b={args.k_bits}" if args.k_bits == args.v_bits else f"K b={args.k_bits} V b={args.v_bits}")
     print(f"compare {args.codec} {bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
