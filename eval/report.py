@@ -169,6 +169,44 @@ SUMMARY_HEAD = (["codec", "K bits", "V bits", "clips"] + [f"{m.label} mean [min,
                 + [label for _, label in KV_FIELDS])
 
 
+EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), free of sampling divergence
+
+
+def equal_rate_entries(groups: list[dict]) -> list[dict]:
+    """Per metric of EQUAL_RATE_METRICS: each OCTOPUS codec's mean at its K+V bits per coordinate beside every
+    other codec's curve of means read at that rate (`octopus_audio.rate_distortion.equal_rate`)."""
+    from octopus_audio.rate_distortion import equal_rate
+
+    out = []
+    for key in EQUAL_RATE_METRICS:
+        points: dict[str, list] = {}
+        for g in groups:
+            measured = g["kv_bits_per_coord"] and g["metrics"][key]
+            if g["codec"] not in FLOORS and g["bits"] is not None and measured:
+                label = _job_label(Job(g["codec"], g["bits"], g["v_bits"]))
+                points.setdefault(g["codec"], []).append((g["kv_bits_per_coord"]["mean"],
+                                                          g["metrics"][key]["mean"], label))
+        out += [{"metric": key, **e} for e in equal_rate(points)]
+    return out
+
+
+def _equal_rate_lines(groups: list[dict]) -> list[str]:
+    from octopus_audio.rate_distortion import equal_rate_table
+
+    entries = equal_rate_entries(groups)
+    codecs = list(dict.fromkeys(g["codec"] for g in groups))
+    lines = []
+    for m in METRICS:
+        mine = [e for e in entries if e["metric"] == m.key]
+        if mine:
+            lines += ["", f"## {m.label} at equal rate", "",
+                      "Each OCTOPUS row's mean at its K+V bits per coordinate beside every other codec's "
+                      "curve of means read at that rate (log-linear between its two nearest measured rates; "
+                      "'-' outside them, never extrapolated); the difference is ours against theirs.", ""]
+            lines += equal_rate_table(mine, f"{m.label} mean", codecs)
+    return lines
+
+
 def table_markdown(groups: list[dict], meta: dict) -> str:
     lines = [f"# octopus-audio eval: {meta.get('clip_count', '?')} clips, model {meta.get('model')}, "
              f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}", "",
@@ -185,6 +223,7 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
         lines += [text, ""]
     lines += ["| " + " | ".join(SUMMARY_HEAD) + " |", "|" + " --- |" * len(SUMMARY_HEAD)]
     lines += ["| " + " | ".join(_summary_cells(g)) + " |" for g in groups]
+    lines += _equal_rate_lines(groups)
     return "\n".join(lines) + "\n"
 
 
@@ -516,7 +555,8 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     groups = aggregate(rows, jobs)
     failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "v_bits": _job_of(r).v_bits,
                  "stage": r["stage"], "error": r["error"]} for r in rows if r["status"] != "ok"]
-    results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures}
+    results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,
+               "equal_rate": equal_rate_entries(groups)}
     _write_text(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
     _write_text(out_dir / "table.md", table_markdown(groups, meta))
     _write_text(out_dir / "table.csv", table_csv(groups))

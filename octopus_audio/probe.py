@@ -47,7 +47,6 @@ from octopus_audio.errors import UsageError
 log = logging.getLogger(__name__)
 
 RATED_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
-SUBJECTS = ("octopus", "octopus-qjl")  # the codecs the equal-rate table reads every other codec's curve for
 RD_METRICS = (("mse", "MSE/coord", "rd_mse.png"), ("ip_abs_error", "IP abs error", "rd_ip_error.png"))
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 DELTAS = (-2, -1, 0, 1, 2)
@@ -291,24 +290,18 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
 
 def equal_rate(rows: list[dict]) -> list[dict]:
     """Per metric (MSE, inner-product error), OCTOPUS codec and b: its rate (key bits per coordinate) and
-    value, and every other codec's curve read at that rate (`peer_value` None when the rate lies outside
-    the widths that codec was measured at; `peer_rates` says which)."""
-    from octopus_audio.rate_distortion import value_at_rate
+    value, and every other codec's curve read at that rate (`rate_distortion.equal_rate`)."""
+    from octopus_audio.rate_distortion import equal_rate as read_at_rates
 
     out = []
-    codecs = list(dict.fromkeys(r["codec"] for r in rows))
     for metric, _, _ in RD_METRICS:
-        for subject in (c for c in codecs if c in SUBJECTS):
-            for r in (r for r in rows if r["codec"] == subject):
-                rate, value = r["bits_per_coordinate"], r[metric][0]
-                for peer in (c for c in codecs if c != subject):
-                    curve = [(p["bits_per_coordinate"], p[metric][0]) for p in rows if p["codec"] == peer]
-                    peer_value = value_at_rate(curve, rate)
-                    out.append({"metric": metric, "codec": subject, "bits": r["bits"], "rate": rate,
-                                "value": value, "peer": peer, "peer_value": peer_value,
-                                "peer_rates": [min(x for x, _ in curve), max(x for x, _ in curve)],
-                                "relative_difference": None if peer_value is None
-                                else (value - peer_value) / peer_value})
+        points: dict[str, list] = {}
+        for r in rows:
+            points.setdefault(r["codec"], []).append((r["bits_per_coordinate"], r[metric][0],
+                                                      f"{r['codec']} b={r['bits']}"))
+        bits = {(r["codec"], f"{r['codec']} b={r['bits']}"): r["bits"] for r in rows}
+        out += [{"metric": metric, "bits": bits[(e["codec"], e["label"])], **e}
+                for e in read_at_rates(points)]
     return out
 
 
@@ -473,7 +466,7 @@ def render_markdown(results: dict) -> str:
 
 def render_equal_rate(results: dict) -> list[str]:
     """The "at equal rate" section: per metric, a row per OCTOPUS codec and b, a column per other codec."""
-    from octopus_audio.rate_distortion import relative_difference
+    from octopus_audio.rate_distortion import equal_rate_table
 
     entries = results.get("equal_rate") or []
     if not entries:
@@ -483,29 +476,10 @@ def render_equal_rate(results: dict) -> list[str]:
              "included), beside every other codec's curve read at that rate: log-linear between that codec's "
              "two nearest measured widths, '-' where the rate lies outside them (no extrapolation). The "
              "difference is ours against theirs, lower error being better."]
+    codecs = list(dict.fromkeys(r["codec"] for r in results["rows"]))
     for metric, label, _ in RD_METRICS:
-        mine = [e for e in entries if e["metric"] == metric]
-        named = {e["peer"] for e in mine}
-        peers = [c for c in dict.fromkeys(r["codec"] for r in results["rows"]) if c in named]
-        lines += ["", f"### {label}", "", "| codec | b | bits/coord | " + label + " | "
-                  + " | ".join(f"{p} at this rate" for p in peers) + " |",
-                  "|" + " --- |" * (4 + len(peers))]
-        keys = list(dict.fromkeys((e["codec"], e["bits"]) for e in mine))
-        for codec, b in keys:
-            cells = {e["peer"]: e for e in mine if (e["codec"], e["bits"]) == (codec, b)}
-            first = next(iter(cells.values()))
-            row = [codec, str(b), f"{first['rate']:.3f}", f"{first['value']:.4g}"]
-            for p in peers:
-                e = cells.get(p)
-                if e is None:
-                    row.append("(itself)")
-                elif e["peer_value"] is None:
-                    lo, hi = e["peer_rates"]
-                    row.append(f"- (measured {lo:.3f}..{hi:.3f})")
-                else:
-                    row.append(f"{e['peer_value']:.4g}: {codec} "
-                               f"{relative_difference(e['value'], e['peer_value'])}")
-            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", f"### {label}", ""]
+        lines += equal_rate_table([e for e in entries if e["metric"] == metric], label, codecs)
     return lines
 
 

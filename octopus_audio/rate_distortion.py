@@ -60,3 +60,50 @@ def draw_curves(ax, curves: Mapping[str, Sequence[tuple[float, float]]],
                        linewidths=0, zorder=2)
     ax.set_xlabel("bits stored per coordinate (side fields included)")
     ax.grid(alpha=0.3)
+
+
+SUBJECTS = ("octopus", "octopus-qjl")  # the codecs an equal-rate table reads every other codec's curve for
+
+
+def equal_rate(points: Mapping[str, Sequence[tuple[float, float, str]]],
+               subjects: Sequence[str] = SUBJECTS) -> list[dict]:
+    """points: per codec, its measurements (rate, value, row label). For each measurement of a `subjects`
+    codec, every other codec's curve read at its rate (`peer_value` None outside that codec's measured
+    rates, `peer_rates`; interpolated in log(value) unless the curve holds a value <= 0), and the relative
+    difference ours / theirs - 1."""
+    out = []
+    for subject in (c for c in points if c in subjects):
+        for rate, value, label in sorted(points[subject]):
+            for peer, theirs in points.items():
+                if peer == subject or not theirs:
+                    continue
+                curve = [(x, y) for x, y, _ in theirs]
+                peer_value = value_at_rate(curve, rate, log=all(y > 0 for _, y in curve))
+                out.append({"codec": subject, "label": label, "rate": rate, "value": value, "peer": peer,
+                            "peer_value": peer_value,
+                            "peer_rates": [min(x for x, _ in curve), max(x for x, _ in curve)],
+                            "relative_difference": None if peer_value is None else value / peer_value - 1})
+    return out
+
+
+def equal_rate_table(entries: Sequence[dict], value_label: str, peers: Sequence[str]) -> list[str]:
+    """Markdown lines: a row per subject measurement, a column per peer (in `peers` order) holding its value
+    at that rate and the difference in words, '-' with the peer's measured range outside it."""
+    shown = [p for p in peers if any(e["peer"] == p for e in entries)]
+    head = ["codec", "bits/coord", value_label] + [f"{p} at this rate" for p in shown]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for codec, label in dict.fromkeys((e["codec"], e["label"]) for e in entries):
+        cells = {e["peer"]: e for e in entries if (e["codec"], e["label"]) == (codec, label)}
+        first = next(iter(cells.values()))
+        row = [label, f"{first['rate']:.3f}", f"{first['value']:.4g}"]
+        for p in shown:
+            e = cells.get(p)
+            if e is None:
+                row.append("(itself)")
+            elif e["peer_value"] is None:
+                row.append(f"- (measured {e['peer_rates'][0]:.3f}..{e['peer_rates'][1]:.3f})")
+            else:
+                diff = relative_difference(e["value"], e["peer_value"])
+                row.append(f"{e['peer_value']:.4g}: {codec} {diff}")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines

@@ -129,7 +129,7 @@ def test_equal_rate_table_reads_each_peer_at_octopus_rate(small_probe):
                                                                           "polarquant"}
     text = render_markdown(small_probe)
     assert "## At equal rate" in text and "- (measured 2.125..4.125)" in text
-    assert re.search(r"\| octopus \| 2 \| 2\.625 \| \S+ \| \S+: octopus \d+\.\d% (lower|higher) \|", text)
+    assert re.search(r"\| octopus b=2 \| 2\.625 \| \S+ \| \S+: octopus \d+\.\d% (lower|higher) \|", text)
 
 
 @pytest.mark.parametrize("argv,needle", [
