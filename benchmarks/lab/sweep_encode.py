@@ -5,7 +5,7 @@ encodes. Keys: every codec at b = 2, 3, 4 (64k tokens x 16 heads, d=64) and octo
 
 Run from the repository root on the device (no editable install there):
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
-    PYTHONPATH=$PWD python3 benchmarks/sweep_encode.py --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode.py --out $OUT
 Compiles every kernel first in --jobs worker processes (Triton's disk cache), then times in this process.
 Writes sweep_encode.json and sweep_encode.md to --out; prints progress; exit 1 if a row fails or mismatches
 beyond 1e-4 in some field. --dry-run runs every row on the CPU under TRITON_INTERPRET=1 at 256 tokens x 2
