@@ -28,7 +28,7 @@ SMALL = (TOKENS, HEADS, DIM)
 CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 VALUE_BITS = (2, 3, 4)
 MAX_MISMATCH = 1e-4
-PREVIOUS = Path(__file__).parent / "results" / "h200_2026-11-30" / "sweep_encode.json"
+PREVIOUS = Path(__file__).resolve().parents[1] / "results/raw/2026-11-30/h200-a/sweep_encode.json"
 UNIT = (4, 16, 75)  # the fused unit check: B, H, T (an AAR scale of 75 tokens, 4 sequences)
 
 
