@@ -9,7 +9,7 @@ of the generated second and of the whole file; time-averaged because generation 
 the file. A case succeeds when d(generated_i, file_i) < d(generated_i, file_j) for a held-out file j != i
 drawn at random (seeded). Also printed: the share over all j != i, and how often file i is the nearest.
 
-    python scripts/check_conditioning.py [--aar PATH --sat PATH] [--seeds 4] [--json OUT.json]
+    python benchmarks/lab/check_conditioning.py [--aar PATH --sat PATH] [--seeds 4] [--json OUT.json]
 """
 
 from __future__ import annotations

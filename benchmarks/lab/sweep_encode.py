@@ -5,7 +5,7 @@ encodes. Keys: every codec at b = 2, 3, 4 (64k tokens x 16 heads, d=64) and octo
 
 Run from the repository root on the device (no editable install there):
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
-    PYTHONPATH=$PWD python3 benchmarks/sweep_encode.py --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode.py --out $OUT
 Compiles every kernel first in --jobs worker processes (Triton's disk cache), then times in this process.
 Writes sweep_encode.json and sweep_encode.md to --out; prints progress; exit 1 if a row fails or mismatches
 beyond 1e-4 in some field. --dry-run runs every row on the CPU under TRITON_INTERPRET=1 at 256 tokens x 2
@@ -28,7 +28,7 @@ SMALL = (TOKENS, HEADS, DIM)
 CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 VALUE_BITS = (2, 3, 4)
 MAX_MISMATCH = 1e-4
-PREVIOUS = Path(__file__).parent / "results" / "h200_2026-11-30" / "sweep_encode.json"
+PREVIOUS = Path(__file__).resolve().parents[1] / "results/raw/2026-11-30/h200-a/sweep_encode.json"
 UNIT = (4, 16, 75)  # the fused unit check: B, H, T (an AAR scale of 75 tokens, 4 sequences)
 
 

@@ -3,7 +3,7 @@ per program and per key (the kernel is straight-line: every warp of a program ru
 registers, spills, and the bound they put on the encode time at the H200's issue rate.
 
 Needs a triton whose nvidia backend ships ptxas and nvdisasm (any CUDA-less machine works):
-    PYTHONPATH=/tmp/t36only python benchmarks/count_sass_encode.py [--codec octopus --bits 2 --d 64]
+    PYTHONPATH=/tmp/t36only python benchmarks/lab/count_sass_encode.py [--codec octopus --bits 2 --d 64]
 Prints one line per (codec, b, d, block_t, num_warps); --json FILE writes the rows.
 """
 
@@ -140,7 +140,7 @@ def main() -> int:
     parser.add_argument("--block-t", type=int, nargs="*", default=[None])
     parser.add_argument("--num-warps", type=int, nargs="*", default=[None])
     parser.add_argument("--ops", action="store_true", help="print the commonest opcodes")
-    parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T % block_t != 0)")
+    parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T %% block_t != 0)")
     parser.add_argument("--dir-table", type=int, choices=(0, 1), help="octopus: EncodeConfig.dir_table")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
     parser.add_argument("--exact", type=int, choices=(0, 1, 2), default=1,

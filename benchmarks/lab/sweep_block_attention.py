@@ -3,7 +3,7 @@ launch configurations (AttnConfig) timed against bf16 SDPA. Writes sweep_block_a
 
 Run from the repository root on the device (no editable install there):
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
-    PYTHONPATH=$PWD python3 benchmarks/sweep_block_attention.py --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/lab/sweep_block_attention.py --out $OUT
 Shapes: 2B rows x 16 heads, 75 queries against 380 compressed + 75 native keys, d=64 (AAR), octopus b=2 at
 B = 1, 64, 512 and turboquant-mse b=2 at B = 64. The compressed stores are random packed codes built by
 octopus_audio.bench._random_store (the decode cost does not depend on the codes). Times: medians of
@@ -21,57 +21,49 @@ import time
 from pathlib import Path
 
 DEVICE = "cuda"
-# (label, AttnConfig kwargs, octopus_directions); index = job config id, so workers rebuild them by index.
-# "default" is the library's launch (since 2026-11-30: octopus_directions "auto", i.e. folded rows for
-# b <= 3, and gathered codes for folded query blocks); "m128 n64 w4 tiles" is the launch before that (unfold,
-# word tiles) and turboquant's default. host_projection is gone: 1.7-2x slower in every row of the 2026-11-30
-# sweep.
+# (label, AttnConfig kwargs); index = job config id, so workers rebuild them by index. "default" is the
+# library's launch. The octopus direction-decode modes this sweep also compared (table, unfold, folded) are
+# gone from the kernels; their figures are in benchmarks/results/kernels.md ("Measured and removed").
 W4 = dict(block_m=128, block_n=64, num_warps=4, tile_words=True)
 CANDIDATES = [
-    ("default", {}, "auto"),
-    ("m128 n64 w4 tiles", W4, "unfold"),
-    ("m128 n64 w4 tiles table", W4, "table"),
-    ("m128 n64 w4 tiles folded", W4, "folded"),
-    ("m128 n32 w4 tiles", {**W4, "block_n": 32}, "unfold"),
-    ("m128 n32 w4 tiles folded", {**W4, "block_n": 32}, "folded"),
-    ("m128 n64 w4 tiles folded, window 32 a step", {**W4, "block_w": 32}, "folded"),
-    ("m128 n64 w4 tiles folded, window 16 a step", {**W4, "block_w": 16}, "folded"),
-    ("m128 n64 w4 tiles folded stages2", {**W4, "num_stages": 2}, "folded"),
-    ("m128 n64 w4 gathers folded", {**W4, "tile_words": False}, "folded"),
-    ("m128 n32 w4 gathers folded", {**W4, "block_n": 32, "tile_words": False}, "folded"),
-    ("m128 n64 w4 gathers folded, window rides the last split",
-     {**W4, "tile_words": False, "window_split": False}, "folded"),
-    ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}, "unfold"),
-    ("m128 n128 w8 tiles folded", {**W4, "block_n": 128, "num_warps": 8}, "folded"),
-    ("m128 n128 w8 gathers", {**W4, "block_n": 128, "num_warps": 8, "tile_words": False}, "unfold"),
-    ("m128 n64 w8 tiles folded", {**W4, "num_warps": 8}, "folded"),
-    ("m64 n64 w4 tiles folded", {**W4, "block_m": 64}, "folded"),
-    ("m128 n64 w4 tiles folded, window rides the last split", {**W4, "window_split": False}, "folded"),
-    ("m128 n64 w4 tiles folded, splits >= 64 keys", {**W4, "split_min_keys": 64, "programs_per_sm": 16},
-     "folded"),
+    ("default", {}),
+    ("m128 n64 w4 tiles", W4),
+    ("m128 n32 w4 tiles", {**W4, "block_n": 32}),
+    ("m128 n64 w4 tiles, window 32 a step", {**W4, "block_w": 32}),
+    ("m128 n64 w4 tiles, window 16 a step", {**W4, "block_w": 16}),
+    ("m128 n64 w4 tiles stages2", {**W4, "num_stages": 2}),
+    ("m128 n64 w4 gathers", {**W4, "tile_words": False}),
+    ("m128 n32 w4 gathers", {**W4, "block_n": 32, "tile_words": False}),
+    ("m128 n64 w4 gathers, window rides the last split", {**W4, "tile_words": False, "window_split": False}),
+    ("m128 n128 w8 tiles", {**W4, "block_n": 128, "num_warps": 8}),
+    ("m128 n128 w8 gathers", {**W4, "block_n": 128, "num_warps": 8, "tile_words": False}),
+    ("m128 n64 w8 tiles", {**W4, "num_warps": 8}),
+    ("m64 n64 w4 tiles", {**W4, "block_m": 64}),
+    ("m128 n64 w4 tiles, window rides the last split", {**W4, "window_split": False}),
+    ("m128 n64 w4 tiles, splits >= 64 keys", {**W4, "split_min_keys": 64, "programs_per_sm": 16}),
 ]
-_INDEX = {label: i for i, (label, _, _) in enumerate(CANDIDATES)}
-# (codec, bits, B): the timed problems; turboquant-mse runs the candidates without an octopus decode option
+_INDEX = {label: i for i, (label, _) in enumerate(CANDIDATES)}
+# (codec, bits, B): the timed problems; turboquant-mse runs a subset
 PROBLEMS = [("octopus", 2, 1), ("octopus", 2, 64), ("octopus", 2, 512), ("turboquant-mse", 2, 64)]
-TQ_SUBSET = tuple(i for i, (_, _, directions) in enumerate(CANDIDATES) if directions == "unfold")
+TQ_SUBSET = tuple(_INDEX[label] for label in ("default", "m128 n64 w4 tiles", "m128 n32 w4 tiles",
+                                              "m128 n128 w8 tiles", "m128 n128 w8 gathers"))
 # correctness on the GPU: (codec, bits, B, query dtype, candidate index)
 CHECKS = [(c, b, batch, dt, _INDEX[label]) for c, b, batch, dt, label in [
     ("octopus", 2, 2, "bfloat16", "default"), ("octopus", 2, 2, "float32", "default"),
     ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles"),
-    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles folded"),
-    ("octopus", 2, 2, "float32", "m128 n64 w4 tiles folded"),
-    ("octopus-qjl", 3, 2, "bfloat16", "m128 n64 w4 tiles folded"),
-    ("octopus", 3, 2, "float16", "m128 n32 w4 tiles folded"),
-    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles folded, window 16 a step"),
-    ("octopus-qjl", 2, 2, "float32", "m128 n64 w8 tiles folded"),
-    ("octopus", 2, 1, "bfloat16", "m128 n128 w8 tiles folded"),
+    ("octopus", 2, 2, "float32", "m128 n64 w4 gathers"),
+    ("octopus-qjl", 3, 2, "bfloat16", "m128 n64 w4 tiles"),
+    ("octopus", 3, 2, "float16", "m128 n32 w4 tiles"),
+    ("octopus", 2, 2, "bfloat16", "m128 n64 w4 tiles, window 16 a step"),
+    ("octopus-qjl", 2, 2, "float32", "m128 n64 w8 tiles"),
+    ("octopus", 2, 1, "bfloat16", "m128 n128 w8 tiles"),
     ("turboquant-mse", 2, 2, "bfloat16", "m128 n128 w8 tiles"),
     ("turboquant-qjl", 3, 2, "float32", "m128 n32 w4 tiles"),
-    ("polarquant", 2, 2, "bfloat16", "m64 n64 w4 tiles folded"),
-    ("octopus", 4, 1, "bfloat16", "m128 n64 w4 tiles table"), ("octopus", 4, 1, "bfloat16", "default"),
+    ("polarquant", 2, 2, "bfloat16", "m64 n64 w4 tiles"),
+    ("octopus", 4, 1, "bfloat16", "default"),
     ("octopus-qjl", 3, 2, "bfloat16", "default"),
-    ("octopus-qjl", 3, 2, "float32", "m128 n64 w4 gathers folded"),
-    ("octopus", 3, 2, "float16", "m128 n64 w4 gathers folded, window rides the last split"),
+    ("octopus-qjl", 3, 2, "float32", "m128 n64 w4 gathers"),
+    ("octopus", 3, 2, "float16", "m128 n64 w4 gathers, window rides the last split"),
     ("turboquant-qjl", 3, 2, "bfloat16", "default")]]
 
 
@@ -109,10 +101,9 @@ def _ours(inputs, cand: int, length: int = 380):
     codec, quant, ks, vs, q, k_win, v_win, kc = inputs
     keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
     values = PackedValues(vs.codes, vs.scale, vs.minimum, quant.bits)
-    _, kwargs, directions = CANDIDATES[cand]
+    _, kwargs = CANDIDATES[cand]
     cfg = AttnConfig(**kwargs)
-    return lambda: ops.attention(q, keys, values, length, k_win, v_win, kc, octopus_directions=directions,
-                                 config=cfg)
+    return lambda: ops.attention(q, keys, values, length, k_win, v_win, kc, config=cfg)
 
 
 def _reference(inputs):
@@ -215,9 +206,8 @@ def main() -> int:
         inputs = _inputs(c, b, batch)
         ref = _reference(inputs)
         for i in (range(len(CANDIDATES)) if c == "octopus" else TQ_SUBSET):
-            label, kwargs, directions = CANDIDATES[i]
-            row = {"codec": c, "bits": b, "B": batch, "config": label, "kwargs": kwargs,
-                   "directions": directions}
+            label, kwargs = CANDIDATES[i]
+            row = {"codec": c, "bits": b, "B": batch, "config": label, "kwargs": kwargs}
             try:
                 fn = _ours(inputs, i)
                 row["rel_rms"], row["max_rel"] = _rel(fn(), ref)

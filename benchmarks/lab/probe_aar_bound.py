@@ -15,7 +15,7 @@ The `... 64 q` cases take the first 64 of the 75 queries: the query block then f
 padded to 128, which prices the padding (the share of the time that scales with the rows, not the keys).
 
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
-    PYTHONPATH=$PWD python3 benchmarks/probe_aar_bound.py --out $OUT/bound
+    PYTHONPATH=$PWD python3 benchmarks/lab/probe_aar_bound.py --out $OUT/bound
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ For each held-out file (aar_patch/train_data.HELD_OUT, never trained on): the wh
 into 1 s windows (the last zero-padded), encoded to tokens and decoded; log-mel MSE and SNR (the eval metrics)
 against the file, beside the same figures for the file low-passed at 2 kHz (Butterworth order 8, zero phase).
 
-    python scripts/held_out_reconstruction.py [--sat PATH] [--json OUT.json]
+    python benchmarks/lab/held_out_reconstruction.py [--sat PATH] [--json OUT.json]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Teacher-forced KL(p_ref || p_codec) in nats per token, per scale and overall, on
 Rotation seeds: one per layer (the patch uses one per layer and head), so the round-trip rows measure the
 codec's kind of error, not the patch's exact draw. fp32 on the CPU.
 
-    python scripts/kv_error_split.py --eval out/eval [--codec octopus] [--bits 4] [--clips 3]
+    python benchmarks/lab/kv_error_split.py --eval out/eval [--codec octopus] [--bits 4] [--clips 3]
 """
 
 from __future__ import annotations

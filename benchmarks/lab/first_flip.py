@@ -9,7 +9,7 @@ condition and seed (the eval's own generation: one clip a call, fp32 on the CPU)
 KV cache (`eval.kv_rounding.rounded_kv_cache`), same condition and seed; where the run saved that row's WAV,
 its regenerated audio is checked against it.
 
-    python scripts/first_flip.py --eval out/eval [--codecs all] [--bits 2,4] [--json OUT.json]
+    python benchmarks/lab/first_flip.py --eval out/eval [--codecs all] [--bits 2,4] [--json OUT.json]
 """
 
 from __future__ import annotations
