@@ -255,7 +255,7 @@ def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
     rows.write_text("\n".join(kept) + "\n")
     path = tmp_path / "out" / "refs" / "clip1.npz"
     with np.load(path) as saved:
-        np.savez(path, **{k: saved[k] for k in ("audio", "fhat", "cond")})
+        np.savez(path, **{k: saved[k] for k in ("audio", "fhat", "cond", "identity")})
     before = report_files(tmp_path / "out")
     pipe = FakePipe()
     with caplog.at_level("WARNING"):
