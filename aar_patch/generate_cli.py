@@ -184,7 +184,7 @@ def _read_cond(path: Path) -> np.ndarray:
             shape, _, dtype = (npy.read_array_header_1_0(f) if version == (1, 0)
                                else npy.read_array_header_2_0(f))
         except ValueError as e:
-            kind = "a .npz archive" if _is_zip(path) else e
+            kind = "a .npz archive" if _is_zip(path) else "it does not start with the .npy header"
             raise UsageError(f"--cond {path} is not a .npy file ({kind}); pass one (B, 512) float array "
                              f"saved with numpy.save") from e
     if not np.issubdtype(dtype, np.floating):

@@ -26,7 +26,7 @@ import numpy as np
 
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.identity import sha256_file
-from octopus_audio.eval.sources import CLAP_RATE, safe_id
+from octopus_audio.eval.sources import CLAP_RATE, check_folder_or_hub_id, hub_quiet, safe_id
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,12 @@ class HFClapConditioner:
     """transformers `ClapModel.get_audio_features` on `ClapFeatureExtractor` input; loaded on first use."""
 
     def __init__(self, source: str, device: str = "cpu") -> None:
+        check_folder_or_hub_id(source, f"--clap hf:{source}")
+        root = Path(source)
+        if root.is_dir() and not ((root / "config.json").is_file()
+                                  and (any(root.glob("*.safetensors")) or any(root.glob("*.bin")))):
+            raise UsageError(f"--clap hf:{source} is a folder without a CLAP model (config.json and "
+                             f"*.safetensors or *.bin weights); pass a folder saved with save_pretrained")
         self.source = source
         self.device = device
         self.name = f"hf:{source}"
@@ -93,8 +99,9 @@ class HFClapConditioner:
             raise UsageError("`--clap hf:...` needs transformers: "
                              "pip install 'octopus-audio[clap-hf]'") from e
         try:
-            model = ClapModel.from_pretrained(self.source)
-            features = ClapFeatureExtractor.from_pretrained(self.source)
+            with hub_quiet():
+                model = ClapModel.from_pretrained(self.source)
+                features = ClapFeatureExtractor.from_pretrained(self.source)
         except OSError as e:
             raise UsageError(f"could not load a CLAP model from {self.source!r} ({e}); pass a directory "
                              f"saved with save_pretrained, or a hub id that is reachable or already "

@@ -519,6 +519,8 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
     write_wav(out_dir / "wav" / wav_name(ref.clip_id, "input", None), input_audio, backend.sample_rate)
     try:
         cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
+    except UsageError:  # a conditioner that cannot load (--clap): the user's to fix, not this clip's failure
+        raise
     except Exception as e:
         return fail(todo, "condition", e)
     try:

@@ -7,6 +7,7 @@ left to the runner so that one unreadable clip becomes a recorded error instead 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import random
@@ -129,15 +130,42 @@ def list_folder(folder: str | Path, n: int, seed: int) -> list[ClipRef]:
     return [ClipRef(clip_id=i, origin=str(p), path=str(p)) for i, p in zip(ids, chosen, strict=True)]
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def check_folder_or_hub_id(spec: str, what: str) -> None:
+    """UsageError when `spec` is neither an existing folder nor shaped like a hub id (`name` or
+    `namespace/name`): a path that does not exist is named as such, before any network call. `what` names
+    the argument in the message (`--dataset PATH`)."""
+    if not Path(spec).is_dir() and not HUB_ID.fullmatch(spec):
+        raise UsageError(f"{what} is neither a folder nor a hub id (`name` or `namespace/name`); pass an "
+                         f"existing folder or a hub id")
+
+
+@contextlib.contextmanager
+def hub_quiet():
+    """huggingface_hub's own warnings (HTTP retries) held back while a hub call runs whose failure the caller
+    reports in one sentence of its own; errors still show."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_stream(spec: DatasetSpec):
     """The streaming split, exactly as for the hub: `load_dataset(path, name, split=..., streaming=True)`."""
+    check_folder_or_hub_id(spec.path, f"--dataset {spec.path}")
     try:
         import datasets
     except ModuleNotFoundError as e:
         raise UsageError("the audioset-20k source needs the `datasets` package: "
                          "pip install 'octopus-audio[eval]'") from e
     try:
-        return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
+        with hub_quiet():
+            return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
     except Exception as e:  # no network, unknown config, ...: one sentence for the user
         raise UsageError(f"could not open dataset {spec.path!r} (config {spec.name!r}, split "
                          f"{spec.split!r}): {type(e).__name__}: {e}; it needs the hub or a local copy in "
