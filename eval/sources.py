@@ -91,14 +91,22 @@ def safe_id(name: str) -> str:
     return cleaned or "clip"
 
 
-def _unique_ids(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
+def unique_ids(names: list[str]) -> list[str]:
+    """One clip id per name, unique in the list: `safe_id(name)`, and for a name whose id is taken, that id
+    with the smallest suffix `-2`, `-3`, ... that no other name's id has either (`a-2`, `a`, `a` become
+    `a-2`, `a`, `a-3`). Ids are compared ignoring case, since they name files (`refs/<id>.npz`) and some
+    file systems do too."""
+    bases = [safe_id(name) for name in names]
+    taken = {b.lower() for b in bases}
+    used: set[str] = set()
     out = []
-    for name in names:
-        base = safe_id(name)
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        out.append(base if count == 0 else f"{base}-{count + 1}")
+    for base in bases:
+        candidate, n = base, 1
+        while candidate.lower() in used or (candidate != base and candidate.lower() in taken):
+            n += 1
+            candidate = f"{base}-{n}"
+        used.add(candidate.lower())
+        out.append(candidate)
     return out
 
 
@@ -126,7 +134,7 @@ def list_folder(folder: str | Path, n: int, seed: int) -> list[ClipRef]:
     chosen = [files[i] for i in seeded_choice(len(files), n, seed)]
     if len(chosen) < n:
         log.info("%s holds %d audio files, fewer than --n %d: using all of them", root, len(chosen), n)
-    ids = _unique_ids([p.relative_to(root).with_suffix("").as_posix() for p in chosen])
+    ids = unique_ids([p.relative_to(root).with_suffix("").as_posix() for p in chosen])
     return [ClipRef(clip_id=i, origin=str(p), path=str(p)) for i, p in zip(ids, chosen, strict=True)]
 
 
@@ -200,7 +208,7 @@ def choose_rows(stream, spec: DatasetSpec, n: int, seed: int) -> list[ClipRef]:
                              f"{spec.audio_column!r}")
     if not refs:
         raise UsageError(f"dataset {spec.path!r} split {spec.split!r} yielded no rows")
-    ids = _unique_ids(names)
+    ids = unique_ids(names)
     return [ClipRef(clip_id=i, origin=o, path=p, data=d) for i, (o, p, d) in zip(ids, refs, strict=True)]
 
 
