@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.errors import UsageError
-from octopus_audio.outdir import add_to_manifest, check_out_path, read_manifest, refuse_foreign
+from octopus_audio.outdir import (
+    add_to_manifest,
+    check_out_file,
+    check_out_path,
+    read_manifest,
+    refuse_foreign,
+)
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
@@ -124,10 +130,7 @@ def _check_args(args: argparse.Namespace) -> None:
     check_out_path(args.out)
     refuse_foreign(args.out, read_manifest(args.out), "generate", args.overwrite)
     if args.save_latents is not None:
-        check_out_path(args.save_latents.parent, "--save-latents")
-        if args.save_latents.is_dir():
-            raise UsageError(f"--save-latents {args.save_latents} is a folder; it takes a file name "
-                             f"(FILE.pt)")
+        check_out_file(args.save_latents, "--save-latents")
 
 
 def _device(choice: str) -> str:

@@ -17,17 +17,31 @@ from octopus_audio.errors import UsageError
 MANIFEST = ".octopus-audio-files"
 
 
+def _refuse_under_file(path: Path, flag: str) -> None:
+    """UsageError when the nearest existing parent of `path` is not a folder."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path} lies under {parent}, which is a file; pass a path in a "
+                                 f"folder")
+            return
+
+
 def check_out_path(path: str | Path, flag: str = "--out") -> None:
-    """UsageError when `path` is an existing file, or lies under a file (a parent that is not a folder)."""
+    """UsageError when the output folder `path` is an existing file, or lies under a file."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file; {flag} takes a folder (new, empty, or one this command "
                          f"wrote)")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"{flag} {path} lies under {parent}, which is a file; {flag} takes a folder")
-            return
+    _refuse_under_file(path, flag)
+
+
+def check_out_file(path: str | Path, flag: str) -> None:
+    """UsageError when the output file `path` is an existing folder, or lies under a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; {flag} takes a file name")
+    _refuse_under_file(path, flag)
 
 
 def files_under(folder: str | Path) -> list[str]:
