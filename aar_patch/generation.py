@@ -37,8 +37,8 @@ Draw = Callable[[torch.Tensor, int], torch.Tensor]
 SEED_MAX = 2**64 - 1
 # Conditions: finite, every value within +-COND_ABS_MAX. The model is trained on L2-normalised CLAP
 # embeddings, whose every coordinate lies in [-1, 1]; the bound leaves room for unnormalised embeddings and
-# stays far below where the model's own arithmetic fails (squares of values around 1e19 overflow float32 in
-# its layer norms, so 1e30 used to pass this check and fail inside the model).
+# stays far below where float32 arithmetic breaks (a value beyond about 1.8e19 overflows when squared, as a
+# layer norm does; 1e30 used to pass the finiteness check and fail inside the model).
 COND_ABS_MAX = 100.0
 
 
