@@ -69,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
     outputs = wavs + ref_wavs + ([args.save_latents] if args.save_latents else [])
     _refuse_existing(outputs, args.overwrite)
 
-    # recorded as generate's own before any is written, so a later run into --out knows them
-    add_to_manifest(args.out, [p for p in outputs if args.out.resolve() in p.resolve().parents])
     pipe = load_aar(args.aar, args.sat, device=device)
     handle = _apply_codec(pipe, args)
     fast = {"auto": None, "fp32": False, "bf16": True}[args.precision]
@@ -78,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                       fast=fast)
     print(handle.stats().line())
     handle.unpatch()
+    # recorded as generate's own before any is written, so a later run into --out knows them
+    add_to_manifest(args.out, [p for p in outputs if args.out.resolve() in p.resolve().parents])
     if args.compare:
         _compare(pipe, cond_BE, result, args, fast, ref_wavs)
 

@@ -733,7 +733,7 @@ def run_fingerprint(config: EvalConfig, backend: Backend, conditioner, device: s
 
     return {"written_by": WRITTEN_BY, "version": __version__, **config.identity(), "model": backend.name,
             **backend.identity, "conditioner": conditioner.name,
-            "conditioner_identity": getattr(conditioner, "fingerprint", None),
+            "conditioner_identity": conditioner.fingerprint,
             "sample_rate": backend.sample_rate, **precision_settings(device)}
 
 

@@ -106,6 +106,7 @@ def fake_compressed_kv(pipe, codec, bits, window, v_group, seed):
 
 class FakeConditioner:
     name = "fake-cond"
+    fingerprint = "fake-cond-v1"
 
     def embed(self, audio_T):
         v = np.random.default_rng(int(abs(audio_T).sum() * 1000) % 2**32).standard_normal(512)
