@@ -22,11 +22,13 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from octopus_audio.codecs import bits_help
+
     parser.add_argument("--codec", default="none", help="KV-cache codec (default: none, uncompressed)")
     parser.add_argument("--bits", type=int, default=None,
-                        help="bits per key and value coordinate, for a codec other than none (each codec's "
-                             "range: octopus and octopus-qjl 1..7, the others 1..8); --codec none stores the "
-                             "cache uncompressed and refuses --bits")
+                        help=f"bits per key and value coordinate, for a codec other than none "
+                             f"({bits_help()}); --codec none keeps the cache uncompressed and takes no "
+                             f"--bits")
     parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()

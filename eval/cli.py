@@ -32,9 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", default="all",
                    help="`all` (every codec but none) or a comma list; `none` checks the patched model "
                         "against the reference (default all)")
+    from octopus_audio.codecs import bits_help
+
     p.add_argument("--bits", default=None,
-                   help="comma list of bit widths for the codecs other than none (default 2,3,4; octopus and "
-                        "octopus-qjl take 1..7, the others 1..8); `--codecs none` alone refuses --bits")
+                   help=f"comma list of bit widths for the codecs other than none (default {DEFAULT_BITS}; "
+                        f"{bits_help()}); `--codecs none` alone refuses --bits")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "

@@ -24,6 +24,15 @@ _REGISTRY: dict[str, type[KeyCodec]] = {
 SUPPORTED_BITS: dict[str, tuple[int, ...]] = {name: cls.supported_bits for name, cls in _REGISTRY.items()}
 
 
+def bits_help() -> str:
+    """The bit widths each codec takes, grouped, for `--help`: `octopus, octopus-qjl 1..7; ...`."""
+    groups: dict[str, list[str]] = {}
+    for name, allowed in SUPPORTED_BITS.items():
+        if allowed:
+            groups.setdefault(describe_bits(allowed), []).append(name)
+    return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
+
+
 def bits_problem(name: str, bits: int) -> str | None:
     """The sentence for a command line whose `--bits` codec `name` does not take (with its default options),
     or None when it takes it. The accepted widths come from the codec's own `supported_bits`."""
@@ -53,6 +62,6 @@ def get_codec(name: str, bits: int, head_dim: int, seed: int = 0, **options) -> 
     return cls(bits=bits, head_dim=head_dim, seed=seed, **options)
 
 
-__all__ = ["CODECS", "SUPPORTED_BITS", "bits_problem", "describe_bits", "KeyCodec", "KeyState",
+__all__ = ["CODECS", "SUPPORTED_BITS", "bits_help", "bits_problem", "describe_bits", "KeyCodec", "KeyState",
            "RotationCodec", "get_codec", "NoneCodec", "TurboQuantMSE", "TurboQuantQJL", "PolarQuant",
            "Octopus", "OctopusQJL"]
