@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from octopus_audio.errors import UsageError
+from octopus_audio.outdir import check_out_path
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", default="all",
                    help=f"`all` (every codec but none) or a comma list of {', '.join(CODECS)}; `none` checks "
                         f"the patched model against the reference (default all)")
-    p.add_argument("--bits", default="2,3,4",
-                   help="comma list of bit widths, keys and values alike (default 2,3,4)")
+    from octopus_audio.codecs import bits_help
+
+    p.add_argument("--bits", default=None,
+                   help=f"comma list of bit widths for the codecs other than none, keys and values alike "
+                        f"(default {DEFAULT_BITS}; {bits_help()}); `--codecs none` alone refuses --bits")
     p.add_argument("--k-bits", default=None,
                    help="comma list of key widths (default: --bits); with --k-bits or --v-bits every pair of "
                         "a key width and a value width is run")
-    p.add_argument("--v-bits", default=None, help="comma list of value widths (default: --bits)")
+    p.add_argument("--v-bits", default=None, help="comma list of value widths, 1..8 (default: --bits)")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
@@ -47,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="AAR transformer checkpoint, or a model folder (config.json and its weights) alone "
                         "(default: the embedded model)")
     p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with an --aar checkpoint file)")
-    p.add_argument("--seed", type=int, default=42, help="sampling seed and clip-choice seed (default 42)")
+    p.add_argument("--seed", type=int, default=42,
+                   help="sampling seed and clip-choice seed, 0 .. 2**64 - 2 (the floor row samples with "
+                        "--seed + 1; default 42)")
     p.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default 4)")
     p.add_argument("--top-k", type=int, default=200, help="top-k sampling (default 200)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
@@ -58,7 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per process (default: torch's own, from OMP_NUM_THREADS or "
                         "the core count); 1 can be faster on CPU when other processes share the cores")
-    p.add_argument("--out", required=True, help="output folder; rerunning into it resumes")
+    p.add_argument("--out", required=True,
+                   help="output folder: new, empty, or an earlier eval's, which a rerun with the same model, "
+                        "conditioner and settings resumes")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a folder holding another run (its settings, rows, references and "
+                        "WAVs are deleted) or write into one holding other files")
     p.add_argument("--cache-dir", default=None,
                    help="embedding cache (default: $XDG_CACHE_HOME/octopus-audio/conditioning, "
                         "XDG_CACHE_HOME defaulting to ~/.cache)")
@@ -82,6 +93,9 @@ def parse_codecs(text: str) -> tuple[str, ...]:
     if text.strip() == "all":
         return tuple(c for c in codec_names() if c != "none")
     return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+DEFAULT_BITS = "2,3,4"
 
 
 def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None:
@@ -134,6 +148,7 @@ def set_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
+    from octopus_audio.eval.identity import model_identity
     from octopus_audio.eval.runner import (
         AARBackend,
         DistInfo,
@@ -145,7 +160,15 @@ def run(args: argparse.Namespace) -> int:
     )
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
-    config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
+    check_out_path(args.out)
+    codecs = parse_codecs(args.codecs)
+    given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
+                                                     ("--v-bits", args.v_bits)) if value is not None]
+    if codecs == ("none",) and given:
+        raise UsageError(f"--codecs none keeps the KV cache uncompressed and takes no --bits, --k-bits or "
+                         f"--v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
+                         f"--codecs none,octopus)")
+    config = EvalConfig(codecs=codecs, bits=parse_bits(args.bits or DEFAULT_BITS), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
                         k_bits=parse_bits(args.k_bits, "--k-bits"),
@@ -167,12 +190,17 @@ def run(args: argparse.Namespace) -> int:
 
     require_patch(config, getattr(aar_patch, "compressed_kv", None))
 
+    identity = model_identity(args.aar, args.sat)
+
     def make_backend(dev: str) -> LazyBackend:
-        return LazyBackend(lambda: AARBackend(load_model(args.aar, args.sat, dev), config, name, dev), name)
+        def build() -> AARBackend:
+            return AARBackend(load_model(args.aar, args.sat, dev), config, name, dev, identity=identity)
+
+        return LazyBackend(build, name, identity=identity)
 
     meta = {"clips": args.clips or "clips/ (shipped)", "n_requested": args.n}
     results = evaluate(refs, args.out, config, make_backend, conditioner, meta=meta, device=device,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, overwrite=args.overwrite)
     if results is None:
         return 0
     out = Path(args.out)

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from octopus_audio.codecs.base import KeyCodec, KeyState, RotationCodec
+from octopus_audio.codecs.base import KeyCodec, KeyState, RotationCodec, describe_bits
 from octopus_audio.codecs.none import NoneCodec
 from octopus_audio.codecs.octopus import Octopus, OctopusQJL
 from octopus_audio.codecs.polarquant import PolarQuant
 from octopus_audio.codecs.turboquant import TurboQuantMSE, TurboQuantQJL
 
 CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
-# Nominal bits each codec accepts (`none` ignores bits). octopus: the default split (b+1, b-1) needs b <= 7
-# because direction codebooks go up to 8 bits; with explicit dir_bits/rho_bits, b = 8 is accepted too.
-SUPPORTED_BITS = {
-    "none": "any (ignored)",
-    "turboquant-mse": "1..8",
-    "turboquant-qjl": "1..8 (b-1 bits for the MSE stage; 0 at b=1)",
-    "polarquant": "1..8",
-    "octopus": "1..7 (dir_bits 1..8, rho_bits 0..8)",
-    "octopus-qjl": "1..7 (dir_bits 1..8, rho_bits 0..8)",
-}
-
 _REGISTRY: dict[str, type[KeyCodec]] = {
     "none": NoneCodec,
     "turboquant-mse": TurboQuantMSE,
@@ -30,6 +19,27 @@ _REGISTRY: dict[str, type[KeyCodec]] = {
     "octopus": Octopus,
     "octopus-qjl": OctopusQJL,
 }
+# Nominal bits each codec takes with its default options, as its class declares them (`none`: empty, bits
+# ignored). octopus and octopus-qjl: 1..7, because the default split's dir_bits = b+1 must be <= 8.
+SUPPORTED_BITS: dict[str, tuple[int, ...]] = {name: cls.supported_bits for name, cls in _REGISTRY.items()}
+
+
+def bits_help() -> str:
+    """The bit widths each codec takes, grouped, for `--help`: `octopus, octopus-qjl 1..7; ...`."""
+    groups: dict[str, list[str]] = {}
+    for name, allowed in SUPPORTED_BITS.items():
+        if allowed:
+            groups.setdefault(describe_bits(allowed), []).append(name)
+    return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
+
+
+def bits_problem(name: str, bits: int) -> str | None:
+    """The sentence for a command line whose `--bits` codec `name` does not take (with its default options),
+    or None when it takes it. The accepted widths come from the codec's own `supported_bits`."""
+    allowed = SUPPORTED_BITS[name]
+    if not allowed or (isinstance(bits, int) and not isinstance(bits, bool) and bits in allowed):
+        return None
+    return f"{name} does not take --bits {bits} (it takes {describe_bits(allowed)})"
 
 
 def get_codec(name: str, bits: int, head_dim: int, seed: int = 0, **options) -> KeyCodec:
@@ -52,5 +62,6 @@ def get_codec(name: str, bits: int, head_dim: int, seed: int = 0, **options) -> 
     return cls(bits=bits, head_dim=head_dim, seed=seed, **options)
 
 
-__all__ = ["CODECS", "SUPPORTED_BITS", "KeyCodec", "KeyState", "RotationCodec", "get_codec", "NoneCodec",
-           "TurboQuantMSE", "TurboQuantQJL", "PolarQuant", "Octopus", "OctopusQJL"]
+__all__ = ["CODECS", "SUPPORTED_BITS", "bits_help", "bits_problem", "describe_bits", "KeyCodec", "KeyState",
+           "RotationCodec", "get_codec", "NoneCodec", "TurboQuantMSE", "TurboQuantQJL", "PolarQuant",
+           "Octopus", "OctopusQJL"]

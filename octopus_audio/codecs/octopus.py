@@ -9,9 +9,10 @@ import torch
 from octopus_audio.codecs.base import RotationCodec, check_bits
 from octopus_audio.packing import num_words, pack, unpack
 
-OCTOPUS_BITS = tuple(range(1, 9))
 DIR_BITS = tuple(range(1, 9))
 RHO_BITS = tuple(range(0, 9))
+OCTOPUS_BITS = tuple(range(1, 9))  # nominal bits with explicit dir_bits / rho_bits
+DEFAULT_SPLIT_BITS = tuple(range(1, DIR_BITS[-1]))  # the default dir_bits = b + 1 must stay in DIR_BITS
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 
 
@@ -21,8 +22,9 @@ class Octopus(RotationCodec):
 
     A code has 2 dir_bits + rho_bits bits.
 
-    bits: nominal b (1..8); dir_bits defaults to b+1 (1..8), rho_bits to b-1 (0..8); rounding is the joint
-    rounding of DESIGN section 2 ("scalar", "local3x3" (default) or "full").
+    bits: nominal b (1..7 with the default split, 1..8 with an explicit dir_bits); dir_bits defaults to b+1
+    (1..8), rho_bits to b-1 (0..8); rounding is the joint rounding of DESIGN section 2 ("scalar", "local3x3"
+    (default) or "full"; it changes only the encode, so a state's writer is named without it).
     """
 
     bits: int
@@ -30,11 +32,17 @@ class Octopus(RotationCodec):
     seed: int = 0
     dir_bits: int | None = None
     rho_bits: int | None = None
-    rounding: str = "local3x3"
+    rounding: str = dataclasses.field(default="local3x3", metadata={"format": False})
     name = "octopus"
+    supported_bits = DEFAULT_SPLIT_BITS
 
     def _validate(self) -> None:
-        check_bits(self.name, self.bits, OCTOPUS_BITS)
+        if self.dir_bits is None:
+            check_bits(self.name, self.bits, self.supported_bits,
+                       f" with the default split (dir_bits = b+1 <= {DIR_BITS[-1]}); with an explicit "
+                       f"dir_bits, {OCTOPUS_BITS[0]}..{OCTOPUS_BITS[-1]}")
+        else:
+            check_bits(self.name, self.bits, OCTOPUS_BITS)
         if self.dir_bits is None:
             object.__setattr__(self, "dir_bits", self.bits + 1)
         if self.rho_bits is None:

@@ -26,9 +26,10 @@ class PolarQuant(RotationCodec):
     head_dim: int
     seed: int = 0
     name = "polarquant"
+    supported_bits = POLARQUANT_BITS
 
     def _validate(self) -> None:
-        check_bits(self.name, self.bits, POLARQUANT_BITS)
+        check_bits(self.name, self.bits, self.supported_bits)
 
     @property
     def levels(self) -> int:

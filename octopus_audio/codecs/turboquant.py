@@ -25,9 +25,10 @@ class TurboQuantMSE(RotationCodec):
     head_dim: int
     seed: int = 0
     name = "turboquant-mse"
+    supported_bits = TURBOQUANT_BITS
 
     def _validate(self) -> None:
-        check_bits(self.name, self.bits, TURBOQUANT_BITS)
+        check_bits(self.name, self.bits, self.supported_bits)
 
     @property
     def mse_bits(self) -> int:
