@@ -22,18 +22,25 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from octopus_audio.codecs import bits_help
+    from octopus_audio.codecs import CODECS, bits_help
 
-    parser.add_argument("--codec", default="none", help="KV-cache codec (default: none, uncompressed)")
+    parser.add_argument("--codec", default="none",
+                        help=f"KV-cache codec: {', '.join(CODECS)} (default: none, uncompressed)")
     parser.add_argument("--bits", type=int, default=None,
                         help=f"bits per key and value coordinate, for a codec other than none "
                              f"({bits_help()}); --codec none keeps the cache uncompressed and takes no "
                              f"--bits")
+    parser.add_argument("--k-bits", type=int, default=None, help="the keys' bits (default: --bits)")
+    parser.add_argument("--v-bits", type=int, default=None,
+                        help="the values' bits, 1..8 (default: --bits; b-bit groups of 16 channels)")
     parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--clip", type=Path, default=None, help="audio clip to condition on (through CLAP)")
     source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
+    parser.epilog = ("With neither --clip nor --cond the default condition is used: the `spectral` embedding "
+                     "of a shipped clip (named in the output), the kind of condition the embedded default "
+                     "model was trained on.")
     parser.add_argument("--clap", default="auto",
                         help="conditioner for --clip: auto, spectral, hf:ID_OR_DIR or laion:FILE (auto)")
     parser.add_argument("--seed", type=int, default=42, help="sampling seed, 0 .. 2**64 - 1 (default: 42)")
@@ -63,9 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     device = _device(args.device)
-    cond_BE = _load_condition(args, device)
-    tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
-    stem = (args.cond or args.clip).stem
+    cond_BE, stem = _load_condition(args, device)
+    tag = "none" if args.codec == "none" else f"{args.codec}-{_bits_tag(args)}"
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
     ref_wavs = [w.with_name(w.name.replace(f"_{tag}.wav", "_none.wav")) for w in wavs] if args.compare else []
     outputs = wavs + ref_wavs + ([args.save_latents] if args.save_latents else [])
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # recorded as generate's own before any is written, so a later run into --out knows them
     add_to_manifest(args.out, [p for p in outputs if args.out.resolve() in p.resolve().parents])
     if args.compare:
-        _compare(pipe, cond_BE, result, args, fast, ref_wavs)
+        _compare(pipe, cond_BE, result, args, fast, ref_wavs, handle.config.bits_label)
 
     sample_rate = pipe.sat.config.sample_rate
     audio_BN = result.audio[:, 0].float().cpu().numpy()
@@ -91,19 +97,19 @@ def run(args: argparse.Namespace) -> int:
         args.save_latents.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"tokens": [t.cpu() for t in result.tokens], "fhat": result.fhat.cpu(),
                     "audio": result.audio.cpu()}, args.save_latents)
-    print(f"wrote {len(wavs)} file(s) to {args.out}" + (f" and latents to {args.save_latents}"
-                                                        if args.save_latents else ""))
+    written = len(wavs) + len(ref_wavs)
+    print(f"wrote {written} WAV file{'s' * (written != 1)} to {args.out}"
+          + (f" and latents to {args.save_latents}" if args.save_latents else ""))
     return 0
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument check that needs no model and no audio decoding, before any work."""
     from octopus_audio.codecs import CODECS, bits_problem
+    from octopus_audio.values import VALUE_BITS
 
     from .generation import SamplingConfig, seed_problem
 
-    if args.cond is None and args.clip is None:
-        raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
     for flag, path in (("--clip", args.clip), ("--cond", args.cond)):
         if path is not None and path.is_dir():
             raise UsageError(f"{flag} {path} is a folder; {flag} takes one file"
@@ -115,13 +121,23 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
     if args.codec not in CODECS:
         raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
-    if args.codec == "none" and args.bits is not None:
-        raise UsageError(f"--codec none keeps the KV cache uncompressed and takes no --bits; drop --bits "
-                         f"{args.bits}, or pass a codec that uses it (for example --codec octopus)")
-    if args.codec != "none" and args.bits is None:
-        raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
-    if args.codec != "none" and bits_problem(args.codec, args.bits):
-        raise UsageError(bits_problem(args.codec, args.bits))
+    given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
+                                                     ("--v-bits", args.v_bits)) if value is not None]
+    if args.codec == "none" and given:
+        raise UsageError(f"--codec none keeps the KV cache uncompressed and takes no --bits, --k-bits or "
+                         f"--v-bits; drop {' '.join(given)}, or pass a codec that uses them (for example "
+                         f"--codec octopus)")
+    args.k_bits = args.bits if args.k_bits is None else args.k_bits
+    args.v_bits = args.bits if args.v_bits is None else args.v_bits
+    if args.codec != "none" and (args.k_bits is None or args.v_bits is None):
+        raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2), or both --k-bits and "
+                         f"--v-bits")
+    if args.codec != "none" and bits_problem(args.codec, args.k_bits):
+        flag = "--bits" if args.k_bits == args.bits else "--k-bits"
+        raise UsageError(bits_problem(args.codec, args.k_bits).replace("--bits", flag))
+    if args.codec != "none" and args.v_bits not in VALUE_BITS:
+        flag = "--bits" if args.v_bits == args.bits else "--v-bits"
+        raise UsageError(f"{flag} {args.v_bits}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
     if args.compare and args.codec == "none":
         raise UsageError("--compare compares a compressed cache with the uncompressed reference; pass a "
                          "--codec other than none (for example --codec octopus --bits 2)")
@@ -145,16 +161,30 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _load_condition(args: argparse.Namespace, device: str) -> np.ndarray:
-    """The (B, 512) condition from --cond or --clip, repeated to --batch rows when it has one row."""
-    cond = _condition_from_clip(args.clip, args.clap, device) if args.clip else _read_cond(args.cond)
+def _bits_tag(args: argparse.Namespace) -> str:
+    """`b2` when keys and values share the width, else `k2v4` (file names)."""
+    return f"b{args.k_bits}" if args.k_bits == args.v_bits else f"k{args.k_bits}v{args.v_bits}"
+
+
+def _load_condition(args: argparse.Namespace, device: str) -> tuple[np.ndarray, str]:
+    """The (B, 512) condition from --cond, --clip or the default condition, repeated to --batch rows when it
+    has one row, and the stem the WAV names start with."""
+    if args.clip:
+        cond, stem = _condition_from_clip(args.clip, args.clap, device), args.clip.stem
+    elif args.cond:
+        cond, stem = _read_cond(args.cond), args.cond.stem
+    else:
+        from .default_model import default_condition
+
+        cond, what, stem = default_condition()
+        print(f"no --clip or --cond: conditioning on the default condition, {what}")
     if args.batch is not None:
         if cond.shape[0] == 1:
             cond = np.repeat(cond, args.batch, axis=0)
         elif cond.shape[0] != args.batch:
             raise UsageError(f"--batch {args.batch} repeats a single condition, but {args.cond} has "
                              f"{cond.shape[0]} rows; drop --batch or pass a (1, 512) array")
-    return cond.astype(np.float32)
+    return cond.astype(np.float32), stem
 
 
 def _condition_from_clip(path: Path, spec: str, device: str) -> np.ndarray:
@@ -215,23 +245,29 @@ def _is_zip(path: Path) -> bool:
 
 
 def _apply_codec(pipe, args: argparse.Namespace):
-    """Put the compressed cache of `--codec/--bits` under the model; returns the patch handle.
+    """Put the compressed cache of `--codec` and its key / value bits under the model; returns the patch
+    handle.
 
     `--codec none` goes through the patch too (bit-identical to the model's own cache), so the cache
     accounting line is printed for every codec.
     """
     from .patch import patch_aar
 
+    if args.codec == "none":
+        return patch_aar(pipe, "none", 16)
     try:
-        return patch_aar(pipe, args.codec, 16 if args.bits is None else args.bits)
+        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits)
     except ValueError as e:
-        raise UsageError(f"--codec {args.codec} --bits {args.bits}: {e}") from e
+        given = (f"--bits {args.bits}" if args.k_bits == args.v_bits == args.bits
+                 else f"--k-bits {args.k_bits} --v-bits {args.v_bits}")
+        raise UsageError(f"--codec {args.codec} {given}: {e}") from e
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,
-             ref_wavs: list[Path]) -> None:
+             ref_wavs: list[Path], bits: str) -> None:
     """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
-    and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows."""
+    and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows
+    (`bits`: the codec's widths as the accounting line names them)."""
     from octopus_audio.eval.latent import latent_cosine
     from octopus_audio.eval.lsd import lsd_db
     from octopus_audio.eval.snr import snr_db
@@ -252,7 +288,7 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
         spread = f" [{v.min():.4g}..{v.max():.4g}]" if v.size > 1 else ""
         parts.append(f"{name} {v.mean():.4g}{unit}{spread}")
     rows_note = f"mean [min..max] over {len(out_BN)} rows" if len(out_BN) > 1 else "1 row"
-    print(f"compare {args.codec} b={args.bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
+    print(f"compare {args.codec} {bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:

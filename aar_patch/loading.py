@@ -1,8 +1,10 @@
 """Load AAR checkpoints (released or our own) strictly, with one clear sentence for every kind of bad file.
 
 Accepted formats, for either file: `{"model_state_dict": sd}` (transformer), `{"generator_state_dict": sd}`
-(tokenizer), or a plain state dict; keys may carry a `module.` prefix. Floating tensors (fp16 files too) are
-cast to fp32. The model's sizes are inferred from the state dict.
+(tokenizer), or a plain state dict, as a PyTorch checkpoint (the released `.pth`) or a `.safetensors` file;
+keys may carry a `module.` prefix. Floating tensors (fp16 files too) are cast to fp32. The model's sizes are
+inferred from the state dict. A model folder (`config.json` and two safetensors files, `model_folder.py`)
+loads as one argument; the embedded default model is one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from octopus_audio.errors import UsageError
 
 from .aar import AAR, AARConfig
 from .generation import AARPipeline
+from .model_folder import CONFIG_FILE, check_config, read_folder, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,10 @@ def read_state_dict(path: str | PathLike, want: str) -> dict[str, torch.Tensor]:
         raise UsageError(f"the {want} checkpoint {path} does not exist"
                          + (" (it is a directory)" if path.is_dir() else ""))
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = (read_weights(path) if path.suffix == ".safetensors"
+               else torch.load(path, map_location="cpu", weights_only=True))
+    except UsageError:
+        raise
     except Exception as e:  # torch.load raises many types for truncated or foreign files
         reason = str(e).strip().splitlines()[0].split(". ")[0][:120] if str(e).strip() else "no message"
         raise UsageError(f"could not read {path} as a PyTorch checkpoint; the file is truncated, corrupt or "
@@ -118,20 +124,39 @@ def load_sat(path: str | PathLike, patch_nums: tuple[int, ...] | None = None):
         raise UsageError(f"{path}: {e}") from e
 
 
-def load_aar(aar_path: str | PathLike | None, sat_path: str | PathLike | None,
+def load_aar(aar_path: str | PathLike | None = None, sat_path: str | PathLike | None = None,
              device: str | torch.device = "cpu") -> AARPipeline:
     """Load a transformer and its tokenizer as one `AARPipeline` (fp32, eval mode) on `device`.
 
-    `load_aar(None, None)` loads the shipped default model (MODEL_CARD.md).
+    `load_aar(None, None)` loads the shipped default model (MODEL_CARD.md); `load_aar(FOLDER)` a model folder
+    (`config.json` with the two weight files, as `model_folder.save_model_folder` writes); `load_aar(AAR_FILE,
+    SAT_FILE)` two checkpoints (released `.pth` or `.safetensors`).
     """
     if aar_path is None and sat_path is None:
         return _load_default(device)
+    if sat_path is None and Path(aar_path).is_dir():
+        return load_folder(aar_path, device)
     if aar_path is None or sat_path is None:
         given, absent = ("--aar", "--sat") if sat_path is None else ("--sat", "--aar")
-        raise UsageError(f"{given} was given without {absent}; pass both checkpoints, or neither for the "
-                         f"default model")
+        raise UsageError(f"{given} was given without {absent}; pass both checkpoints, a model folder, or "
+                         f"neither for the default model")
     aar = load_aar_transformer(aar_path)
     sat = load_sat(sat_path, aar.config.patch_nums)
+    return _pipeline(aar, sat, aar_path, sat_path, device)
+
+
+def load_folder(folder: str | PathLike, device: str | torch.device = "cpu") -> AARPipeline:
+    """A model folder's pipeline; the weights' shapes must imply the configurations its config.json states."""
+    mf = read_folder(folder)
+    aar = load_aar_transformer(mf.aar_file)
+    check_config(mf.aar_config, aar.config, "transformer", mf.aar_file)
+    sat = load_sat(mf.sat_file, aar.config.patch_nums)
+    check_config(mf.sat_config, sat.config, "tokenizer", mf.sat_file)
+    return _pipeline(aar, sat, mf.aar_file, mf.sat_file, device)
+
+
+def _pipeline(aar: AAR, sat, aar_path, sat_path, device) -> AARPipeline:
+    """The two parts as one pipeline, once they are checked to fit together."""
     if sat.latent_dim != aar.config.latent_dim:
         raise UsageError(f"the tokenizer {sat_path} has {sat.latent_dim}-d latents but the transformer "
                          f"{aar_path} reads {aar.config.latent_dim}-d inputs; pass a matching pair")
@@ -144,11 +169,11 @@ def load_aar(aar_path: str | PathLike | None, sat_path: str | PathLike | None,
 
 def _load_default(device: str | torch.device) -> AARPipeline:
     """The shipped default model: a small AAR-architecture model trained on CC0 audio (MODEL_CARD.md)."""
-    from .default_model import default_paths
+    from .default_model import default_model_dir
 
-    try:
-        aar_path, sat_path = default_paths()
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from e
-    log.info("no checkpoint given: loading the embedded default model from %s", aar_path.parent)
-    return load_aar(aar_path, sat_path, device)
+    folder = default_model_dir()
+    if not (folder / CONFIG_FILE).is_file():
+        raise UsageError(f"the default model's weights are missing ({folder / CONFIG_FILE}); reinstall "
+                         f"octopus-audio, or pass --aar and --sat checkpoints of your own")
+    log.info("no checkpoint given: loading the embedded default model from %s", folder)
+    return load_folder(folder, device)

@@ -58,21 +58,30 @@ _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_m
 # 1. configuration and accounting ----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class PatchConfig:
-    """What `patch_aar` installs: codec name, nominal bits, native window (units), value group, base seed."""
+    """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
+    bits), native window (units), value group, base seed."""
 
     codec: str = "octopus"
     bits: int = 2
     window: int = 1
     v_group: int = 16
     seed: int = 0
+    v_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in octopus_audio.CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; allowed: {', '.join(octopus_audio.CODECS)}")
-        for name, low in (("bits", 1), ("window", 0), ("v_group", 1), ("seed", 0)):
+        if self.v_bits is None:
+            object.__setattr__(self, "v_bits", self.bits)
+        for name, low in (("bits", 1), ("v_bits", 1), ("window", 0), ("v_group", 1), ("seed", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+    @property
+    def bits_label(self) -> str:
+        """`b=2` when keys and values share the width, else `K b=2 V b=4`."""
+        return f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +155,8 @@ class CacheStats:
         """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
         t, c = self.total, self.config
         mib = 2.0**20
-        return (f"kv cache [{c.codec} b={c.bits} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
-                f"({t.window_tokens} native)]: {t.nbytes / mib:.2f} MiB (compressed "
+        return (f"kv cache [{c.codec} {c.bits_label} W={c.window}, {len(self.layers)} layers, {t.tokens} "
+                f"tokens ({t.window_tokens} native)]: {t.nbytes / mib:.2f} MiB (compressed "
                 f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native window {t.native_bytes / mib:.2f}) vs fp16 "
                 f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store); "
                 f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
@@ -212,7 +221,7 @@ class _LayerPatch:
         self.cache = octopus_audio.CompressedKVCache(config.codec, config.bits, self.head_dim,
                                                      window=config.window, v_group=config.v_group,
                                                      seed=layer_seed(config.seed, index),
-                                                     capacity=capacity)
+                                                     v_bits=config.v_bits, capacity=capacity)
         weight = getattr(getattr(module, "mat_qkv", None), "weight", None)
         if isinstance(weight, torch.Tensor) and weight.device.type == "cuda":
             # the codec tables' host-to-device copies (host syncs) now, not in the first generation
@@ -408,19 +417,21 @@ class PatchHandle:
     def __repr__(self) -> str:
         c = self.config
         state = "active" if self.active else "removed"
-        return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, window={c.window}, v_group={c.v_group}, "
+        return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, v_bits={c.v_bits}, window={c.window}, "
+                f"v_group={c.v_group}, "
                 f"seed={c.seed}, layers={self.num_layers}, backend={self.backend}, {state})")
 
 
 def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
-              seed: int = 0) -> PatchHandle:
+              seed: int = 0, v_bits: int | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
-    have the released attribute names. Layer l's cache uses the codec seed `layer_seed(seed, l)`.
+    have the released attribute names. Layer l's cache uses the codec seed `layer_seed(seed, l)`. `bits` is
+    the key codec's width and `v_bits` the values' (None: `bits` for both), as KIVI's `k_bits` / `v_bits`.
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
-    config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed)
+    config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits)
     modules = find_attention(model)
     if not modules:
         raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
@@ -438,7 +449,7 @@ def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int 
     handle = PatchHandle(model, config, layers)
     for lp in layers:
         lp.install()
-        lp.handle_repr = f"codec={codec!r}, bits={bits}"
+        lp.handle_repr = f"codec={codec!r}, {config.bits_label}"
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle
@@ -478,9 +489,10 @@ def unpatch(model: object) -> None:
 
 @contextlib.contextmanager
 def compressed_kv(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
-                  seed: int = 0) -> Iterator[PatchHandle]:
-    """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit."""
-    with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed) as handle:
+                  seed: int = 0, v_bits: int | None = None) -> Iterator[PatchHandle]:
+    """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
+    (`v_bits`: the values' width, None for `bits`)."""
+    with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits) as handle:
         yield handle
 
 

@@ -29,20 +29,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "`audioset-20k` (default: the shipped clips/ folder)")
     p.add_argument("--n", type=int, default=100,
                    help="clips to draw (seeded by --seed; all if fewer; default 100)")
+    from octopus_audio.codecs import CODECS
+
     p.add_argument("--codecs", default="all",
-                   help="`all` (every codec but none) or a comma list; `none` checks the patched model "
-                        "against the reference (default all)")
+                   help=f"`all` (every codec but none) or a comma list of {', '.join(CODECS)}; `none` checks "
+                        f"the patched model against the reference (default all)")
     from octopus_audio.codecs import bits_help
 
     p.add_argument("--bits", default=None,
-                   help=f"comma list of bit widths for the codecs other than none (default {DEFAULT_BITS}; "
-                        f"{bits_help()}); `--codecs none` alone refuses --bits")
+                   help=f"comma list of bit widths for the codecs other than none, keys and values alike "
+                        f"(default {DEFAULT_BITS}; {bits_help()}); `--codecs none` alone refuses --bits")
+    p.add_argument("--k-bits", default=None,
+                   help="comma list of key widths (default: --bits); with --k-bits or --v-bits every pair of "
+                        "a key width and a value width is run")
+    p.add_argument("--v-bits", default=None, help="comma list of value widths, 1..8 (default: --bits)")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
                         "else spectral)")
-    p.add_argument("--aar", default=None, help="AAR transformer checkpoint (default: the embedded model)")
-    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with --aar)")
+    p.add_argument("--aar", default=None,
+                   help="AAR transformer checkpoint, or a model folder (config.json and its weights) alone "
+                        "(default: the embedded model)")
+    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with an --aar checkpoint file)")
     p.add_argument("--seed", type=int, default=42,
                    help="sampling seed and clip-choice seed, 0 .. 2**64 - 2 (the floor row samples with "
                         "--seed + 1; default 42)")
@@ -63,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start afresh in a folder holding another run (its settings, rows, references and "
                         "WAVs are deleted) or write into one holding other files")
     p.add_argument("--cache-dir", default=None,
-                   help="embedding cache (default: ~/.cache/octopus-audio/conditioning)")
+                   help="embedding cache (default: $XDG_CACHE_HOME/octopus-audio/conditioning, "
+                        "XDG_CACHE_HOME defaulting to ~/.cache)")
     p.add_argument("--dataset", default="agkphysics/AudioSet",
                    help="hub id or local folder that audioset-20k streams from (default agkphysics/AudioSet)")
     p.add_argument("--dataset-config", default="balanced", help="its config (default balanced; '' for none)")
@@ -89,21 +98,27 @@ def parse_codecs(text: str) -> tuple[str, ...]:
 DEFAULT_BITS = "2,3,4"
 
 
-def parse_bits(text: str) -> tuple[int, ...]:
+def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None:
+    if text is None:
+        return None
     try:
         return tuple(int(b) for b in text.split(",") if b.strip())
     except ValueError as e:
-        raise UsageError(f"--bits must be a comma list of integers such as 2,3,4, got {text!r}") from e
+        raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {text!r}") from e
 
 
 def model_name(aar: str | None, sat: str | None) -> str:
-    return "default" if aar is None else f"{Path(aar).name}+{Path(sat).name}"
+    if aar is None:
+        return "default"
+    return Path(aar).name if sat is None else f"{Path(aar).name}+{Path(sat).name}"
 
 
 def check_model_paths(aar: str | None, sat: str | None) -> None:
+    if aar is not None and sat is None and Path(aar).is_dir():
+        return  # a model folder: load_aar checks its config.json
     if (aar is None) != (sat is None):
-        raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), or neither "
-                         "for the embedded default model")
+        raise UsageError("pass --aar and --sat together (a transformer and its tokenizer), --aar alone "
+                         "naming a model folder, or neither for the embedded default model")
     for flag, path in (("--aar", aar), ("--sat", sat)):
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{flag} {path!r} does not exist")
@@ -132,7 +147,7 @@ def set_threads(threads: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octopus_audio.eval.conditioning import CachedConditioner, make_conditioner
+    from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
     from octopus_audio.eval.identity import model_identity
     from octopus_audio.eval.runner import (
         AARBackend,
@@ -147,12 +162,17 @@ def run(args: argparse.Namespace) -> int:
 
     check_out_path(args.out)
     codecs = parse_codecs(args.codecs)
-    if codecs == ("none",) and args.bits is not None:
-        raise UsageError(f"--codecs none keeps the KV cache uncompressed and takes no --bits; drop --bits "
-                         f"{args.bits}, or add a codec that uses it (for example --codecs none,octopus)")
+    given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
+                                                     ("--v-bits", args.v_bits)) if value is not None]
+    if codecs == ("none",) and given:
+        raise UsageError(f"--codecs none keeps the KV cache uncompressed and takes no --bits, --k-bits or "
+                         f"--v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
+                         f"--codecs none,octopus)")
     config = EvalConfig(codecs=codecs, bits=parse_bits(args.bits or DEFAULT_BITS), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
-                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor)
+                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
+                        k_bits=parse_bits(args.k_bits, "--k-bits"),
+                        v_bits=parse_bits(args.v_bits, "--v-bits"))
     check_model_paths(args.aar, args.sat)
     set_threads(args.threads)
     info = DistInfo.from_env()
@@ -162,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")
     dataset = DatasetSpec(path=args.dataset, name=args.dataset_config or None, split=args.dataset_split)
     refs = list_clips(clips, args.n, args.seed, dataset)
-    cache_dir = Path(args.cache_dir or Path.home() / ".cache" / "octopus-audio" / "conditioning")
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
 

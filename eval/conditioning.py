@@ -189,6 +189,13 @@ def _hf_cached_file(model_id: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def default_cache_dir() -> Path:
+    """Where embeddings are cached by default: `$XDG_CACHE_HOME/octopus-audio/conditioning`, XDG_CACHE_HOME
+    defaulting to `~/.cache` (unset or empty) as the XDG base-directory specification says."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "octopus-audio" / "conditioning"
+
+
 def make_conditioner(spec: str, device: str = "cpu"):
     """The conditioner named by `spec`: `spectral`, `auto`, `hf:ID_OR_DIR` or `laion:FILE[#AMODEL]`."""
     if spec == "spectral":

@@ -56,11 +56,13 @@ def clip_sha256(ref: ClipRef) -> str | None:
 
 def model_identity(aar: str | Path | None, sat: str | Path | None) -> dict[str, str]:
     """sha256 of the checkpoints a run loads: `aar_sha256` and `sat_sha256` (a file or a folder each), or
-    `model_sha256` of the embedded default model's folder when `aar` is None."""
+    `model_sha256` of a model folder (`aar` alone) or of the embedded default model's folder (`aar` None)."""
     if aar is None:
         from octopus_audio.aar_patch.default_model import default_model_dir
 
         return {"model_sha256": sha256_path(default_model_dir())}
+    if sat is None:  # a model folder: config.json and its weights
+        return {"model_sha256": sha256_path(aar)}
     return {"aar_sha256": sha256_path(aar), "sat_sha256": sha256_path(sat)}
 
 

@@ -1,4 +1,4 @@
-"""An eval run's report: results.json, table.md, table.csv, metric-vs-bits plots, spectrograms, index.html.
+"""An eval run's report: results.json, table.md, table.csv, rate-distortion plots, spectrograms, index.html.
 
 Everything here is a function of the merged rows, the run's settings and the WAV files, so a resumed run
 writes the same report as an uninterrupted one (timings stay in rows.jsonl, not in the report).
@@ -7,8 +7,14 @@ The sampling-floor row (codec `reference (other seed)`, see eval/runner.py) is l
 '-', and its teacher-forced and KV cells as '-' (empty in the CSV, null in results.json), because it has no
 codec, compresses nothing, and the unpatched model fed the reference's tokens is the reference itself. The
 bf16-KV floor row (codec `reference (bf16 KV)`) follows it: bits '-', KV cells '-', every metric filled in
-(teacher-forced ones too). The metric plots draw each floor's mean as a horizontal line (dashed: other seed;
-dotted: bf16 KV).
+(teacher-forced ones too).
+
+Plots are rate-distortion views: each metric against the bits the compressed store actually holds per
+coordinate, keys and values together, side fields included (`K+V bits/coord`, the mean of the K and V
+figures), one bold line per codec through its bit widths (its means), each clip's value a faint point; each
+floor's mean a horizontal line (dashed: other seed; dotted: bf16 KV) when it lies within the codecs' range,
+else named in the legend as off the scale (so a floor far away does not flatten the codecs' curves).
+`plots/rate_distortion.json` holds every plotted curve.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, wav_name
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, Job, bits_tag, wav_name
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +41,14 @@ METRICS = AUDIO_METRICS + FIDELITY_METRICS
 LOG_PLOTS = ("tf_kl_nats",)  # spans decades across bit widths: a log axis when every value is positive
 FLOORS = (FLOOR, KV_FLOOR)  # rows with no codec and no bits, listed first
 FLOOR_LINES = {FLOOR: "--", KV_FLOOR: ":"}  # their line styles in the plots
-KV_FIELDS = (("ratio", "KV ratio"), ("k_bits", "K bits/coord"), ("v_bits", "V bits/coord"))
+# (group key, column label): the KV numbers of a row (its "kv": ratio, k_bits, v_bits, kv_summary) as the
+# report aggregates them; `*_per_coord` so they never read as the nominal widths `bits` / `v_bits`
+KV_FIELDS = (("kv_bits_per_coord", "K+V bits/coord"), ("ratio", "KV ratio"),
+             ("k_bits_per_coord", "K bits/coord"), ("v_bits_per_coord", "V bits/coord"))
 _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "latent_cos": "{:.4f}",
-            "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits": "{:.2f}",
-            "v_bits": "{:.2f}"}
-
+            "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits_per_coord": "{:.2f}",
+            "v_bits_per_coord": "{:.2f}", "kv_bits_per_coord": "{:.3f}"}
+CODEC_COLUMNS = 5  # codec columns per table of the listening page (fits 1400 px)
 
 SMALL_KL = 1e-4  # a TF KL below this (and not 0) is printed as 1.23e-06: five decimals would show 0.00000
 
@@ -59,31 +68,61 @@ def _stats(values: list[float]) -> dict[str, float] | None:
     return {"min": float(a.min()), "mean": float(a.mean()), "max": float(a.max())}
 
 
-def aggregate(rows: Sequence[dict], jobs: Sequence[tuple[str, int | None]]) -> list[dict]:
-    """Per (codec, bits), in job order: clip counts, min/mean/max of each metric and of the KV numbers."""
+def kv_bits(kv: dict | None) -> float | None:
+    """Bits the compressed store holds per coordinate, keys and values together (K and V have as many
+    coordinates each, so the mean of the two); None when either is missing."""
+    if not kv or kv.get("k_bits") is None or kv.get("v_bits") is None:
+        return None
+    return (kv["k_bits"] + kv["v_bits"]) / 2.0
+
+
+def _kv_value(row: dict, key: str) -> float | None:
+    """A row's value of the KV field `key` (KV_FIELDS)."""
+    if key == "kv_bits_per_coord":
+        return kv_bits(row["kv"])
+    return (row["kv"] or {}).get(key.removesuffix("_per_coord"))
+
+
+def _job_of(row: dict) -> Job:
+    return Job(row["codec"], row["bits"], row.get("v_bits", row["bits"]))
+
+
+def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
+    """Per job, in job order: clip counts, min/mean/max of each metric and of the KV numbers."""
     groups = []
-    for codec, bits in jobs:
-        mine = [r for r in rows if r["codec"] == codec and r["bits"] == bits]
+    for job in jobs:
+        mine = [r for r in rows if _job_of(r) == job]
         ok = [r for r in mine if r["status"] == "ok"]
-        group = {"codec": codec, "bits": bits, "clips_ok": len(ok), "clips_failed": len(mine) - len(ok),
+        group = {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "clips_ok": len(ok),
+                 "clips_failed": len(mine) - len(ok),
                  "metrics": {m.key: _stats([r["metrics"][m.key] for r in ok
                                             if r["metrics"].get(m.key) is not None]) for m in METRICS}}
         for key, _ in KV_FIELDS:
-            group[key] = _stats([r["kv"][key] for r in ok if r["kv"] and r["kv"].get(key) is not None])
+            group[key] = _stats([v for r in ok if (v := _kv_value(r, key)) is not None])
         groups.append(group)
     return groups
 
 
-def _bits_label(codec: str, bits: int | None) -> str:
+def _bits_cells(codec: str, bits: int | None, v_bits: int | None) -> list[str]:
+    """The K bits and V bits cells of a row."""
     if codec in FLOORS:
-        return "-"
-    return "native" if bits is None else str(bits)
+        return ["-", "-"]
+    if bits is None:
+        return ["native", "native"]
+    return [str(bits), str(bits if v_bits is None else v_bits)]
 
 
-def _job_label(codec: str, bits: int | None) -> str:
-    if codec in FLOORS:
-        return codec
-    return f"{codec} (native)" if bits is None else f"{codec} b{bits}"
+def _bits_label(job: Job) -> str:
+    """`b2` or `K2 V4` (page column heads), `native` for codec none."""
+    if job.bits is None:
+        return "native"
+    return f"b{job.bits}" if job.v_bits in (None, job.bits) else f"K{job.bits} V{job.v_bits}"
+
+
+def _job_label(job: Job) -> str:
+    if job.codec in FLOORS:
+        return job.codec
+    return f"{job.codec} {_bits_label(job)}"
 
 
 def _floor_text(meta: dict) -> str:
@@ -111,15 +150,69 @@ def _floor_texts(groups: list[dict], meta: dict) -> list[str]:
         [_kv_floor_text(meta)] if KV_FLOOR in present else [])
 
 
+KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bits: the nominal widths of "
+           "keys and values; bits/coord: stored bits per K or V coordinate of the compressed store (side "
+           "fields included), K+V their mean, the rate the plots put on their x axis.")
+
+
+def _summary_cells(g: dict) -> list[str]:
+    cells = [g["codec"], *_bits_cells(g["codec"], g["bits"], g["v_bits"]),
+             f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
+    for m in METRICS:
+        s = g["metrics"][m.key]
+        cells.append("-" if s is None else
+                     f"{_fmt(m.key, s['mean'])} [{_fmt(m.key, s['min'])}, {_fmt(m.key, s['max'])}]")
+    return cells + [_fmt(k, g[k]["mean"] if g[k] else None) for k, _ in KV_FIELDS]
+
+
+SUMMARY_HEAD = (["codec", "K bits", "V bits", "clips"] + [f"{m.label} mean [min, max]" for m in METRICS]
+                + [label for _, label in KV_FIELDS])
+
+
+EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), free of sampling divergence
+
+
+def equal_rate_entries(groups: list[dict]) -> list[dict]:
+    """Per metric of EQUAL_RATE_METRICS: each OCTOPUS codec's mean at its K+V bits per coordinate beside every
+    other codec's curve of means read at that rate (`octopus_audio.rate_distortion.equal_rate`)."""
+    from octopus_audio.rate_distortion import equal_rate
+
+    out = []
+    for key in EQUAL_RATE_METRICS:
+        points: dict[str, list] = {}
+        for g in groups:
+            measured = g["kv_bits_per_coord"] and g["metrics"][key]
+            if g["codec"] not in FLOORS and g["bits"] is not None and measured:
+                label = _job_label(Job(g["codec"], g["bits"], g["v_bits"]))
+                points.setdefault(g["codec"], []).append((g["kv_bits_per_coord"]["mean"],
+                                                          g["metrics"][key]["mean"], label))
+        out += [{"metric": key, **e} for e in equal_rate(points)]
+    return out
+
+
+def _equal_rate_lines(groups: list[dict]) -> list[str]:
+    from octopus_audio.rate_distortion import equal_rate_table
+
+    entries = equal_rate_entries(groups)
+    codecs = list(dict.fromkeys(g["codec"] for g in groups))
+    lines = []
+    for m in METRICS:
+        mine = [e for e in entries if e["metric"] == m.key]
+        if mine:
+            lines += ["", f"## {m.label} at equal rate", "",
+                      "Each OCTOPUS row's mean at its K+V bits per coordinate beside every other codec's "
+                      "curve of means read at that rate (log-linear between its two nearest measured rates; "
+                      "'-' outside them, never extrapolated); the difference is ours against theirs.", ""]
+            lines += equal_rate_table(mine, f"{m.label} mean", codecs)
+    return lines
+
+
 def table_markdown(groups: list[dict], meta: dict) -> str:
-    head = (["codec", "bits", "clips"] + [f"{m.label} mean [min, max]" for m in METRICS]
-            + [k[1] for k in KV_FIELDS])
     lines = [f"# octopus-audio eval: {meta.get('clip_count', '?')} clips, model {meta.get('model')}, "
              f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}", "",
              "Each metric compares the output under the codec with the uncompressed output for the same "
              "clip, condition and seed. LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
-             "is better. KV ratio: fp16 cache bytes / compressed cache bytes; bits/coord: stored bits per K "
-             "or V coordinate (side fields included).", "",
+             "is better. " + KV_TEXT, "",
              "TF top-1 agreement and TF KL are teacher-forced: the model under the codec is fed the "
              "reference's own tokens at every scale (the same inputs as the reference) and its guided "
              "next-token distributions are compared with the reference's (top-1: fraction of positions "
@@ -128,27 +221,21 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
              "after one flipped token.", ""]
     for text in _floor_texts(groups, meta):
         lines += [text, ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for g in groups:
-        cells = [g["codec"], _bits_label(g["codec"], g["bits"]),
-                 f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
-        for m in METRICS:
-            s = g["metrics"][m.key]
-            cells.append("-" if s is None else
-                         f"{_fmt(m.key, s['mean'])} [{_fmt(m.key, s['min'])}, {_fmt(m.key, s['max'])}]")
-        cells += [_fmt(k, g[k]["mean"] if g[k] else None) for k, _ in KV_FIELDS]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(SUMMARY_HEAD) + " |", "|" + " --- |" * len(SUMMARY_HEAD)]
+    lines += ["| " + " | ".join(_summary_cells(g)) + " |" for g in groups]
+    lines += _equal_rate_lines(groups)
     return "\n".join(lines) + "\n"
 
 
 def table_csv(groups: list[dict]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["codec", "bits", "clips_ok", "clips_failed"]
+    w.writerow(["codec", "bits", "v_bits", "clips_ok", "clips_failed"]
                + [f"{m.key}_{s}" for m in METRICS for s in ("min", "mean", "max")]
                + [f"{k}_mean" for k, _ in KV_FIELDS])
     for g in groups:
-        row = [g["codec"], "" if g["bits"] is None else g["bits"], g["clips_ok"], g["clips_failed"]]
+        row = [g["codec"], "" if g["bits"] is None else g["bits"], "" if g["v_bits"] is None else g["v_bits"],
+               g["clips_ok"], g["clips_failed"]]
         for m in METRICS:
             s = g["metrics"][m.key]
             row += ["" if s is None else repr(s[k]) for k in ("min", "mean", "max")]
@@ -157,53 +244,79 @@ def table_csv(groups: list[dict]) -> str:
     return out.getvalue()
 
 
-def plot_metrics(groups: list[dict], plots_dir: Path) -> list[str]:
-    """One PNG per metric: mean against bits per codec, bars from min to max (`none`: tables only); each
-    floor row's mean, where it has the metric, as a horizontal line (FLOOR_LINES)."""
+def rate_distortion_curves(groups: list[dict], rows: Sequence[dict]) -> dict:
+    """Per metric and codec: `curve`, the (K+V bits/coord, mean) of each bit pair, sorted by bits, and
+    `points`, each ok row's (K+V bits/coord, value); per metric the floors' means (`floors`)."""
+    codecs = list(dict.fromkeys(g["codec"] for g in groups
+                                if g["codec"] not in FLOORS and g["bits"] is not None))
+    out = {}
+    for m in METRICS:
+        per_codec = {}
+        for codec in codecs:
+            curve = sorted((g["kv_bits_per_coord"]["mean"], g["metrics"][m.key]["mean"]) for g in groups
+                           if g["codec"] == codec and g["kv_bits_per_coord"] and g["metrics"][m.key])
+            points = sorted((kv_bits(r["kv"]), r["metrics"][m.key]) for r in rows
+                            if r["codec"] == codec and r["status"] == "ok" and r["bits"] is not None
+                            and kv_bits(r["kv"]) is not None and r["metrics"].get(m.key) is not None)
+            if curve:
+                per_codec[codec] = {"curve": curve, "points": points}
+        floors = {g["codec"]: g["metrics"][m.key]["mean"] for g in groups
+                  if g["codec"] in FLOORS and g["metrics"][m.key]}
+        out[m.key] = {"label": m.label, "higher_is_better": m.higher_is_better, "codecs": per_codec,
+                      "floors": floors}
+    return out
+
+
+def _y_range(values: list[float], log: bool) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    if log:
+        pad = (hi / lo) ** 0.08 if hi > lo else 2.0
+        return lo / pad, hi * pad
+    pad = 0.08 * (hi - lo) if hi > lo else max(abs(hi) * 0.05, 1e-3)
+    return lo - pad, hi + pad
+
+
+def plot_metrics(groups: list[dict], rows: Sequence[dict], plots_dir: Path) -> list[str]:
+    """One PNG per metric (its rate-distortion view, module docstring) and `rate_distortion.json`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from octopus_audio.rate_distortion import draw_curves
+
     plots_dir.mkdir(parents=True, exist_ok=True)
+    curves = rate_distortion_curves(groups, rows)
     names = []
-    codecs = list(dict.fromkeys(g["codec"] for g in groups if g["bits"] is not None))
-    floors = [g for g in groups if g["codec"] in FLOORS]
     for m in METRICS:
+        view = curves[m.key]
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        drawn = False
-        for codec in codecs:
-            pts = [(g["bits"], g["metrics"][m.key]) for g in groups
-                   if g["codec"] == codec and g["bits"] is not None and g["metrics"][m.key] is not None]
-            if not pts:
-                continue
-            x = np.array([p[0] for p in pts], dtype=float)
-            mean = np.array([p[1]["mean"] for p in pts])
-            err = np.array([[p[1]["mean"] - p[1]["min"] for p in pts],
-                            [p[1]["max"] - p[1]["mean"] for p in pts]])
-            ax.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=codec)
-            drawn = True
-        for floor in floors:
-            if floor["metrics"][m.key] is not None:
-                ax.axhline(floor["metrics"][m.key]["mean"], color="0.3", linewidth=1,
-                           linestyle=FLOOR_LINES[floor["codec"]], label=f"{floor['codec']} (mean)")
-                drawn = True
-        ax.set_xlabel("bits per coordinate (nominal)")
-        ax.set_ylabel(m.label)
-        lows = [g["metrics"][m.key]["min"] for g in groups if g["bits"] is not None and g["metrics"][m.key]]
-        if m.key in LOG_PLOTS and lows and min(lows) > 0:
+        draw_curves(ax, {c: v["curve"] for c, v in view["codecs"].items()},
+                    {c: v["points"] for c, v in view["codecs"].items()})
+        values = [y for v in view["codecs"].values() for _, y in v["curve"] + v["points"]]
+        log = m.key in LOG_PLOTS and bool(values) and min(values) > 0
+        if log:
             ax.set_yscale("log")
-        ax.set_title(f"{m.label} vs bits ({'higher' if m.higher_is_better else 'lower'} is better)")
-        bits = sorted({g["bits"] for g in groups if g["bits"] is not None})
-        if bits:
-            ax.set_xticks(bits)
-        if drawn:
-            ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        if values:
+            lo, hi = _y_range(values, log)
+            ax.set_ylim(lo, hi)
+        for floor, mean in view["floors"].items():
+            label = f"{floor} (mean {_fmt(m.key, mean)})"
+            if not values or lo <= mean <= hi:
+                ax.axhline(mean, color="0.3", linewidth=1, linestyle=FLOOR_LINES[floor], label=label)
+            else:  # drawn, it would squash the codecs' curves into a line
+                ax.plot([], [], color="0.3", linewidth=1, linestyle=FLOOR_LINES[floor],
+                        label=f"{label}, off the scale")
+        ax.set_ylabel(m.label)
+        ax.set_title(f"{m.label} vs stored bits ({'higher' if m.higher_is_better else 'lower'} is better)",
+                     fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         name = f"{m.key}.png"
         fig.savefig(plots_dir / name, metadata={"Software": None})
         names.append(name)
+    (plots_dir / "rate_distortion.json").write_text(json.dumps(curves, indent=1) + "\n")
     return names
 
 
@@ -232,82 +345,180 @@ def spectrogram_png(wav_path: Path, png_path: Path, ref_db: float | None = None,
     return top
 
 
-_CSS = """body{font-family:sans-serif;margin:1em;color:#222}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:4px;vertical-align:top;font-size:12px}
-.cell{width:210px}.cell img{width:200px;height:100px;display:block}.cell audio{width:200px}
-.err{color:#b00;white-space:pre-wrap;max-width:200px}.plots img{width:420px;margin:4px}
-.clips{overflow-x:auto}"""
+# the listening page ------------------------------------------------------------------------------------
+
+_CSS = """body{font-family:sans-serif;margin:1em auto;max-width:1360px;color:#222;font-size:14px}
+table{border-collapse:collapse;max-width:100%}td,th{border:1px solid #ccc;padding:4px;vertical-align:top;
+font-size:12px;overflow-wrap:break-word}.summary small{color:#555;white-space:nowrap}ul.meta{columns:3}
+.cell{width:200px}.cell img{width:200px;height:100px;display:block}.cell audio{width:200px;display:block}
+.cell .note{color:#333}.err{color:#b00;white-space:pre-wrap;width:200px;overflow-wrap:anywhere}
+.plots{display:flex;flex-wrap:wrap;gap:6px}.plots img{width:440px;max-width:100%}
+.clip{border-top:2px solid #888;margin-top:1.2em}.clip h2{font-size:16px;margin:.5em 0 .2em}
+.refs{display:flex;flex-wrap:wrap;gap:8px;margin:.4em 0}.origin{color:#555;overflow-wrap:anywhere}
+button.ab{margin:3px 0;font-size:12px;padding:2px 8px}button.ab[aria-pressed=true]{background:#ffd27a}
+button:focus-visible,audio:focus-visible,a:focus-visible{outline:3px solid #1a6de0;outline-offset:1px}
+.playing{box-shadow:0 0 0 3px #1a6de0}"""
+
+# A/B: each codec cell's button switches between the clip's reference (A) and that codec (B) at the playback
+# position of whichever is heard (any player of the page that is playing, else the side the button is on),
+# playing on if it was playing. `x` repeats the last switch; one player plays at a time.
+_SCRIPT = """<script>
+let lastAB = null;
+function abSwitch(btn) {
+  const a = document.getElementById(btn.dataset.a), b = document.getElementById(btn.dataset.b);
+  const heard = [...document.querySelectorAll('audio')].find(m => !m.paused);
+  const from = heard || (btn.getAttribute('aria-pressed') === 'true' ? b : a);
+  const to = from === b ? a : b;
+  const playing = !from.paused;
+  to.currentTime = from.currentTime;
+  from.pause();
+  if (playing) { to.play().catch(() => {}); }
+  btn.setAttribute('aria-pressed', String(to === b));
+  btn.textContent = to === b ? 'A/B: hearing B (codec)' : 'A/B: hearing A (reference)';
+  lastAB = btn;
+}
+document.addEventListener('click', e => {
+  const btn = e.target.closest('button.ab');
+  if (btn) { abSwitch(btn); }
+});
+document.addEventListener('keydown', e => {
+  if (e.key === 'x' && lastAB && !e.ctrlKey && !e.metaKey && !e.altKey) { abSwitch(lastAB); }
+});
+document.addEventListener('play', e => {
+  for (const m of document.querySelectorAll('audio')) {
+    if (m !== e.target) { m.pause(); }
+    m.closest('.cell').classList.toggle('playing', m === e.target);
+  }
+}, true);
+document.addEventListener('pause', e => { e.target.closest('.cell').classList.remove('playing'); }, true);
+</script>"""
 
 
-def _cell(label: str, wav: str, png: str, out_dir: Path, note: str = "") -> str:
+def _shown_path(text: str, out_dir: Path) -> str:
+    """A local absolute path as the report folder sees it (relative), anything else as it is."""
+    if os.path.isabs(text):
+        return os.path.relpath(text, out_dir)
+    return text
+
+
+def _cell(label: str, wav: str, out_dir: Path, audio_id: str, note: str = "",
+          ab_with: str | None = None) -> str:
+    """A player with its spectrogram; `ab_with`: the id of the player the A/B button switches with."""
+    png = wav[:-4] + ".png"
     parts = [f"<div class='cell'><b>{html.escape(label)}</b>"]
     if (out_dir / "spec" / png).is_file():
         parts.append(f"<img src='spec/{html.escape(png)}' alt='spectrogram of {html.escape(label)}'>")
-    parts.append(f"<audio controls preload='none' src='wav/{html.escape(wav)}'></audio>")
+    parts.append(f"<audio id='{audio_id}' controls preload='none' src='wav/{html.escape(wav)}' "
+                 f"aria-label='{html.escape(label)}'></audio>")
+    if ab_with is not None:
+        parts.append(f"<button type='button' class='ab' data-a='{ab_with}' data-b='{audio_id}' "
+                     f"aria-pressed='false' title='switch between the reference (A) and {html.escape(label)} "
+                     f"(B) at the same position; x repeats the last switch'>A/B with reference</button>")
     if note:
-        parts.append(f"<div>{html.escape(note)}</div>")
+        parts.append(f"<div class='note'>{html.escape(note)}</div>")
     return "".join(parts) + "</div>"
 
 
-def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs, groups: list[dict],
-               meta: dict, plots: list[str]) -> str:
-    by_key = {(r["clip"], r["codec"], r["bits"]): r for r in rows}
-    meta_items = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
+def _note(row: dict, codec: str, meta: dict) -> str:
+    mt = row["metrics"]
+    note = (f"LSD {_fmt('lsd_db', mt['lsd_db'])} dB, SNR {_fmt('snr_db', mt['snr_db'])} dB, "
+            f"cos {_fmt('latent_cos', mt['latent_cos'])}")
+    if mt.get("tf_top1") is not None:
+        note += f"; TF top-1 {_fmt('tf_top1', mt['tf_top1'])}, KL {_fmt('tf_kl_nats', mt['tf_kl_nats'])}"
+    elif codec == FLOOR:
+        note += f" (seed {row.get('seed', meta.get('floor_seed'))})"
+    return note
+
+
+def _job_cell(out_dir: Path, cid: str, job: Job, row: dict | None, meta: dict, ref_id: str | None,
+              audio_id: str) -> str:
+    label = _job_label(job)
+    if row is None:
+        return f"<div class='err'>{html.escape(label)}: not run</div>"
+    if row["status"] != "ok":
+        error = row["error"].replace(row["origin"], _shown_path(row["origin"], out_dir))
+        why = f"failed ({row['stage']}): {error}"
+        return f"<div class='err'>{html.escape(label)}: {html.escape(why)}</div>"
+    return _cell(label, wav_name(cid, *job), out_dir, audio_id, _note(row, job.codec, meta),
+                 ab_with=ref_id)
+
+
+def _clip_section(out_dir: Path, n: int, clip: dict, jobs: Sequence[Job], by_key: dict, meta: dict) -> str:
+    """One clip: its input, reference and floor rows side by side, then a table per group of codecs with a
+    row per bit width (so the page stays within 1400 px whatever the run's size)."""
+    cid = clip["clip"]
+    ref_id = f"c{n}-reference"
+    parts = [f"<section class='clip' aria-label='clip {html.escape(cid)}'><h2>{html.escape(cid)}</h2>"
+             f"<div class='origin'>{html.escape(_shown_path(clip['origin'], out_dir))}</div>"
+             "<div class='refs'>"]
+    has_ref = (out_dir / "wav" / wav_name(cid, "reference", None)).is_file()
+    for kind, label in (("input", "input (24 kHz, its own length)"),
+                        ("reference", "reference (uncompressed)")):
+        name = wav_name(cid, kind, None)
+        if (out_dir / "wav" / name).is_file():
+            parts.append(_cell(label, name, out_dir, f"c{n}-{kind}"))
+    for i, job in enumerate(j for j in jobs if j.codec in FLOORS):
+        parts.append(_job_cell(out_dir, cid, job, by_key.get((cid, *job)), meta,
+                               ref_id if has_ref else None, f"c{n}-floor{i}"))
+    parts.append("</div>")
+    codecs = list(dict.fromkeys(j.codec for j in jobs if j.codec not in FLOORS))
+    widths = list(dict.fromkeys((j.bits, j.v_bits) for j in jobs if j.codec not in FLOORS))
+    for start in range(0, len(codecs), CODEC_COLUMNS):
+        chunk = codecs[start:start + CODEC_COLUMNS]
+        head = "<tr><th>bits</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in chunk) + "</tr>"
+        body = []
+        for bits, v_bits in widths:
+            cells = []
+            for codec in chunk:
+                job = Job(codec, bits, v_bits)
+                if job not in jobs:
+                    cells.append("<td></td>")
+                    continue
+                audio_id = f"c{n}-{codec}-{'native' if bits is None else bits_tag(bits, v_bits)}"
+                cells.append("<td>" + _job_cell(out_dir, cid, job, by_key.get((cid, *job)), meta,
+                                                ref_id if has_ref else None, audio_id) + "</td>")
+            if any(c != "<td></td>" for c in cells):
+                label = _bits_label(Job("", bits, v_bits))
+                body.append(f"<tr><th>{html.escape(label)}</th>" + "".join(cells) + "</tr>")
+        parts.append("<table>" + head + "".join(body) + "</table>")
+    return "".join(parts) + "</section>"
+
+
+def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
+               groups: list[dict], meta: dict, plots: list[str]) -> str:
+    by_key = {(r["clip"], *_job_of(r)): r for r in rows}
+    meta_items = "".join(f"<li>{html.escape(str(k))}: {html.escape(_shown_path(str(v), out_dir))}</li>"
                          for k, v in sorted(meta.items()))
-    summary = ["<table><tr><th>codec</th><th>bits</th><th>clips</th>"
-               + "".join(f"<th>{html.escape(m.label)} mean [min, max]</th>" for m in METRICS)
-               + "".join(f"<th>{html.escape(lbl)}</th>" for _, lbl in KV_FIELDS) + "</tr>"]
+    summary = ["<table class='summary'><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEAD)
+               + "</tr>"]
     for g in groups:
-        cells = [g["codec"], _bits_label(g["codec"], g["bits"]),
-                 f"{g['clips_ok']} ok, {g['clips_failed']} failed"]
-        for m in METRICS:
-            s = g["metrics"][m.key]
-            cells.append("-" if s is None else
-                         f"{_fmt(m.key, s['mean'])} [{_fmt(m.key, s['min'])}, {_fmt(m.key, s['max'])}]")
-        cells += [_fmt(k, g[k]["mean"] if g[k] else None) for k, _ in KV_FIELDS]
-        summary.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        cells = _summary_cells(g)
+        shown = []
+        for c in cells:  # "mean [min, max]": the mean, the range below it in small type
+            mean, _, spread = c.partition(" [")
+            shown.append(html.escape(mean) + (f"<br><small>[{html.escape(spread)}</small>" if spread else ""))
+        summary.append("<tr>" + "".join(f"<td>{c}</td>" for c in shown) + "</tr>")
     summary.append("</table>")
-    head = ("<tr><th>clip</th><th>input (24 kHz, 10 s)</th><th>reference (uncompressed)</th>"
-            + "".join(f"<th>{html.escape(_job_label(c, b))}</th>" for c, b in jobs) + "</tr>")
-    body = []
-    for clip in clips:
-        cid = clip["clip"]
-        cells = [f"<td><b>{html.escape(cid)}</b><br><small>{html.escape(clip['origin'])}</small></td>"]
-        for kind in ("input", "reference"):
-            name = wav_name(cid, kind, None)
-            cells.append("<td>" + (_cell(kind, name, name[:-4] + ".png", out_dir)
-                                   if (out_dir / "wav" / name).is_file() else "-") + "</td>")
-        for codec, bits in jobs:
-            row = by_key.get((cid, codec, bits))
-            name = wav_name(cid, codec, bits)
-            label = _job_label(codec, bits)
-            if row is None or row["status"] != "ok":
-                why = "not run" if row is None else f"failed ({row['stage']}): {row['error']}"
-                cells.append(f"<td><div class='err'>{html.escape(label)}: {html.escape(why)}</div></td>")
-                continue
-            mt = row["metrics"]
-            note = (f"LSD {_fmt('lsd_db', mt['lsd_db'])} dB, SNR {_fmt('snr_db', mt['snr_db'])} dB, "
-                    f"cos {_fmt('latent_cos', mt['latent_cos'])}")
-            if mt.get("tf_top1") is not None:
-                note += (f"; TF top-1 {_fmt('tf_top1', mt['tf_top1'])}, "
-                         f"KL {_fmt('tf_kl_nats', mt['tf_kl_nats'])}")
-            elif codec == FLOOR:
-                note += f" (seed {row.get('seed', meta.get('floor_seed'))})"
-            cells.append("<td>" + _cell(label, name, name[:-4] + ".png", out_dir, note) + "</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p)}'>" for p in plots)
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>octopus-audio eval</title>"
-            f"<style>{_CSS}</style></head><body>\n<h1>octopus-audio eval</h1>\n<ul>{meta_items}</ul>\n"
+    plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p[:-4])} against stored bits'>"
+                        for p in plots)
+    sections = [_clip_section(out_dir, n, clip, jobs, by_key, meta) for n, clip in enumerate(clips)]
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width'><title>octopus-audio eval</title>"
+            f"<style>{_CSS}</style></head><body>\n<h1>octopus-audio eval</h1>\n"
+            f"<ul class='meta'>{meta_items}</ul>\n"
             "<p>Files: <a href='results.json'>results.json</a>, <a href='table.csv'>table.csv</a>, "
             "<a href='table.md'>table.md</a>, <a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
             "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
-            "model fed the reference's tokens): top-1 agreement and KL in nats per token.</p>\n"
+            "model fed the reference's tokens): top-1 agreement and KL in nats per token. "
+            f"{html.escape(KV_TEXT)}</p>\n<p>Listening: each codec's <b>A/B</b> button switches between "
+            "the clip's reference (A) and that codec (B) at the same playback position (playing on if it "
+            "was playing); <kbd>x</kbd> repeats the last switch; Tab reaches every player and button.</p>\n"
             + "".join(f"<p>{html.escape(text.replace('`', ''))}</p>\n" for text in _floor_texts(groups, meta))
             + "\n".join(summary) + f"\n<div class='plots'>{plot_imgs}</div>\n"
-            "<div class='clips'><table>" + head + "\n" + "\n".join(body) + "</table></div>\n</body></html>\n")
+            + "\n".join(sections) + f"\n{_SCRIPT}\n</body></html>\n")
 
 
-def write_spectrograms(out_dir: Path, clips: Sequence[dict], jobs) -> None:
+def write_spectrograms(out_dir: Path, clips: Sequence[dict], jobs: Sequence[Job]) -> None:
     spec = out_dir / "spec"
     spec.mkdir(parents=True, exist_ok=True)
     for clip in clips:
@@ -319,8 +530,8 @@ def write_spectrograms(out_dir: Path, clips: Sequence[dict], jobs) -> None:
         if not (out_dir / "wav" / name).is_file():
             continue
         top = spectrogram_png(out_dir / "wav" / name, spec / (name[:-4] + ".png"))
-        for codec, bits in jobs:
-            name = wav_name(cid, codec, bits)
+        for job in jobs:
+            name = wav_name(cid, *job)
             if (out_dir / "wav" / name).is_file():
                 spectrogram_png(out_dir / "wav" / name, spec / (name[:-4] + ".png"), ref_db=top)
 
@@ -331,24 +542,25 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict],
-                 jobs: Sequence[tuple[str, int | None]], meta: dict) -> dict:
+def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
+                 meta: dict) -> dict:
     """Write every report file under out_dir from the merged rows; returns what results.json holds.
 
-    rows: one per (clip, codec, bits) of this run (see runner); clips: [{clip, origin}] in run order;
-    jobs: (codec, bits) in report order; meta: settings to print (model, conditioner, seed, ...).
+    rows: one per (clip, job) of this run (see runner); clips: [{clip, origin}] in run order; jobs: in report
+    order; meta: settings to print (model, conditioner, seed, ...).
     """
     out_dir = Path(out_dir)
-    jobs = [tuple(j) for j in jobs]
+    jobs = [Job(*j) for j in jobs]
     meta = {**meta, "clip_count": len(clips)}
     groups = aggregate(rows, jobs)
-    failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "stage": r["stage"],
-                 "error": r["error"]} for r in rows if r["status"] != "ok"]
-    results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures}
+    failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "v_bits": _job_of(r).v_bits,
+                 "stage": r["stage"], "error": r["error"]} for r in rows if r["status"] != "ok"]
+    results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,
+               "equal_rate": equal_rate_entries(groups)}
     _write_text(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
     _write_text(out_dir / "table.md", table_markdown(groups, meta))
     _write_text(out_dir / "table.csv", table_csv(groups))
-    plots = plot_metrics(groups, out_dir / "plots")
+    plots = plot_metrics(groups, rows, out_dir / "plots")
     write_spectrograms(out_dir, clips, jobs)
     _write_text(out_dir / "index.html", index_html(out_dir, rows, clips, jobs, groups, meta, plots))
     log.info("report written to %s (%d rows, %d failed)", out_dir, len(rows), len(failures))

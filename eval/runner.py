@@ -59,7 +59,7 @@ import numpy as np
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import compute_metrics
-from octopus_audio.eval.sources import CLAP_RATE, MODEL_RATE, ClipRef, decode, prepare
+from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, MODEL_RATE, ClipRef, decode, prepare
 from octopus_audio.outdir import refuse_foreign
 from octopus_audio.wav import write_wav
 
@@ -96,7 +96,11 @@ class EvalConfig:
     """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch);
     `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
     the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
-    turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in."""
+    turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
+
+    Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
+    alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
+    from `v_bits` (None: `bits`)."""
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
@@ -109,10 +113,12 @@ class EvalConfig:
     patch_seed: int = 0
     floor: bool = True
     bf16_floor: bool = False
+    k_bits: tuple[int, ...] | None = None
+    v_bits: tuple[int, ...] | None = None
     # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
     # keeps the rows it shares. Every other field is part of each row's identity (`identity()`), so a new
     # setting that changes a number is one new field above.
-    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor")
+    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits")
 
     def __post_init__(self) -> None:
         known = codec_names()
@@ -124,16 +130,25 @@ class EvalConfig:
         if len(set(self.codecs)) != len(self.codecs):
             raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
         if any(c != "none" for c in self.codecs):
-            if not self.bits or any(isinstance(b, bool) or not isinstance(b, int) for b in self.bits):
-                raise UsageError(f"--bits must be a comma list of integers such as 2,3,4, got {self.bits!r}")
-            if len(set(self.bits)) != len(self.bits):
-                raise UsageError(f"--bits {self.bits!r} names a width twice")
+            for flag, widths in (("--bits", self.bits), ("--k-bits", self.k_bits), ("--v-bits", self.v_bits)):
+                if widths is None and flag != "--bits":
+                    continue
+                if not widths or any(isinstance(b, bool) or not isinstance(b, int) for b in widths):
+                    raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {widths!r}")
+                if len(set(widths)) != len(widths):
+                    raise UsageError(f"{flag} {widths!r} names a width twice")
             from octopus_audio.codecs import bits_problem
+            from octopus_audio.values import VALUE_BITS
 
+            flag = "--bits" if self.k_bits is None else "--k-bits"
             for c in self.codecs:  # each codec's own supported bits, before any clip is generated
-                for b in self.bits if c != "none" else ():
+                for b in (self.k_bits or self.bits) if c != "none" else ():
                     if bits_problem(c, b):
-                        raise UsageError(bits_problem(c, b))
+                        raise UsageError(bits_problem(c, b).replace("--bits", flag))
+            flag = "--bits" if self.v_bits is None else "--v-bits"
+            for b in self.v_bits or self.bits:
+                if b not in VALUE_BITS:
+                    raise UsageError(f"{flag} {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
         from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
 
         problem = seed_problem(self.seed, "--seed")
@@ -153,14 +168,20 @@ class EvalConfig:
         if not 0.0 <= self.top_p <= 1.0:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
 
-    def jobs(self) -> list[tuple[str, int | None]]:
-        """(codec, bits) pairs in report order: the sampling floor (FLOOR, None) and the bf16-KV floor
-        (KV_FLOOR, None) first when on, then the codecs; `none` gets bits None."""
-        out: list[tuple[str, int | None]] = [(FLOOR, None)] if self.floor else []
+    def bit_pairs(self) -> list[tuple[int, int]]:
+        """(key bits, value bits) of every codec row, in report order (see the class docstring)."""
+        if self.k_bits is None and self.v_bits is None:
+            return [(b, b) for b in self.bits]
+        return [(k, v) for k in (self.k_bits or self.bits) for v in (self.v_bits or self.bits)]
+
+    def jobs(self) -> list[Job]:
+        """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
+        each bit pair; the floors and `none` get bits None."""
+        out = [Job(FLOOR)] if self.floor else []
         if self.bf16_floor:
-            out.append((KV_FLOOR, None))
+            out.append(Job(KV_FLOOR))
         for c in self.codecs:
-            out.extend([(c, None)] if c == "none" else [(c, b) for b in self.bits])
+            out.extend([Job(c)] if c == "none" else [Job(c, k, v) for k, v in self.bit_pairs()])
         return out
 
     def identity(self) -> dict:
@@ -170,6 +191,15 @@ class EvalConfig:
         for name in self.JOB_FIELDS:
             del d[name]
         return d
+
+
+class Job(NamedTuple):
+    """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits` (both None for
+    the floors and `none`)."""
+
+    codec: str
+    bits: int | None = None
+    v_bits: int | None = None
 
 
 class Generated(NamedTuple):
@@ -194,8 +224,10 @@ class Backend(Protocol):
     def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
         """Per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens` forced."""
 
-    def compressed(self, codec: str, bits: int | None) -> contextlib.AbstractContextManager:
-        """A context inside which `generate` runs under the codec; its value has `stats()`."""
+    def compressed(self, codec: str, bits: int | None,
+                   v_bits: int | None = None) -> contextlib.AbstractContextManager:
+        """A context inside which `generate` runs under the codec (keys at `bits`, values at `v_bits`, None:
+        `bits`); its value has `stats()`."""
 
     def bf16_kv(self) -> contextlib.AbstractContextManager:
         """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
@@ -237,8 +269,8 @@ class LazyBackend:
     def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
         return self.backend.teacher_forced(cond_D, tokens)
 
-    def compressed(self, codec: str, bits: int | None):
-        return self.backend.compressed(codec, bits)
+    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
+        return self.backend.compressed(codec, bits, v_bits)
 
     def bf16_kv(self):
         return self.backend.bf16_kv()
@@ -306,12 +338,12 @@ class AARBackend:
             probs = self._teacher_forced(self.pipe, self._cond(cond_D), tokens_1l, cfg=self.config.cfg)
         return [p.float().cpu() for p in probs]
 
-    def compressed(self, codec: str, bits: int | None):
+    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         c = self.config
         if self._compressed_kv is None and codec == "none":
             return contextlib.nullcontext(_Unpatched())
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
-                                   v_group=c.v_group, seed=c.patch_seed)
+                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
 
     def bf16_kv(self):
         import torch
@@ -344,8 +376,9 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
 
 # rows ------------------------------------------------------------------------------------------------------
 
-def row_key(row: dict) -> tuple[str, str, int | None]:
-    return row["clip"], row["codec"], row["bits"]
+def row_key(row: dict) -> tuple[str, str, int | None, int | None]:
+    """(clip, codec, key bits, value bits); a row written before value bits were recorded had both equal."""
+    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"])
 
 
 def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:
@@ -355,16 +388,24 @@ def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str |
             and r.get("clip_sha256") == clip_hashes[r["clip"]]]
 
 
-def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
+def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
-    `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav`: sorting together."""
+    `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
+    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`: sorting together."""
     if codec in ("input", "reference"):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
         return f"{clip_id}__00_reference_other_seed.wav"
     if codec == KV_FLOOR:
         return f"{clip_id}__00_reference_bf16_kv.wav"
-    return f"{clip_id}__{codec}.wav" if bits is None else f"{clip_id}__{codec}_b{bits}.wav"
+    if bits is None:
+        return f"{clip_id}__{codec}.wav"
+    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}.wav"
+
+
+def bits_tag(bits: int, v_bits: int | None) -> str:
+    """`b2` when keys and values share the width (v_bits None or equal), else `k2v4`."""
+    return f"b{bits}" if v_bits in (None, bits) else f"k{bits}v{v_bits}"
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -480,7 +521,7 @@ def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend
     return out
 
 
-def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path, config: EvalConfig,
+def run_clip(ref: ClipRef, todo: Sequence[Job], out_dir: Path, config: EvalConfig,
              backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "") -> None:
     """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row.
 
@@ -503,8 +544,9 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
 
     def fail(jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", ref.clip_id, stage, _error_text(e))
-        for codec, bits in jobs:
-            emit({**base, "codec": codec, "bits": bits, "seed": seed_of(codec), "status": "error",
+        for codec, bits, v_bits in jobs:
+            emit({**base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
+                  "status": "error",
                   "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
                   "threads": None})
 
@@ -512,7 +554,9 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
         clip = decode(ref)
         base["clip_sha256"] = audio_sha256(clip.audio_T, clip.sample_rate)
         cond_audio = prepare(clip, CLAP_RATE)
-        input_audio = prepare(clip, backend.sample_rate)
+        # the input as heard: the clip's own length (at most CLIP_SECONDS), not the padded 10 s
+        own = min(CLIP_SECONDS, clip.audio_T.shape[0] / clip.sample_rate)
+        input_audio = prepare(clip, backend.sample_rate, seconds=own)
     except Exception as e:
         return fail(todo, "load", e)
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
@@ -528,37 +572,39 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
                                {"run": run_id, "clip_sha256": base["clip_sha256"]})
     except Exception as e:
         return fail(todo, "reference", e)
-    if (FLOOR, None) in todo:
+    if Job(FLOOR) in todo:
         _floor(ref, out_dir, config, backend, cond_D, reference, base, emit, fail)
-    todo = [job for job in todo if job != (FLOOR, None)]
+    todo = [job for job in todo if job != Job(FLOOR)]
     if not todo:
         return None
     try:  # the unpatched model on the reference's own tokens: what every codec is compared with
         probs_ref = backend.teacher_forced(cond_D, reference.tokens)
     except Exception as e:
         return fail(todo, "fidelity", e)
-    for codec, bits in todo:
+    for job in todo:
+        codec, bits, v_bits = job
         start = time.perf_counter()
         stage = "generate"
         try:
-            context = backend.bf16_kv() if codec == KV_FLOOR else backend.compressed(codec, bits)
+            context = backend.bf16_kv() if codec == KV_FLOOR else backend.compressed(codec, bits, v_bits)
             with context as handle:
                 out = _as_generated(backend.generate(cond_D, config.seed))
                 kv = None if codec == KV_FLOOR else kv_summary(handle.stats())
                 stage = "fidelity"
                 probs_hat = backend.teacher_forced(cond_D, reference.tokens)
         except Exception as e:
-            fail([(codec, bits)], stage, e)
+            fail([job], stage, e)
             continue
         try:
             metrics = {**compute_metrics(reference.audio, out.audio, reference.fhat, out.fhat,
                                          backend.sample_rate),
                        **fidelity_row(probs_ref, probs_hat)}
         except Exception as e:
-            fail([(codec, bits)], "metrics", e)
+            fail([job], "metrics", e)
             continue
-        write_wav(out_dir / "wav" / wav_name(ref.clip_id, codec, bits), out.audio, backend.sample_rate)
-        emit({**base, "codec": codec, "bits": bits, "seed": config.seed, "status": "ok", "stage": None,
+        write_wav(out_dir / "wav" / wav_name(ref.clip_id, *job), out.audio, backend.sample_rate)
+        emit({**base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": config.seed, "status": "ok",
+              "stage": None,
               "error": None, "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3),
               "threads": torch.get_num_threads()})
 
@@ -574,14 +620,15 @@ def _floor(ref: ClipRef, out_dir: Path, config: EvalConfig, backend: Backend, co
     try:
         other = _as_generated(backend.generate(cond_D, seed))
     except Exception as e:
-        return fail([(FLOOR, None)], "generate", e)
+        return fail([Job(FLOOR)], "generate", e)
     try:
         metrics = compute_metrics(reference.audio, other.audio, reference.fhat, other.fhat,
                                   backend.sample_rate)
     except Exception as e:
-        return fail([(FLOOR, None)], "metrics", e)
+        return fail([Job(FLOOR)], "metrics", e)
     write_wav(out_dir / "wav" / wav_name(ref.clip_id, FLOOR, None), other.audio, backend.sample_rate)
-    emit({**base, "codec": FLOOR, "bits": None, "seed": seed, "status": "ok", "stage": None, "error": None,
+    emit({**base, "codec": FLOOR, "bits": None, "v_bits": None, "seed": seed, "status": "ok", "stage": None,
+          "error": None,
           "metrics": metrics, "kv": None, "seconds": round(time.perf_counter() - start, 3),
           "threads": torch.get_num_threads()})
     return None
@@ -768,7 +815,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         done = {row_key(r) for r in earlier}
         mine = list(refs)[info.rank::info.world]
         total = len(mine) * len(jobs)
-        finished = sum((r.clip_id, c, b) in done for r in mine for c, b in jobs)
+        finished = sum((r.clip_id, *job) in done for r in mine for job in jobs)
         if finished < total:
             _warn_thread_change(earlier, info.rank)
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
@@ -786,7 +833,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         start = time.perf_counter()
         try:
             for ref in mine:
-                todo = [(c, b) for c, b in jobs if (ref.clip_id, c, b) not in done]
+                todo = [job for job in jobs if (ref.clip_id, *job) not in done]
                 if todo:
                     run_clip(ref, todo, out_dir, config, backend, conditioner, emit, run_id)
         finally:
@@ -811,7 +858,7 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: 
     from octopus_audio.eval import report
 
     merged = merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes))
-    wanted = [(r.clip_id, c, b) for r in refs for c, b in jobs]
+    wanted = [(r.clip_id, *job) for r in refs for job in jobs]
     missing = [k for k in wanted if k not in merged]
     if missing:
         raise RuntimeError(f"{len(missing)} rows are missing after every rank finished (first: {missing[0]})")
@@ -823,6 +870,6 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: 
             f.write(json.dumps(row, sort_keys=True) + "\n")
     os.replace(tmp, out_dir / MERGED_ROWS)
     clips = [{"clip": r.clip_id, "origin": r.origin} for r in refs]
-    if (FLOOR, None) in jobs:
+    if Job(FLOOR) in jobs:
         meta = {**meta, "floor_seed": floor_seed(settings["seed"])}
     return report.write_report(out_dir, rows, clips, jobs, {**settings, **meta})

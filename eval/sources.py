@@ -170,7 +170,7 @@ def load_stream(spec: DatasetSpec):
         import datasets
     except ModuleNotFoundError as e:
         raise UsageError("the audioset-20k source needs the `datasets` package: "
-                         "pip install 'octopus-audio[eval]'") from e
+                         "pip install 'octopus-audio[eval,audioset]'") from e
     try:
         with hub_quiet():
             return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)

@@ -198,7 +198,7 @@ class CompressedKVCache:
     the window; Hq = G * H, query head j uses KV head j // G. Codec `none` stores native K/V and attends with
     plain SDPA in the native dtype (bit-identical to SDPA over the concatenated K/V).
     The codec's seed is used as is (per layer: `octopus_audio.rotation.layer_seed(base_seed, layer)`).
-    Values use the same `bits` as keys, in groups of `v_group` channels.
+    Values use `v_bits` bits (None: the same `bits` as keys), in groups of `v_group` channels.
     capacity: tokens the compressed store is allocated for when it is first written (None: just the first
     unit); past it the store grows by doubling. A caller that knows the sequence (AAR: the scales before the
     window) avoids the growth copies and the spare capacity.
@@ -219,8 +219,8 @@ class CompressedKVCache:
     """
 
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
-                 seed: int = 0, capacity: int | None = None, defer_checks: bool | None = None,
-                 **codec_options) -> None:
+                 seed: int = 0, v_bits: int | None = None, capacity: int | None = None,
+                 defer_checks: bool | None = None, **codec_options) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an integer >= 0 (units kept native), got {window!r}")
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
@@ -234,11 +234,12 @@ class CompressedKVCache:
         self.codec = get_codec(codec, bits, head_dim, seed=seed, **codec_options)
         self.codec_name = codec
         self.bits = bits
+        self.v_bits = bits if v_bits is None else v_bits
         self.head_dim = head_dim
         self.window = window
         self.v_group = v_group
         self.seed = seed
-        self.value_quantizer = None if codec == "none" else ValueQuantizer(bits, head_dim, v_group)
+        self.value_quantizer = None if codec == "none" else ValueQuantizer(self.v_bits, head_dim, v_group)
         self._flags: DeferredFlags | None = None  # kept across reset(): a graph replay writes the last ones
         self._pending = False  # units appended since the last deferred check
         self.overlap_encode = False  # see the class docstring; read at each sequence's first unit
@@ -652,6 +653,7 @@ class CompressedKVCache:
         return F.scaled_dot_product_attention(q_c, k_all, v_all, scale=scale).to(q.dtype)
 
     def __repr__(self) -> str:
-        return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, head_dim={self.head_dim}, "
+        return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "
+                f"head_dim={self.head_dim}, "
                 f"window={self.window}, v_group={self.v_group}, seed={self.seed}, backend={self.backend!r}, "
                 f"tokens={self.num_tokens}, compressed={self.length}, nbytes={self.nbytes})")

@@ -13,13 +13,35 @@ from octopus_audio.errors import UsageError
 # subcommand -> (module, one-line help). Modules are imported only when their command runs, so a missing
 # optional dependency of one command never breaks another.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("octopus_audio.aar_patch.generate_cli", "generate audio with AAR under a KV-cache codec"),
-    "eval": ("octopus_audio.eval.cli", "batch-evaluate codecs against the uncompressed output"),
-    "probe": ("octopus_audio.probe", "synthetic codec tables (MSE, inner products, needle, ablations)"),
-    "bench": ("octopus_audio.bench", "GPU kernel benchmarks: fused attention and encode vs SDPA"),
-    "codebooks": ("octopus_audio.codebooks", "inspect or regenerate the shipped Lloyd-Max codebooks"),
+    "generate": ("octopus_audio.aar_patch.generate_cli",
+                 "1 s of audio under a KV-cache codec (default: the embedded model and condition)"),
+    "eval": ("octopus_audio.eval.cli",
+             "every codec at every width against the uncompressed output: tables, plots, a listening page"),
+    "probe": ("octopus_audio.probe",
+              "synthetic codec tables: MSE, inner products, needle, equal-rate comparison"),
+    "bench": ("octopus_audio.bench", "(CUDA GPU) time the fused attention and encode kernels against SDPA"),
+    "codebooks": ("octopus_audio.codebooks", "list, verify or regenerate the shipped Lloyd-Max codebooks"),
     "train": ("octopus_audio.aar_patch.train", "train a small AAR-architecture model on a folder of audio"),
 }
+
+
+DESCRIPTION = """Compress the key-value cache of next-scale autoregressive audio models (AAR) with
+OCTOPUS and its peer codecs, and hear and measure what that does to the sound. Without
+checkpoints, every command uses the small embedded default model."""
+
+EPILOG = """examples:
+  octopus-audio generate --codec octopus --bits 2 --out out/gen
+      1 s of audio with a 2-bit OCTOPUS cache (default model, default condition)
+  octopus-audio generate --codec octopus --bits 2 --compare --out out/gen
+      the same, plus the uncompressed reference and one line of metrics against it
+  octopus-audio generate --codec octopus --k-bits 2 --v-bits 4 --clip my.wav --out out/gen
+      keys at 2 bits, values at 4, conditioned on your own clip
+  octopus-audio eval --out out/eval
+      every codec on the shipped clips; open out/eval/index.html to listen
+  octopus-audio probe --out out/probe
+      synthetic codec tables, rate-distortion curves, the equal-rate table
+
+`octopus-audio COMMAND --help` lists a command's flags; OCTOPUS_AUDIO_DEBUG=1 shows tracebacks."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +51,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="octopus-audio", description=__doc__)
+    from octopus_audio import __version__
+
+    parser = _Parser(prog="octopus-audio", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"octopus-audio {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():

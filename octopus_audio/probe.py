@@ -18,8 +18,14 @@ Gaussian queries:
 - effective bits per coordinate (the codec's packed format) and bytes per key measured from the state tensors.
 Then the octopus bit split sweep (dir_bits, rho_bits) = (b + delta, b - delta), delta in -2..2 (note the
 total bits per triplet 3b + delta change along the diagonal), and the rounding ablation scalar / local3x3 /
-full. Every seed chunk uses its own codec seed, and each seed in a chunk is a different head, so rotations
-differ across seeds as well as data. Where section 7 gives a figure, the report prints it beside ours.
+full. Rate-distortion: the codecs store different amounts at one nominal b, so MSE and inner-product error
+are also read against the key bits each codec stores per coordinate (its packed format, norms included): the
+"at equal rate" table puts each OCTOPUS codec's figure beside every other codec's curve read at the same
+rate (`octopus_audio.rate_distortion.value_at_rate`: log-linear between that codec's two nearest measured
+widths, no extrapolation), and states the difference whichever way it falls; with matplotlib installed the
+probe also draws the curves (`rd_mse.png`, `rd_ip_error.png`). Every seed chunk uses its own codec seed,
+and each seed in a chunk is a different head, so rotations differ across seeds as well as data. Where
+section 7 gives a figure, the report prints it beside ours.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from octopus_audio.errors import UsageError
 log = logging.getLogger(__name__)
 
 RATED_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+RD_METRICS = (("mse", "MSE/coord", "rd_mse.png"), ("ip_abs_error", "IP abs error", "rd_ip_error.png"))
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 DELTAS = (-2, -1, 0, 1, 2)
 NEEDLE_NORMS = ("sqrt_d", "gaussian")
@@ -272,12 +279,58 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
         "sweep": sweep,
         "ablation": ablation,
         "comparisons": _comparisons(c, rows, sweep, ablation, fp32_needle),
+        "equal_rate": equal_rate(rows),
         "paper": {k: (v if not isinstance(v, dict) else {str(kk): vv for kk, vv in v.items()})
                   for k, v in PAPER.items()},
         "environment": {"torch": torch.__version__, "python": platform.python_version(), "device": c.device,
                         "seconds": round(time.time() - start, 1)},
     }
     return results
+
+
+def equal_rate(rows: list[dict]) -> list[dict]:
+    """Per metric (MSE, inner-product error), OCTOPUS codec and b: its rate (key bits per coordinate) and
+    value, and every other codec's curve read at that rate (`rate_distortion.equal_rate`)."""
+    from octopus_audio.rate_distortion import equal_rate as read_at_rates
+
+    out = []
+    for metric, _, _ in RD_METRICS:
+        points: dict[str, list] = {}
+        for r in rows:
+            points.setdefault(r["codec"], []).append((r["bits_per_coordinate"], r[metric][0],
+                                                      f"{r['codec']} b={r['bits']}"))
+        bits = {(r["codec"], f"{r['codec']} b={r['bits']}"): r["bits"] for r in rows}
+        out += [{"metric": metric, "bits": bits[(e["codec"], e["label"])], **e}
+                for e in read_at_rates(points)]
+    return out
+
+
+def plot_rate_distortion(results: dict, out_dir: Path) -> list[str]:
+    """rd_mse.png and rd_ip_error.png: each codec's curve through its widths (the means over seeds) against
+    the key bits stored per coordinate, log error axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from octopus_audio.rate_distortion import draw_curves
+
+    rows, c = results["rows"], results["config"]
+    names = []
+    for metric, label, name in RD_METRICS:
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        curves = {codec: [(r["bits_per_coordinate"], r[metric][0]) for r in rows if r["codec"] == codec]
+                  for codec in dict.fromkeys(r["codec"] for r in rows)}
+        draw_curves(ax, curves)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{label} (log scale)")
+        ax.set_xlabel("key bits stored per coordinate (norms included)")
+        ax.set_title(f"{label} vs stored bits, d={c['d']}, {c['seeds']} seeds (lower is better)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, metadata={"Software": None})
+        names.append(name)
+    return names
 
 
 def _row(rows: list[dict], name: str, b: int) -> dict | None:
@@ -404,10 +457,30 @@ def render_markdown(results: dict) -> str:
             for e in entries:
                 gain = "-" if scalar is None else f"{1 - e['mse'][0] / scalar['mse'][0]:+.1%}"
                 lines.append(f"| {b} | {e['rounding']} | {_pm(e['mse'])} | {gain} |")
+    lines += render_equal_rate(results)
     env = results["environment"]
     lines += ["", f"torch {env['torch']}, python {env['python']}, device {env['device']}, "
               f"{env['seconds']} s", ""]
     return "\n".join(lines)
+
+
+def render_equal_rate(results: dict) -> list[str]:
+    """The "at equal rate" section: per metric, a row per OCTOPUS codec and b, a column per other codec."""
+    from octopus_audio.rate_distortion import equal_rate_table
+
+    entries = results.get("equal_rate") or []
+    if not entries:
+        return []
+    lines = ["", "## At equal rate", "",
+             "Each OCTOPUS codec at its measured rate (key bits stored per coordinate, norms and packing "
+             "included), beside every other codec's curve read at that rate: log-linear between that codec's "
+             "two nearest measured widths, '-' where the rate lies outside them (no extrapolation). The "
+             "difference is ours against theirs, lower error being better."]
+    codecs = list(dict.fromkeys(r["codec"] for r in results["rows"]))
+    for metric, label, _ in RD_METRICS:
+        lines += ["", f"### {label}", ""]
+        lines += equal_rate_table([e for e in entries if e["metric"] == metric], label, codecs)
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -443,4 +516,10 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "table.md").write_text(render_markdown(results))
     print(f"wrote {args.out / 'table.md'} and {args.out / 'results.json'}")
+    try:
+        plots = plot_rate_distortion(results, args.out)
+    except ModuleNotFoundError as e:
+        print(f"rate-distortion plots skipped: they need {e.name} (pip install 'octopus-audio[eval]')")
+    else:
+        print(f"wrote {', '.join(str(args.out / p) for p in plots)}")
     return 0

@@ -219,3 +219,29 @@ def test_overlapped_encode_reports_a_bad_unit(monkeypatch):
         with pytest.raises(ValueError) as later:
             cache.check()
         assert str(later.value) == str(now.value)
+
+
+@pytest.mark.parametrize("name", ["octopus", "turboquant-mse"])
+@pytest.mark.parametrize("bits,v_bits", [(2, 4), (4, 3)], ids=["k2v4", "k4v3"])
+def test_fused_store_with_value_bits_of_their_own(name, bits, v_bits, monkeypatch):
+    """Keys at `bits`, values at `v_bits`: the fused store equals the separate encodes bit for bit, its value
+    codes are the reference quantizer's at `v_bits`, and its attention is the reference's."""
+    from octopus_audio.values import ValueQuantizer
+
+    units = _units(seed=7)
+    q = torch.randn(B, 2 * H, 3, D, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
+    options = dict(window=1, seed=4, v_bits=v_bits, defer_checks=True)
+    fused = _fill(CompressedKVCache(name, bits, D, **options), units)
+    assert fused._fused is not None and fused.value_quantizer.bits == v_bits
+    _unfused(monkeypatch)
+    plain = _fill(CompressedKVCache(name, bits, D, **options), units)
+    for got, want in zip(fused.store.valid(), plain.store.valid(), strict=True):
+        for field, t in want.tensors().items():
+            assert torch.equal(getattr(got, field).cpu(), t.cpu()), field
+    stored_v = torch.cat([v for _, v in units[:-1]], dim=2).cpu()
+    expected = ValueQuantizer(v_bits, D).encode(stored_v)
+    values = fused.store.valid()[1]
+    for field in ("codes", "scale", "minimum"):
+        assert torch.equal(getattr(values, field).cpu(), getattr(expected, field)), field
+    torch.testing.assert_close(fused.attend(q, 0.125).float().cpu(),
+                               fused.attend_reference(q, 0.125).float().cpu(), rtol=2e-2, atol=2e-2)

@@ -50,7 +50,7 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     import octopus_audio.aar_patch as aar_patch
     from octopus_audio.cli import main
 
-    assert "| octopus | 2 | 1 |" in printed and "index.html" in printed
+    assert "| octopus | 2 | 2 | 1 |" in printed and "index.html" in printed
 
     results = json.loads((out / "results.json").read_text())
     assert results["failures"] == []
@@ -62,7 +62,7 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     assert (none["lsd_db"]["mean"], none["snr_db"]["mean"], none["latent_cos"]["mean"]) == (0.0, 120.0, 1.0)
     assert (none["tf_top1"]["mean"], none["tf_kl_nats"]["mean"]) == (1.0, 0.0)  # teacher-forced too
     octo = groups[("octopus", 2)]
-    assert octo["clips_ok"] == 1 and octo["ratio"]["mean"] > 1.0 and octo["k_bits"]["mean"] < 16.0
+    assert octo["clips_ok"] == 1 and octo["ratio"]["mean"] > 1.0 and octo["k_bits_per_coord"]["mean"] < 16.0
     assert octo["metrics"]["snr_db"]["mean"] < 120.0
     top1, kl = octo["metrics"]["tf_top1"]["mean"], octo["metrics"]["tf_kl_nats"]["mean"]
     assert 0.0 <= top1 <= 1.0 and 0.0 < kl < float("inf")

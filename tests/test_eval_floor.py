@@ -74,14 +74,15 @@ def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
     md = (out / "table.md").read_text()
     (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {FLOOR} |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:3] == [FLOOR, "-", "2"] and cells[-5:] == ["-"] * 5  # TF top-1, TF KL, KV ratio, K/V bits
+    assert cells[:4] == [FLOOR, "-", "-", "2"]
+    assert cells[-6:] == ["-"] * 6  # TF top-1, TF KL, K+V bits, KV ratio, K/V bits
     assert "sampled with seed 4 against the uncompressed reference (seed 3)" in md
     table = csv.DictReader(io.StringIO((out / "table.csv").read_text()))
     (csv_row,) = [r for r in table if r["codec"] == FLOOR]
     assert csv_row["bits"] == "" and csv_row["tf_kl_nats_mean"] == "" and csv_row["ratio_mean"] == ""
     assert float(csv_row["snr_db_mean"]) == pytest.approx(np.mean([r["metrics"]["snr_db"] for r in floors]))
     page = (out / "index.html").read_text()
-    assert f"<th>{FLOOR}</th>" in page and "src='wav/clip1__00_reference_other_seed.wav'" in page
+    assert f"<b>{FLOOR}</b>" in page and "src='wav/clip1__00_reference_other_seed.wav'" in page
     assert "src='spec/clip1__00_reference_other_seed.png'" in page and "(seed 4)" in page
 
 
@@ -136,4 +137,5 @@ def test_the_cli_flag_turns_both_floors_off(tmp_path, monkeypatch, flags, floor)
                  "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
                  "--device", "cpu", *flags]) == 0
     assert seen["config"].floor is floor and seen["config"].bf16_floor is floor
-    assert seen["config"].jobs()[:2] == ([(FLOOR, None), (KV_FLOOR, None)] if floor else [("octopus", 2)])
+    assert seen["config"].jobs()[:2] == ([(FLOOR, None, None), (KV_FLOOR, None, None)] if floor
+                                         else [("octopus", 2, 2)])

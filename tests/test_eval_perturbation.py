@@ -209,14 +209,14 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
     md = (out / "table.md").read_text()
     (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {KV_FLOOR} |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:3] == [KV_FLOOR, "-", "1"] and cells[-3:] == ["-"] * 3  # KV ratio, K/V bits
-    assert all(c != "-" for c in cells[3:-3])  # sampled and teacher-forced metrics
+    assert cells[:4] == [KV_FLOOR, "-", "-", "1"] and cells[-4:] == ["-"] * 4  # K+V bits, KV ratio, K/V bits
+    assert all(c != "-" for c in cells[4:-4])  # sampled and teacher-forced metrics
     kl = row["metrics"]["tf_kl_nats"]  # a tiny KL in scientific notation, never a misleading 0.00000
-    assert cells[8] == ("0.00000 [0.00000, 0.00000]" if bf16_cache else f"{kl:.2e} [{kl:.2e}, {kl:.2e}]")
+    assert cells[9] == ("0.00000 [0.00000, 0.00000]" if bf16_cache else f"{kl:.2e} [{kl:.2e}, {kl:.2e}]")
     assert "every key and value rounded to bfloat16 as it enters the KV cache" in md
     assert "sampling floor" not in md  # the other floor is off
     page = (out / "index.html").read_text()
-    assert f"<th>{KV_FLOOR}</th>" in page and "src='wav/clip0__00_reference_bf16_kv.wav'" in page
+    assert f"<b>{KV_FLOOR}</b>" in page and "src='wav/clip0__00_reference_bf16_kv.wav'" in page
 
 
 # --- resume and the CLI, with the runner tests' fake model ----------------------------------------------
@@ -290,6 +290,7 @@ def test_bf16_floor_must_be_a_bool():
     with pytest.raises(UsageError, match="bf16_floor must be True or False"):
         EvalConfig(codecs=("octopus",), bf16_floor=1)
     off, on = EvalConfig(codecs=("octopus",)), EvalConfig(codecs=("octopus",), bf16_floor=True)
-    assert off.jobs() == [(FLOOR, None), ("octopus", 2), ("octopus", 3), ("octopus", 4)]  # opt-in here
-    assert on.jobs()[:2] == [(FLOOR, None), (KV_FLOOR, None)]
+    assert off.jobs() == [(FLOOR, None, None), ("octopus", 2, 2), ("octopus", 3, 3),
+                          ("octopus", 4, 4)]  # opt-in here
+    assert on.jobs()[:2] == [(FLOOR, None, None), (KV_FLOOR, None, None)]
     assert off.identity() == on.identity()  # a rerun into the same folder may add the row

@@ -36,9 +36,9 @@ def test_tables_agree_with_the_rows(report_dir):
     assert (meta["model"], meta["conditioner"], meta["seed"]) == ("fake-aar", "fake-cond", 3)
     assert meta["clip_count"] == 3
     table = list(csv.DictReader(io.StringIO((report_dir / "table.csv").read_text())))
-    assert [(r["codec"], r["bits"]) for r in table] == [
-        ("reference (other seed)", ""), ("none", ""), ("octopus", "2"), ("octopus", "4"),
-        ("turboquant-mse", "2"), ("turboquant-mse", "4")]
+    assert [(r["codec"], r["bits"], r["v_bits"]) for r in table] == [
+        ("reference (other seed)", "", ""), ("none", "", ""), ("octopus", "2", "2"), ("octopus", "4", "4"),
+        ("turboquant-mse", "2", "2"), ("turboquant-mse", "4", "4")]
     for line in table:
         bits = int(line["bits"]) if line["bits"] else None
         ok = [r for r in rows if r["codec"] == line["codec"] and r["bits"] == bits and r["status"] == "ok"]
@@ -52,12 +52,12 @@ def test_tables_agree_with_the_rows(report_dir):
             assert float(line[f"{key}_min"]) == values.min() and float(line[f"{key}_max"]) == values.max()
             assert float(line[f"{key}_mean"]) == pytest.approx(values.mean(), rel=1e-12)
     md = (report_dir / "table.md").read_text()
-    assert md.count("\n| octopus | 2 | 2 (1 failed) |") == 1
-    assert "| octopus | 4 | 0 (3 failed) | - |" in md
+    assert md.count("\n| octopus | 2 | 2 | 2 (1 failed) |") == 1
+    assert "| octopus | 4 | 4 | 0 (3 failed) | - |" in md
     assert "| TF top-1 agreement mean [min, max] | TF KL (nats/token) mean [min, max] |" in md
     assert "teacher-forced" in md and "isolates the codec's error from the divergence of sampling" in md
     # codec none through the patch: six exact metrics (LSD, MSE, SNR, cosine, TF top-1, TF KL)
-    assert ("| none | native | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
+    assert ("| none | native | native | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
             "120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | 1.0000 [1.0000, 1.0000] | "
             "0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
@@ -156,7 +156,37 @@ CHECK = """(async () => {
     probe.onerror = () => done({src: a.getAttribute('src'), ok: false});
     probe.src = a.src;
   })));
-  return {images, audio};
+  const root = document.documentElement;
+  return {images, audio, scroll_width: root.scrollWidth, client_width: root.clientWidth};
+})()"""
+
+# The A/B switch on the first codec cell: paused (the position moves across), playing (the other side plays on
+# from where this one was), and from the keyboard (x repeats the last switch).
+AB = """(async () => {
+  const sleep = ms => new Promise(r => setTimeout(r, ms));
+  const ready = m => m.readyState >= 1 ? Promise.resolve() : new Promise(r => {
+    m.addEventListener('loadedmetadata', r, {once: true}); m.load(); });
+  const btn = document.querySelector('button.ab');
+  const a = document.getElementById(btn.dataset.a), b = document.getElementById(btn.dataset.b);
+  await ready(a); await ready(b);
+  const out = {a: a.getAttribute('src'), b: b.getAttribute('src')};
+  a.currentTime = 0.1; await sleep(50);
+  btn.click(); await sleep(50);
+  out.paused = {b_time: b.currentTime, pressed: btn.getAttribute('aria-pressed'), b_paused: b.paused};
+  b.currentTime = 0.2; await sleep(50);
+  document.dispatchEvent(new KeyboardEvent('keydown', {key: 'x'})); await sleep(50);
+  out.key = {a_time: a.currentTime, pressed: btn.getAttribute('aria-pressed')};
+  a.currentTime = 0.02;
+  await a.play(); await sleep(60);
+  const before = a.currentTime;
+  btn.click();
+  const after = b.currentTime;
+  await sleep(60);
+  out.playing = {a_before: before, b_start: after, a_paused: a.paused, b_time: b.currentTime,
+                 b_playing: !b.paused || b.ended};
+  btn.focus();
+  out.focus = document.activeElement === btn;
+  return out;
 })()"""
 
 
@@ -164,12 +194,13 @@ def chromium_binary():
     return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
 
 
-def check_page(page: Path, profile: Path, screenshot: Path | None = None) -> dict:
-    """Load the page in headless Chromium, wait for its load event, then check every image and (by loading
-    its metadata) every audio source; page errors are the console's error entries and uncaught exceptions."""
+def check_page(page: Path, profile: Path, screenshot: Path | None = None, extra: str | None = None) -> dict:
+    """Load the page in headless Chromium at 1400 x 1000, wait for its load event, then check every image
+    and (by loading its metadata) every audio source, and the page's width; page errors are the console's
+    error entries and uncaught exceptions. `extra`: one more script whose value comes back as `extra`."""
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}"]
+             "--autoplay-policy=no-user-gesture-required", f"--user-data-dir={profile}"]
     cdp = PipeCDP(chromium_binary(), flags)
     try:
         target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -180,8 +211,16 @@ def check_page(page: Path, profile: Path, screenshot: Path | None = None) -> dic
                  {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False}, session=sid)
         cdp.send("Page.navigate", {"url": page.as_uri()}, session=sid)
         cdp.wait_event("Page.loadEventFired")
-        found = cdp.send("Runtime.evaluate", {"expression": CHECK, "awaitPromise": True,
-                                              "returnByValue": True}, session=sid)["result"]["value"]
+
+        def run(expression: str) -> dict:
+            answer = cdp.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                   "returnByValue": True}, session=sid)
+            assert "exceptionDetails" not in answer, answer["exceptionDetails"]
+            return answer["result"]["value"]
+
+        found = run(CHECK)
+        if extra is not None:
+            found["extra"] = run(extra)
         if screenshot is not None:
             shot = cdp.send("Page.captureScreenshot", {"format": "png"}, session=sid)
             screenshot.write_bytes(base64.b64decode(shot["data"]))
@@ -198,23 +237,40 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     if chromium_binary() is None:
         pytest.skip("chromium is not installed (Debian package `chromium`); .ci/run installs it")
     page = report_dir / "index.html"
-    srcs = re.findall(r"<(?:audio|img)[^>]* src='([^']+)'", page.read_text())
+    text = page.read_text()
+    srcs = re.findall(r"<(?:audio|img)[^>]* src='([^']+)'", text)
     assert srcs and all((report_dir / s).is_file() for s in srcs)
+    assert str(report_dir.parent) not in text  # every path relative to the report (clip origins too)
+    assert "../clips/clip0.wav" in text
 
     shot = tmp_path / "index.png"
-    found = check_page(page, tmp_path / "profile", screenshot=shot)
+    found = check_page(page, tmp_path / "profile", screenshot=shot, extra=AB)
     print(f"\nlistening-page screenshot: {shot}")
     assert found["errors"] == []
+    assert found["scroll_width"] <= found["client_width"] <= 1400  # no sideways scrolling at 1400 px
     images = found["images"]
-    assert len(images) == len(METRIC_KEYS) + 2 * 7 and all(i["ok"] for i in images), images
-    assert len(found["audio"]) == 2 * 7 and all(a["ok"] for a in found["audio"]), found["audio"]
+    # the plots, then per clip 13 spectrograms: input, reference, floor, none, 2 codecs x 2 widths ... and
+    # the failed rows' cells, which have none (clip0 and clip1 lack octopus b4)
+    players = 2 * (3 + 1 + 4 - 1)
+    assert len(images) == len(METRIC_KEYS) + players and all(i["ok"] for i in images), images
+    assert len(found["audio"]) == players and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
-    assert durations["wav/clip0__00_input.wav"] == pytest.approx(10.0)
+    assert durations["wav/clip0__00_input.wav"] == pytest.approx(0.5)  # the clip's own length, not 10 s
     assert durations["wav/clip1__turboquant-mse_b4.wav"] == pytest.approx(0.25)
     assert durations["wav/clip1__00_reference_other_seed.wav"] == pytest.approx(0.25)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "injected generation failure" in page.read_text()
-    assert "cos 1.0000; TF top-1 1.0000, KL 0.00000" in page.read_text()  # a codec-none cell
+    assert "injected generation failure" in text
+    assert "cos 1.0000; TF top-1 1.0000, KL 0.00000" in text  # a codec-none cell
+
+    ab = found["extra"]
+    assert (ab["a"], ab["b"]) == ("wav/clip0__00_reference.wav", "wav/clip0__00_reference_other_seed.wav")
+    assert ab["paused"] == {"b_time": pytest.approx(0.1, abs=1e-3), "pressed": "true", "b_paused": True}
+    assert ab["key"] == {"a_time": pytest.approx(0.2, abs=1e-3), "pressed": "false"}
+    playing = ab["playing"]
+    assert playing["a_before"] > 0.02 and playing["a_paused"]  # A played, then stopped at the switch
+    assert playing["b_start"] == pytest.approx(playing["a_before"], abs=0.02)  # B took A's position
+    assert playing["b_playing"] and playing["b_time"] >= playing["b_start"]
+    assert ab["focus"]
 
     # the check notices missing files: a copy of the report with one image and one WAV gone
     broken = tmp_path / "broken"

@@ -5,6 +5,7 @@ by test_eval_report.py and the torchrun child."""
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,20 +87,21 @@ def fake_teacher_forced(pipe, cond_BD, tokens, cfg):
 
 
 class FakeStats:
-    def __init__(self, bits):
+    def __init__(self, bits, v_bits=None):
         self.bits = bits
+        self.v_bits = bits if v_bits is None else v_bits
 
     def as_dict(self):  # the shape of aar_patch's CacheStats.as_dict()
-        b = self.bits
-        return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": b + 2.0},
+        b, vb = self.bits, self.v_bits
+        return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": vb + 2.0},
                 "layers": []}
 
 
 @contextlib.contextmanager
-def fake_compressed_kv(pipe, codec, bits, window, v_group, seed):
-    pipe.active = (codec, bits)
+def fake_compressed_kv(pipe, codec, bits, window, v_group, seed, v_bits=None):
+    pipe.active = (codec, bits)  # the fake's noise follows the key bits
     try:
-        yield type("Handle", (), {"stats": lambda self: FakeStats(bits)})()
+        yield type("Handle", (), {"stats": lambda self: FakeStats(bits, v_bits)})()
     finally:
         pipe.active = None
 
@@ -391,6 +393,59 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     per_rank = [len((tmp_path / "two" / "rows" / s).read_text().splitlines()) for s in shards]
     assert per_rank == [3 * 6, 2 * 6]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1 (6 rows: floor + 5 jobs)
     assert report_files(tmp_path / "two") == report_files(tmp_path / "one")
+
+
+def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
+    clips = make_clips(tmp_path / "clips", n=1)
+    cfg = EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 4), seed=3, floor=False)
+    assert cfg.jobs() == [("octopus", 2, 2), ("octopus", 2, 4)]
+    assert EvalConfig(codecs=("octopus",), bits=(2, 3)).bit_pairs() == [(2, 2), (3, 3)]
+    assert EvalConfig(codecs=("octopus",), bits=(2, 3), k_bits=(4,)).bit_pairs() == [(4, 2), (4, 3)]
+    run_fake(clips, tmp_path / "out", cfg=cfg)
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(r["bits"], r["v_bits"], r["kv"]["v_bits"]) for r in rows] == [(2, 2, 4.0), (2, 4, 6.0)]
+    assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == ["clip0__octopus_b2.wav",
+                                                                       "clip0__octopus_k2v4.wav"]
+    md = (out / "table.md").read_text()
+    assert "| codec | K bits | V bits | clips |" in md
+    assert re.search(r"\n\| octopus \| 2 \| 4 \| 1 \|.*\| 4\.125 \| 6\.40 \| 2\.25 \| 6\.00 \|\n", md), md
+    page = (out / "index.html").read_text()
+    assert "<th>K2 V4</th>" in page and "src='wav/clip0__octopus_k2v4.wav'" in page
+
+    # rows written before value widths were recorded read as keys and values at one width: nothing reruns
+    log = out / "rows" / "rank0.jsonl"
+    old = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "v_bits"}) + "\n" for r in old
+                           if r["v_bits"] == r["bits"]) + json.dumps(old[1]) + "\n")
+    pipe = FakePipe()
+    run_fake(clips, out, pipe=pipe, cfg=cfg)
+    assert pipe.calls == 0
+    pipe = FakePipe()  # another value width extends the run by its own row
+    run_fake(clips, out, pipe=pipe, cfg=EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 3, 4), seed=3,
+                                                   floor=False))
+    assert pipe.calls == 1
+
+
+def test_cli_bit_width_flags(tmp_path, monkeypatch, capsys):
+    import octopus_audio.eval.runner as runner
+    from octopus_audio.cli import main
+
+    seen = {}
+    monkeypatch.setattr(runner, "evaluate", lambda refs, out, config, *a, **kw: seen.update(config=config))
+    clips = make_clips(tmp_path / "clips", n=1)
+    base = ["eval", "--clips", str(clips), "--codecs", "octopus", "--clap", "spectral", "--no-progress",
+            "--device", "cpu", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    assert main(base + ["--k-bits", "2,3", "--v-bits", "4"]) == 0
+    assert seen["config"].bit_pairs() == [(2, 4), (3, 4)]
+    assert main(base + ["--bits", "3", "--v-bits", "2,4"]) == 0
+    assert seen["config"].bit_pairs() == [(3, 2), (3, 4)]
+    assert main(base + ["--v-bits", "x"]) == 2
+    assert "--v-bits must be a comma list of integers" in capsys.readouterr().err
+    assert main(base + ["--k-bits", "8"]) == 2
+    assert "octopus does not take --k-bits 8" in capsys.readouterr().err
+    assert main(base + ["--v-bits", "9"]) == 2
+    assert "--v-bits 9: values take 1..8 bits" in capsys.readouterr().err
 
 
 def tone(path: Path, freq: float, seconds: float = 0.5, rate: int = 24000) -> Path:

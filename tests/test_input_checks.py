@@ -57,15 +57,16 @@ def eval_argv(root: Path, *extra: str, out: Path | None = None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def prior_run(tmp_path_factory) -> Path:
-    """An eval run made by the CLI, to rerun with something changed: a copy of the embedded default model
-    under the names aar.pth / sat.pth, one 0.5 s clip, `--codecs none --no-floor`."""
+    """An eval run made by the CLI, to rerun with something changed: the embedded default model written as
+    released-format checkpoints aar.pth / sat.pth, one 0.5 s clip, `--codecs none --no-floor`."""
     from octopus_audio.aar_patch.default_model import default_paths
+    from octopus_audio.tensorfile import load_tensors
 
     root = tmp_path_factory.mktemp("prior")
     aar, sat = default_paths()
     (root / "ckpt").mkdir()
-    shutil.copy(aar, root / "ckpt" / "aar.pth")
-    shutil.copy(sat, root / "ckpt" / "sat.pth")
+    torch.save({"model_state_dict": load_tensors(aar)[0]}, root / "ckpt" / "aar.pth")
+    torch.save({"generator_state_dict": load_tensors(sat)[0]}, root / "ckpt" / "sat.pth")
     tone(root / "clips" / "tone.wav")
     threads = torch.get_num_threads()
     try:

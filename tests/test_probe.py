@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 
 from octopus_audio.cli import main
 from octopus_audio.probe import ProbeConfig, render_markdown, run_probe
+from octopus_audio.rate_distortion import relative_difference, value_at_rate
 
 BITS = (2, 3, 4)
 
@@ -89,6 +92,44 @@ def test_probe_command_writes_table_and_json(tmp_path, capsys):
     assert {r["codec"] for r in results["rows"]} == {"octopus", "turboquant-mse"}
     assert {e["rounding"] for e in results["ablation"]} == {"scalar", "local3x3", "full"}
     assert "octopus" in (out / "table.md").read_text()
+    pytest.importorskip("matplotlib")
+    for name in ("rd_mse.png", "rd_ip_error.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_value_at_rate_reads_a_curve_log_linearly():
+    # turboquant-mse at d=128 (DESIGN section 7 per vector; 2.125 and 3.125 stored bits per coordinate) read
+    # at 2.46 bits: the issue's hand figure, about 0.077
+    curve = [(3.125, 0.0340), (2.125, 0.1160)]
+    assert value_at_rate(curve, 2.46) == pytest.approx(0.0769, abs=5e-4)
+    assert value_at_rate(curve, 2.125) == 0.1160 and value_at_rate(curve, 3.125) == 0.0340
+    assert value_at_rate(curve, 2.0) is None and value_at_rate(curve, 3.2) is None  # no extrapolation
+    assert value_at_rate(curve, 2.625, log=False) == pytest.approx(0.075)
+    assert relative_difference(0.0836, 0.077) == "8.6% higher"
+    assert relative_difference(0.05, 0.1) == "50.0% lower" and relative_difference(1.0, 1.0) == "equal"
+
+
+def test_equal_rate_table_reads_each_peer_at_octopus_rate(small_probe):
+    entries = small_probe["equal_rate"]
+    assert {e["metric"] for e in entries} == {"mse", "ip_abs_error"}
+    assert {e["codec"] for e in entries} == {"octopus", "octopus-qjl"}
+    for e in entries:
+        curve = sorted((r["bits_per_coordinate"], r[e["metric"]][0]) for r in small_probe["rows"]
+                       if r["codec"] == e["peer"])
+        xs, ys = np.array(curve).T
+        assert e["rate"] == _row(small_probe, e["codec"], e["bits"])["bits_per_coordinate"]
+        if xs[0] <= e["rate"] <= xs[-1]:
+            assert e["peer_value"] == pytest.approx(np.exp(np.interp(e["rate"], xs, np.log(ys))), rel=1e-12)
+            assert e["relative_difference"] == pytest.approx(e["value"] / e["peer_value"] - 1)
+        else:
+            assert e["peer_value"] is None and e["relative_difference"] is None
+    # octopus b=2 (2.625 bits) lies inside every peer's measured range; b=4 (4.625) beyond the peers' b=4
+    inside = [e for e in entries if (e["codec"], e["bits"], e["metric"]) == ("octopus", 2, "mse")]
+    assert {e["peer"] for e in inside if e["peer_value"] is not None} == {"turboquant-mse", "turboquant-qjl",
+                                                                          "polarquant"}
+    text = render_markdown(small_probe)
+    assert "## At equal rate" in text and "- (measured 2.125..4.125)" in text
+    assert re.search(r"\| octopus b=2 \| 2\.625 \| \S+ \| \S+: octopus \d+\.\d% (lower|higher) \|", text)
 
 
 @pytest.mark.parametrize("argv,needle", [

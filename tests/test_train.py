@@ -289,16 +289,22 @@ def test_usage_errors(packed, tmp_path):
 # --- the shipped default model -----------------------------------------------------------------------------
 
 def test_shipped_default_model_loads_strictly_within_budget():
-    from octopus_audio.aar_patch.default_model import default_paths
+    from octopus_audio.aar_patch.default_model import default_model_dir, default_paths
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS
+    from octopus_audio.tensorfile import load_tensors
 
-    aar_path, sat_path = default_paths()
-    assert aar_path.stat().st_size + sat_path.stat().st_size <= 20_000_000
-    pipe = load_aar(aar_path, sat_path)
+    folder = default_model_dir()
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == [
+        "aar.safetensors", "config.json", "default_condition.npy", "sat.safetensors"]
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= 20_000_000
+    pipe = load_aar(folder)
     assert pipe.aar.config.head_dim == 64
     assert tuple(pipe.aar.config.patch_nums) == RELEASE_PATCH_NUMS and pipe.aar.config.seq_len == 455
     assert pipe.sat.config.codebook_size == pipe.aar.config.vocab_size
-    for path, key in ((aar_path, "model_state_dict"), (sat_path, "generator_state_dict")):
-        sd = torch.load(path, weights_only=True)[key]
-        assert {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float16}
+    for path in default_paths():
+        tensors, meta = load_tensors(path)
+        assert {v.dtype for v in tensors.values() if v.is_floating_point()} == {torch.float16}
+        assert meta["format"] == "octopus-audio-model"
+    as_pair = load_aar(*default_paths()).state_dict()  # the two files alone load the same weights
+    assert all(torch.equal(v, as_pair[k]) for k, v in pipe.state_dict().items())
