@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--codec", default="none", help="KV-cache codec (default: none, uncompressed)")
+    parser.add_argument("--codec", default=None, help="KV-cache codec (default: none, uncompressed)")
     parser.add_argument("--bits", type=int, default=None, help="bits per key coordinate (compressed codecs)")
     parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
@@ -50,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     device = _device(args.device)
     cond_BE = _load_condition(args, device)
-    tag = "none" if args.codec == "none" else f"{args.codec}-b{args.bits}"
+    from octopus_audio.codecs import UNCOMPRESSED, codec_class
+
+    tag = f"{args.codec}-b{args.bits}" if codec_class(args.codec).compressed else args.codec
     stem = (args.cond or args.clip).stem
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
-    ref_wavs = [w.with_name(w.name.replace(f"_{tag}.wav", "_none.wav")) for w in wavs] if args.compare else []
+    ref_wavs = ([w.with_name(w.name.replace(f"_{tag}.wav", f"_{UNCOMPRESSED}.wav")) for w in wavs]
+                if args.compare else [])
     _refuse_existing(wavs + ref_wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
 
     pipe = load_aar(args.aar, args.sat, device=device)
@@ -85,15 +88,18 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
-    from octopus_audio.codecs import CODECS
+    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, UNCOMPRESSED, codec_class
 
+    if args.codec is None:
+        args.codec = UNCOMPRESSED
     if args.codec not in CODECS:
         raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
-    if args.codec != "none" and args.bits is None:
+    compressed = codec_class(args.codec).compressed
+    if compressed and args.bits is None:
         raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
-    if args.compare and args.codec == "none":
-        raise UsageError("--compare compares a compressed cache with the uncompressed reference; pass a "
-                         "--codec other than none (for example --codec octopus --bits 2)")
+    if args.compare and not compressed:
+        raise UsageError(f"--compare compares a compressed cache with the uncompressed reference; pass a "
+                         f"--codec other than {UNCOMPRESSED} (for example --codec {DEFAULT_CODEC} --bits 2)")
 
 
 def _device(choice: str) -> str:

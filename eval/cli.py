@@ -67,10 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_codecs(text: str) -> tuple[str, ...]:
-    from octopus_audio.eval.runner import codec_names
+    from octopus_audio.codecs import compressed_codecs
 
     if text.strip() == "all":
-        return tuple(c for c in codec_names() if c != "none")
+        return compressed_codecs()
     return tuple(c.strip() for c in text.split(",") if c.strip())
 
 
@@ -124,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
         EvalConfig,
         LazyBackend,
         evaluate,
-        require_patch,
         resolve_device,
     )
     from octopus_audio.eval.sources import DatasetSpec, list_clips
@@ -144,10 +143,6 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = Path(args.cache_dir or Path.home() / ".cache" / "octopus-audio" / "conditioning")
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
-
-    import octopus_audio.aar_patch as aar_patch
-
-    require_patch(config, getattr(aar_patch, "compressed_kv", None))
 
     def make_backend(dev: str) -> LazyBackend:
         return LazyBackend(lambda: AARBackend(load_model(args.aar, args.sat, dev), config, name, dev), name)

@@ -55,8 +55,6 @@ from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-# The codec names of DESIGN section 2, used only while octopus_audio.CODECS is not importable.
-DESIGN_CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 SETTINGS_FILE = "settings.json"
@@ -71,16 +69,23 @@ def floor_seed(seed: int) -> int:
 
 
 def codec_names() -> tuple[str, ...]:
-    try:
-        from octopus_audio import CODECS
-    except ImportError:
-        return DESIGN_CODECS
+    """The registered codecs (octopus_audio.CODECS)."""
+    from octopus_audio.codecs import CODECS
+
     return tuple(CODECS)
+
+
+def compresses(codec: str) -> bool:
+    """Whether a registered codec compresses (the native one gets a single row, without bits)."""
+    from octopus_audio.codecs import codec_class
+
+    return codec_class(codec).compressed
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch);
+    """What is generated for each clip. `codecs` may include the native codec (one row, no bits: it checks the
+    patch);
     `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
     the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
     turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in."""
@@ -106,20 +111,20 @@ class EvalConfig:
                 raise UsageError(f"unknown codec {c!r}; accepted: all or a comma list of {', '.join(known)}")
         if len(set(self.codecs)) != len(self.codecs):
             raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
-        if any(c != "none" for c in self.codecs):
+        if any(compresses(c) for c in self.codecs):
             if not self.bits or any(not isinstance(b, int) or not 1 <= b <= 8 for b in self.bits):
                 raise UsageError(f"--bits must be a comma list of integers from 1 to 8, got {self.bits!r}")
             if len(set(self.bits)) != len(self.bits):
                 raise UsageError(f"--bits {self.bits!r} names a width twice")
-            from octopus_audio.codecs import SUPPORTED_BITS, get_codec
+            from octopus_audio.codecs import get_codec, supported_bits
 
             for c, b in self.jobs():
-                if c not in ("none", FLOOR, KV_FLOOR):
+                if b is not None:
                     try:  # the codec's own validation, before any clip is generated
                         get_codec(c, b, 64)
                     except ValueError as e:
                         raise UsageError(f"{c} does not take --bits {b} "
-                                         f"(it takes {SUPPORTED_BITS[c]})") from e
+                                         f"(it takes {supported_bits(c)})") from e
         if not isinstance(self.seed, int) or self.seed < 0:
             raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
         for name in ("floor", "bf16_floor"):
@@ -134,12 +139,12 @@ class EvalConfig:
 
     def jobs(self) -> list[tuple[str, int | None]]:
         """(codec, bits) pairs in report order: the sampling floor (FLOOR, None) and the bf16-KV floor
-        (KV_FLOOR, None) first when on, then the codecs; `none` gets bits None."""
+        (KV_FLOOR, None) first when on, then the codecs; one that does not compress gets bits None."""
         out: list[tuple[str, int | None]] = [(FLOOR, None)] if self.floor else []
         if self.bf16_floor:
             out.append((KV_FLOOR, None))
         for c in self.codecs:
-            out.extend([(c, None)] if c == "none" else [(c, b) for b in self.bits])
+            out.extend([(c, b) for b in self.bits] if compresses(c) else [(c, None)])
         return out
 
     def identity(self) -> dict:
@@ -178,14 +183,6 @@ class Backend(Protocol):
         and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
 
 
-def require_patch(config: EvalConfig, compressed_kv_fn: Callable | None) -> None:
-    """Fail before any work when a codec other than `none` is asked for and the patch is missing."""
-    needs_patch = [c for c in config.codecs if c != "none"]
-    if needs_patch and compressed_kv_fn is None:
-        raise RuntimeError(f"codec {needs_patch[0]} needs octopus_audio.aar_patch.compressed_kv, which "
-                           f"this build does not have yet; only --codecs none can run")
-
-
 class LazyBackend:
     """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
 
@@ -218,13 +215,6 @@ class LazyBackend:
         return self.backend.bf16_kv()
 
 
-class _Unpatched:
-    """The handle for codec `none` while the patch does not exist: the plain model, no cache accounting."""
-
-    def stats(self) -> dict:
-        return {}
-
-
 class AARBackend:
     """`octopus_audio.aar_patch` behind the runner's interface.
 
@@ -246,14 +236,13 @@ class AARBackend:
         self.device = device
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
-        self._compressed_kv = compressed_kv_fn or getattr(aar_patch, "compressed_kv", None)
+        self._compressed_kv = compressed_kv_fn or aar_patch.compressed_kv
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
         if rounded_kv_fn is None:
             from octopus_audio.eval.kv_rounding import rounded_kv_cache as rounded_kv_fn
         self._rounded_kv = rounded_kv_fn
-        require_patch(config, self._compressed_kv)
 
     def _cond(self, cond_D: np.ndarray):
         import torch
@@ -280,8 +269,6 @@ class AARBackend:
 
     def compressed(self, codec: str, bits: int | None):
         c = self.config
-        if self._compressed_kv is None and codec == "none":
-            return contextlib.nullcontext(_Unpatched())
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
                                    v_group=c.v_group, seed=c.patch_seed)
 

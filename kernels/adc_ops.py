@@ -7,7 +7,7 @@ import math
 import torch
 
 from .adc_decode import _adc_attn_kernel, _merge_splits_kernel, _octopus_tables_kernel
-from .launch import _cdiv, _hadamard, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
+from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
 from .spec import KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
@@ -28,19 +28,19 @@ def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
         return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
         return f"{n_rows} query rows per KV head (the table path takes 1)"
-    if not codec.name.startswith("octopus"):
-        return f"codec {codec.name} (the table path serves octopus and octopus-qjl)"
+    if codec.decode != "triplet":
+        return f"the {codec.decode} decode (the table path serves the triplet section)"
     if table_entries(codec)[0] > MAX_ENTRIES:
-        return f"a direction table of {4 ** codec.b_dir} entries (at most {MAX_ENTRIES})"
+        return f"a direction table of {4 ** codec.param('b_dir')} entries (at most {MAX_ENTRIES})"
     return None
 
 
 def table_entries(codec: KernelCodec) -> tuple[int, bool]:
     """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
-    folded = 1 << codec.key_code_bits
-    if folded <= FOLD_ENTRIES or codec.b_rho == 0:
+    folded = 1 << codec.code_bits
+    if folded <= FOLD_ENTRIES or codec.param("b_rho") == 0:
         return folded, True
-    return 4 ** codec.b_dir, False
+    return 4 ** codec.param("b_dir"), False
 
 
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
@@ -94,7 +94,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     rows = b * h
     t_cap = keys.codes.shape[2]
     entries, fold = table_entries(codec)
-    n_trip = codec.key_codes
+    n_trip = codec.num_codes
     q = q_BHTD.contiguous()
 
     lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
@@ -102,9 +102,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
     tp = 16
     _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
-        q, codec.rotation_signs, qjl_signs, _hadamard(d, dev), codec.directions, codec.centroids, lut, qlut,
+        q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
+        codec.table("centroids"), lut, qlut,
         h, 1.0 / math.sqrt(d), qk_scale,
-        D=d, L=n_trip, B_RHO=codec.b_rho, FOLD_RHO=fold, N_ENTRIES=entries,
+        D=d, L=n_trip, B_RHO=codec.param("b_rho"), FOLD_RHO=fold, N_ENTRIES=entries,
         CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
 
     if k_window is None or t_win == 0:
@@ -128,7 +129,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         max_registers = MAX_REGISTERS
     max_registers = max_registers or None  # 0: no cap
     if word_pairs is None:  # odd rows are not 8-byte aligned: a pair would go through a layout conversion
-        word_pairs = codec.key_words % 2 == 0
+        word_pairs = codec.code_words % 2 == 0
     stage_keys = STAGE_KEYS if stage_keys is None else stage_keys
     if stage_keys:
         stage_keys = max(stage_keys, step)
@@ -145,14 +146,14 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     v_words = values.codes.shape[-1]
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
-        lut, qlut, q, codec.centroids,
+        lut, qlut, q, codec.table("centroids"),
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
         h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
-        D=d, L=n_trip, K_BITS=codec.key_code_bits, K_WORDS=codec.key_words, B_RHO=codec.b_rho,
+        D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,

@@ -1,16 +1,46 @@
-"""Per-codec @triton.jit decode helpers: a tile of BLOCK_N compressed keys or values, decoded in registers."""
+"""Per-codec @triton.jit decode helpers: a tile of BLOCK_N compressed keys or values, decoded in registers.
+
+A section per kind of key decode, each named by the codecs that use it (`kernel_decode` in their declaration):
+"scalar" (a centroid per coordinate: turboquant-*), "polar" (recursive angles: polarquant), "triplet" (an
+octahedral direction and a norm per triplet: octopus*). A section has an id (the kernels' tl.constexpr
+DECODE) and the tables it reads (SECTION_TABLES: their shapes for a KernelCodec).
+"""
+
+import math
 
 import triton
 import triton.language as tl
 
 from .bits import cut_codes, load_words, unpack_codes
 
-# tl.constexpr codec ids (spec.KERNEL_CODECS order)
-TQ_MSE = tl.constexpr(0)
-TQ_QJL = tl.constexpr(1)
-POLAR = tl.constexpr(2)
-OCTOPUS = tl.constexpr(3)
-OCTOPUS_QJL = tl.constexpr(4)
+SCALAR = tl.constexpr(0)
+POLAR = tl.constexpr(1)
+TRIPLET = tl.constexpr(2)
+
+
+def _scalar_tables(kc) -> dict:
+    n = kc.code_bits
+    return {} if n == 0 else {"centroids": (2**n,), "boundaries": (2**n - 1,)}
+
+
+def _polar_tables(kc) -> dict:
+    levels, n = int(math.log2(kc.head_dim)), kc.code_bits
+    return {"centroids": (levels, 2**n), "boundaries": (levels, 2**n - 1)}
+
+
+def _triplet_tables(kc) -> dict:
+    b_dir, b_rho = kc.param("b_dir"), kc.param("b_rho")
+    if b_dir < 1 or b_rho < 0 or kc.code_bits != 2 * b_dir + b_rho or kc.num_codes != -(-kc.head_dim // 3):
+        raise ValueError(f"{kc.name or kc.decode}: triplet codes are ceil(d/3) codes of 2 b_dir + b_rho "
+                         f"bits (b_dir >= 1), got {kc.num_codes} of {kc.code_bits} bits, b_dir {b_dir}, "
+                         f"b_rho {b_rho}")
+    return {"directions": (4**b_dir, 3), "xi_boundaries": (2**b_dir - 1,), "xi_centroids": (2**b_dir,),
+            "centroids": (2**b_rho,), "boundaries": (2**b_rho - 1,)}
+
+
+# section name -> (its DECODE id, the shapes of the tables it reads for a KernelCodec)
+SECTION_IDS = {"scalar": SCALAR.value, "polar": POLAR.value, "triplet": TRIPLET.value}
+SECTION_TABLES = {"scalar": _scalar_tables, "polar": _polar_tables, "triplet": _triplet_tables}
 
 
 @triton.jit

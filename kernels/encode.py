@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from .bits import bf16_bits, pack_codes, round_half_even
-from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
+from .codec_decode import POLAR, TRIPLET
 
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
@@ -559,7 +559,7 @@ def _encode_keys_kernel(
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
@@ -579,7 +579,7 @@ def _encode_keys_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
 
@@ -589,7 +589,7 @@ def _encode_key_rows(
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
@@ -632,7 +632,7 @@ def _encode_key_rows(
         xsg = xf * sgn
     hrow = tl.arange(0, D)[:, None]
 
-    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+    if DECODE == TRIPLET:
         if D >= 128:
             # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
             # instead of the D/2 of one power-of-two tile
@@ -660,7 +660,7 @@ def _encode_key_rows(
             gamma_r = tl.sqrt_rn(res2)
     else:
         y = _rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT)
-        if CODEC == POLAR:
+        if DECODE == POLAR:
             # the angles need no division by gamma, only a scale that keeps the squares finite
             codes = _polar_codes(y * rscale[:, None], aux_ptr, BLOCK_T, D, LOG2D, K_BITS, SPLIT)
             words, wmap = _pack(codes, K_CODES, K_BITS, WP, KP)
@@ -781,7 +781,7 @@ def _encode_unit_kernel(
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
@@ -799,7 +799,7 @@ def _encode_unit_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,

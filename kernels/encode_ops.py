@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import torch
 import triton
 
+from .codec_decode import SECTION_IDS
 from .encode import (
     _encode_keys_kernel,
     _encode_unit_kernel,
     _encode_values_any_group_kernel,
     _encode_values_kernel,
 )
-from .launch import _check_pow2, _hadamard, _interpreting, _octopus_lp, _outside_autocast, _pow2, _sm_count
-from .spec import CODEC_IDS, V_GROUP, KernelCodec, PackedKeys, PackedValues
+from .launch import _check_pow2, _interpreting, _outside_autocast, _pow2, _sm_count
+from .spec import V_GROUP, KernelCodec, PackedKeys, PackedValues
 
 DIR_TABLE = True  # EncodeConfig.dir_table's default
 
@@ -55,40 +55,39 @@ def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
     return words, _pow2(max(words, 1)), _pow2(most)
 
 
-# (rows per program, warps, register cap or None) of the key kernel per codec: the H200 sweep
-# (benchmarks/results/h200_2026-11-30d, at 1c34463) where the kernel has not changed since (turboquant,
-# polarquant), else the fewest SASS instructions per key without spills (count_sass_encode.py; octopus since
-# its near-tie flags). Head dims above 64 take the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS
-# overrides a codec at a bit width.
-# 2026-11-30, at 343bb44: the d=64 rows and octopus b=2 at d=128 are the fastest launch of the H200 sweep
-# (benchmarks/results/h200_2026-11-30f/sweep_encode.md, every row checked against the library on the GPU),
-# except turboquant-mse at d=64: the 128-register cap chosen there ran 0.19 ms in both later sweeps against
-# 0.10-0.16 ms without it (h200_2026-11-30g at a09b55f; h200_2026-11-30h/enc_log.txt at 288b991: 0.1935 vs
-# 0.1028 ms, 18.7% vs 35.2% of copy bandwidth), so it runs uncapped.
+# (rows per program, warps, register cap or None) of the key kernel per (decode section, QJL side-car): the
+# H200 sweep of the encode launches (each row checked against the library on the GPU) where the kernel has not
+# changed since (scalar, polar), else the fewest SASS instructions per key without spills
+# (benchmarks/count_sass_encode.py; the triplet section since its near-tie flags). Head dims above 64 take
+# the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
+# launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
+# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
 KEY_LAUNCH = {
-    64: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 4, None),
-         "octopus": (64, 4, None), "octopus-qjl": (64, 4, None)},
-    128: {"turboquant-mse": (64, 4, None), "turboquant-qjl": (64, 4, None), "polarquant": (64, 8, None),
-          "octopus": (64, 8, 128), "octopus-qjl": (16, 4, None)},
+    64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
+         ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
+    128: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 8, None),
+          ("triplet", False): (64, 8, 128), ("triplet", True): (16, 4, None)},
 }
-KEY_LAUNCH_BITS = {(64, "turboquant-mse", 3): (128, 4, None), (64, "turboquant-qjl", 4): (64, 4, 128),
-                   (64, "polarquant", 2): (128, 4, None), (64, "octopus", 3): (64, 4, 128),
-                   (64, "octopus", 4): (64, 4, 128), (64, "octopus-qjl", 2): (128, 8, 128)}
+KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
+                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", False, 10): (64, 4, 128),
+                   (64, "triplet", False, 13): (64, 4, 128), (64, "triplet", True, 7): (128, 8, 128)}
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
-def _encode_launch(d: int, config: EncodeConfig | None, keys: bool, codec: str = "",
-                   n_rows: int | None = None, device: torch.device | None = None,
-                   bits: int = 0) -> tuple[int, dict]:
-    """(rows per program, launch options). Keys: KEY_LAUNCH (KEY_LAUNCH_BITS for `bits`; its register cap
+def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec | None = None,
+                   n_rows: int | None = None, device: torch.device | None = None) -> tuple[int, dict]:
+    """(rows per program, launch options) of the key kernel for `codec`, or the fallback values kernel (codec
+    None). Keys: KEY_LAUNCH (KEY_LAUNCH_BITS for the codec's code width; its register cap
     only where the config leaves rows and warps to it), its rows halved (to SMALL_BLOCK at least, 4 warps at
     most) while the launch has fewer than two programs per SM (a decode step's unit: B x H rows). The
     fallback values kernel: 32 rows (16 above d=64). The CPU interpreter pays per op, not per element, so it
     takes 128 rows."""
     cfg = config or EncodeConfig()
+    keys = codec is not None
     if keys:
         dk = 64 if d <= 64 else 128
-        rows, warps, cap = KEY_LAUNCH_BITS.get((dk, codec, bits), KEY_LAUNCH[dk][codec])
+        kind = (codec.decode, codec.has_qjl)
+        rows, warps, cap = KEY_LAUNCH_BITS.get((dk, *kind, codec.code_bits), KEY_LAUNCH[dk][kind])
         if d > 128:
             rows = max(SMALL_BLOCK, rows // 2)
         if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
@@ -118,11 +117,10 @@ def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
                                         "enable_fp_fusion": False}
 
 
-@functools.lru_cache(maxsize=16)
-def _triplet_hadamard(d: int, lp: int, device: torch.device) -> torch.Tensor:
+def _triplet_hadamard(codec: KernelCodec) -> torch.Tensor:
     """[3, d, lp] fp32: slice c holds the Hadamard columns 3j + c (j < lp; zero where 3j + c >= d), so that
     x @ slice c is coordinate c of every triplet of x @ H_d."""
-    had = _hadamard(d, device)
+    had, d, lp, device = codec.hadamard, codec.head_dim, codec.triplet_lanes, codec.hadamard.device
     out = torch.zeros(3, d, lp, device=device)
     for c in range(3):
         cols = torch.arange(c, d, 3, device=device)
@@ -146,7 +144,7 @@ def _xi_triples(codec: KernelCodec) -> torch.Tensor:
     """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0), the xi values of a seed's three
     local3x3 neighbours (one row read per seed); NaN off the grid, where the reference's clamped index
     repeats a neighbour (a NaN candidate never wins and never counts as the runner-up)."""
-    c = codec.xi_centroids
+    c = codec.table("xi_centroids")
     m = c.numel()
     i = torch.arange(m, device=c.device)
     nan = torch.full_like(c, float("nan"))
@@ -159,7 +157,8 @@ def _polar_trig(codec: KernelCodec) -> torch.Tensor:
     and sin of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii); then 9 level-1
     codes as the reference computes them, in fp32 on the codec's device (its atan2 decides where the angle
     lies exactly on a boundary), of the pairs (a, b) at angles k pi/4, k < 8, and (-1, -0)."""
-    beta = codec.boundaries.double()
+    boundaries = codec.table("boundaries")
+    beta = boundaries.double()
     c, s = torch.cos(beta), torch.sin(beta)
     c[1:], s[1:] = c[1:] ** 2, s[1:] ** 2
     k = torch.arange(9, device=beta.device, dtype=torch.float64)
@@ -168,7 +167,7 @@ def _polar_trig(codec: KernelCodec) -> torch.Tensor:
     b = torch.where(k == 8, -torch.zeros_like(b), b)
     psi = torch.atan2(b, a)
     psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
-    ties = torch.searchsorted(codec.boundaries[0].contiguous(), psi.contiguous(), right=False)
+    ties = torch.searchsorted(boundaries[0].contiguous(), psi.contiguous(), right=False)
     return torch.cat([torch.stack([c, s]).float().reshape(-1), ties.float()])
 
 
@@ -183,18 +182,18 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
     cache = codec.__dict__.setdefault("_encode_tables", {})
     key = (dev, dtype)
     if key not in cache:
-        octo = codec.name.startswith("octopus")
-        d = codec.head_dim
+        octo = codec.decode == "triplet"
+        boundaries = codec.tables.get("boundaries")
         cache[key] = (
-            _hadamard(d, dev).to(dtype),
-            _triplet_hadamard(d, _octopus_lp(codec), dev).to(dtype) if octo else dummy,
+            codec.hadamard.to(dtype),
+            _triplet_hadamard(codec).to(dtype) if octo else dummy,
             codec.rotation_signs.to(dtype).contiguous(),
             codec.qjl_signs if codec.has_qjl else dummy,
-            codec.centroids if codec.centroids is not None else dummy,
-            codec.boundaries if codec.boundaries is not None and codec.boundaries.numel() else dummy,
-            codec.xi_boundaries if octo else dummy,
-            _xi_triples(codec) if octo else _polar_trig(codec) if codec.name == "polarquant" else dummy,
-            codec.directions.t().contiguous() if octo else dummy)
+            codec.tables.get("centroids", dummy),
+            boundaries if boundaries is not None and boundaries.numel() else dummy,
+            codec.table("xi_boundaries") if octo else dummy,
+            _xi_triples(codec) if octo else _polar_trig(codec) if codec.decode == "polar" else dummy,
+            codec.table("directions").t().contiguous() if octo else dummy)
     return cache[key]
 
 
@@ -204,16 +203,16 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
     `codec`: native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter); a
     launch of n_rows rows on `device` (`_encode_launch`)."""
     d = codec.head_dim
-    n_bits, n_codes = codec.key_code_bits, codec.key_codes
+    n_bits, n_codes = codec.code_bits, codec.num_codes
     words, wp, kp = _pack_shape(max(n_bits, 1), n_codes)
     s_words, s_wp, s_kp = _pack_shape(1, d)
-    octo = codec.name.startswith("octopus")
-    block_t, launch = _encode_launch(d, config, keys=True, codec=codec.name, n_rows=n_rows, device=device,
-                                     bits=codec.bits)
+    octo = codec.decode == "triplet"
+    block_t, launch = _encode_launch(d, config, codec, n_rows, device)
     dir_table = DIR_TABLE if config is None or config.dir_table is None else config.dir_table
-    consts = dict(CODEC=CODEC_IDS[codec.name], D=d, LOG2D=int(math.log2(d)),
+    consts = dict(DECODE=SECTION_IDS[codec.decode], D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
-                  B_DIR=codec.b_dir, B_RHO=codec.b_rho, LP=_octopus_lp(codec) if octo else 16,
+                  B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
+                  LP=codec.triplet_lanes if octo else 16,
                   DIR_TABLE=octo and (codec.has_qjl or dir_table),
                   HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
                   DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
@@ -252,7 +251,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = _dummy(dev)
     programs = triton.cdiv(n_rows, block_t)
-    octo = codec.name.startswith("octopus")
+    octo = codec.decode == "triplet"
     # octopus: a second launch redoes the blocks the first flags (near ties, encode._octopus_tile)
     near = torch.empty(programs, device=dev, dtype=torch.int32) if octo and programs else dummy
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
@@ -303,7 +302,7 @@ def encode_values(v: torch.Tensor, bits: int, group: int = V_GROUP, check_range:
     if group < 8:
         if check_range and v.numel() and not bool(v.abs().max().float() <= 65504.0):
             raise ValueError(_RANGE_MESSAGE.format(float(v.abs().max())))
-        block_t, launch = _encode_launch(d, config, keys=False)
+        block_t, launch = _encode_launch(d, config)
         _encode_values_any_group_kernel[(triton.cdiv(max(n_rows, 1), block_t),)](
             vc, codes, scale, minimum, n_rows, D=d, GROUP=group, BITS=bits, WORDS=words, WP=wp, KP=kp,
             BLOCK_T=block_t, **launch)
@@ -332,7 +331,7 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
     codes' chunk dtype), cached on the codec per value format, operand mode, launch configuration and the
     key rows per program a launch of n_rows rows takes (`_encode_launch`)."""
     cache = codec.__dict__.setdefault("_unit_constants", {})
-    rows = _encode_launch(codec.head_dim, config, True, codec.name, n_rows, device, codec.bits)[0]
+    rows = _encode_launch(codec.head_dim, config, codec, n_rows, device)[0]
     key = (bits, group, native, config, rows)
     if key not in cache:
         d = codec.head_dim
@@ -387,7 +386,7 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
     cap = keys_out.gamma.shape[2] if keys_out.gamma is not None and keys_out.gamma.ndim == 3 else -1
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= cap - t:
         raise ValueError(f"offset {offset!r} + {t} tokens must fit the store's {cap} tokens")
-    _expect("keys_out.codes", keys_out.codes, (b, h, cap, codec.key_words), torch.int32)
+    _expect("keys_out.codes", keys_out.codes, (b, h, cap, codec.code_words), torch.int32)
     _expect("keys_out.gamma", keys_out.gamma, (b, h, cap), torch.bfloat16)
     if codec.has_qjl:
         _expect("keys_out.signs", keys_out.signs, (b, h, cap, -(-d // 32)), torch.int32)
@@ -414,7 +413,7 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
         return
     _encode_unit_kernel[(key_programs + -(-n_groups // block_g),)](
         k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2),
-        keys_out.codes if codec.key_words else dummy, keys_out.gamma.view(torch.int16),
+        keys_out.codes if codec.code_words else dummy, keys_out.gamma.view(torch.int16),
         keys_out.signs if codec.has_qjl else dummy,
         keys_out.gamma_r.view(torch.int16) if codec.has_qjl else dummy,
         values_out.codes.view(unit), values_out.scale, values_out.minimum,

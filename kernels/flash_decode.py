@@ -5,9 +5,8 @@ import triton.language as tl
 
 from .bits import bf16_value
 from .codec_decode import (
-    OCTOPUS,
-    OCTOPUS_QJL,
     POLAR,
+    TRIPLET,
     octopus_triplets,
     polar_halves,
     polar_unit,
@@ -78,7 +77,7 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
 @triton.jit
 def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
                      kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
-                     CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+                     DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
                      K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
                      B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
                      S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
@@ -100,13 +99,13 @@ def _compressed_tile(m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, row0,
     k_rows = kc_ptr + krow[:, None] * K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
+    if DECODE == TRIPLET:
         kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_a_ptr, tab_b_ptr, LP, K_CODES, K_BITS,
                                       B_DIR, B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
         s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    elif CODEC == POLAR:
+    elif DECODE == POLAR:
         if HALVES:
             ue, uo = polar_halves(k_rows, n_ok[:, None], tab_a_ptr, tab_b_ptr, BLOCK_N, D, LOG2D, K_BITS,
                                   K_WORDS, K_WP, TILE)
@@ -164,7 +163,7 @@ def _attn_fwd_kernel(
     out_ptr, opart_ptr, lse_ptr,
     H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
     qk_scale, rot_scale, qjl_scale,
-    CODEC: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
     B_RHO: tl.constexpr,
     DIR_TABLE: tl.constexpr,
@@ -199,7 +198,7 @@ def _attn_fwd_kernel(
     b = pid_bh // H
     h = pid_bh % H
     USE_DOT: tl.constexpr = BLOCK_M >= 16
-    IS_OCT: tl.constexpr = (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL)
+    IS_OCT: tl.constexpr = DECODE == TRIPLET
 
     # prologue: the query block
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -247,8 +246,8 @@ def _attn_fwd_kernel(
         qz = _project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = 3 * LP
     elif HALVES:
-        c0 = 2 * hcol if CODEC == POLAR else hcol  # polarquant: even | odd coordinates
-        c1 = c0 + 1 if CODEC == POLAR else hcol + D // 2
+        c0 = 2 * hcol if DECODE == POLAR else hcol  # polarquant: even | odd coordinates
+        c1 = c0 + 1 if DECODE == POLAR else hcol + D // 2
         qr = _project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         qr2 = _project(q_pro, qmap, c1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         QJL_COL: tl.constexpr = D
@@ -270,13 +269,13 @@ def _attn_fwd_kernel(
     for n0 in tl.range(start, full_end, BLOCK_N, num_stages=STAGES_C):
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
-            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS, K_CODES,
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS, K_CODES,
             K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
             BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
     if full_end < end:
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
-            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, CODEC, D, LP, LOG2D, K_BITS,
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS,
             K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
             TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
 

@@ -1,4 +1,4 @@
-"""What the launchers share: the autocast guard, power-of-two checks, the Hadamard matrix, device facts."""
+"""What the launchers share: the autocast guard, power-of-two checks, split-K shapes, device facts."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ import os
 
 import torch
 import triton.language as tl
-
-from .naive import hadamard
-from .spec import KernelCodec
 
 
 def _outside_autocast(fn):
@@ -34,20 +31,10 @@ def _check_pow2(name: str, value: int | None, low: int, high: int) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _hadamard(d: int, device: torch.device) -> torch.Tensor:
-    return hadamard(d, device)
-
-
-@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
-
-
-def _octopus_lp(codec: KernelCodec) -> int:
-    return codec.triplet_lanes
-
 
 
 def _interpreting() -> bool:

@@ -65,12 +65,12 @@ def _fold(n: torch.Tensor) -> torch.Tensor:
 
 def _octopus_codes(u: torch.Tensor, codec: KernelCodec) -> tuple[torch.Tensor, torch.Tensor]:
     """Joint local3x3 rounding of the triplets of u [..., d] -> codes [..., L] and t_hat [..., L, 3]."""
-    d, length = codec.head_dim, codec.key_codes
+    d, length = codec.head_dim, codec.num_codes
     t = torch.nn.functional.pad(u, (0, 3 * length - d)).reshape(*u.shape[:-1], length, 3)
     rho = (t * t).sum(-1).sqrt()
     n = torch.where(rho[..., None] > 0, t / rho.clamp_min(1e-38)[..., None], torch.tensor([0.0, 0.0, 1.0]))
-    seeds = _index(_fold(n), codec.xi_boundaries)
-    m = 2**codec.b_dir
+    seeds = _index(_fold(n), codec.table("xi_boundaries"))
+    m = 2**codec.param("b_dir")
     best_cost = torch.full(rho.shape, math.inf)
     best_dir = torch.zeros(rho.shape, dtype=torch.long)
     best_rho = torch.zeros(rho.shape, dtype=torch.long)
@@ -79,9 +79,9 @@ def _octopus_codes(u: torch.Tensor, codec: KernelCodec) -> tuple[torch.Tensor, t
             i_xi = (seeds[..., 0] + dx).clamp(0, m - 1)
             i_eta = (seeds[..., 1] + dy).clamp(0, m - 1)
             flat = i_xi * m + i_eta
-            s = (t * codec.directions[flat]).sum(-1)
-            i_rho = _index(s, codec.boundaries)
-            rho_hat = codec.centroids[i_rho]
+            s = (t * codec.table("directions")[flat]).sum(-1)
+            i_rho = _index(s, codec.table("boundaries"))
+            rho_hat = codec.table("centroids")[i_rho]
             cost = ((t * t).sum(-1) - 2 * rho_hat * s) + rho_hat * rho_hat
             better = (cost < best_cost) | ((cost == best_cost) & (flat < best_dir))
             best_cost = torch.where(better, cost, best_cost)
@@ -89,9 +89,9 @@ def _octopus_codes(u: torch.Tensor, codec: KernelCodec) -> tuple[torch.Tensor, t
             best_rho = torch.where(better, i_rho, best_rho)
     zero = rho == 0  # placeholder direction (its seeds) and the rho index of 0
     best_dir = torch.where(zero, seeds[..., 0] * m + seeds[..., 1], best_dir)
-    best_rho = torch.where(zero, _index(rho, codec.boundaries), best_rho)
-    codes = (best_dir << codec.b_rho) | best_rho
-    t_hat = codec.centroids[best_rho][..., None] * codec.directions[best_dir]
+    best_rho = torch.where(zero, _index(rho, codec.table("boundaries")), best_rho)
+    codes = (best_dir << codec.param("b_rho")) | best_rho
+    t_hat = codec.table("centroids")[best_rho][..., None] * codec.table("directions")[best_dir]
     return codes, t_hat
 
 
@@ -103,7 +103,7 @@ def _polar_codes(u: torch.Tensor, codec: KernelCodec) -> torch.Tensor:
         psi = torch.atan2(b, a)
         if level == 0:
             psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
-        out.append(_index(psi, codec.boundaries[level]))
+        out.append(_index(psi, codec.table("boundaries")[level]))
         r = torch.sqrt(a * a + b * b)
         level += 1
     return torch.cat(out, -1)
@@ -116,25 +116,25 @@ def _polar_decode(codes: torch.Tensor, codec: KernelCodec) -> torch.Tensor:
     for level in range(levels - 1, -1, -1):
         start = d - (d >> level)
         idx = codes[..., start:start + (d >> (level + 1))]
-        psi = codec.centroids[level][idx]
+        psi = codec.table("centroids")[level][idx]
         r = torch.stack([r * torch.cos(psi), r * torch.sin(psi)], -1).reshape(*codes.shape[:-1], -1)
     return r
 
 
 def decode_unit(keys: PackedKeys, codec: KernelCodec) -> torch.Tensor:
     """u_hat [B, H, T, d] (rotated frame, unit scale) from the codes field."""
-    d, n, length = codec.head_dim, codec.key_code_bits, codec.key_codes
+    d, n, length = codec.head_dim, codec.code_bits, codec.num_codes
     shape = keys.codes.shape[:-1]
     if n == 0:
         return torch.zeros(*shape, d)
     codes = unpack(keys.codes.cpu(), n, length)
-    if codec.name.startswith("octopus"):
-        rho_hat = codec.centroids[codes & (2**codec.b_rho - 1)]
-        t_hat = rho_hat[..., None] * codec.directions[codes >> codec.b_rho]
+    if codec.decode == "triplet":
+        rho_hat = codec.table("centroids")[codes & (2**codec.param("b_rho") - 1)]
+        t_hat = rho_hat[..., None] * codec.table("directions")[codes >> codec.param("b_rho")]
         return t_hat.reshape(*shape, -1)[..., :d]
-    if codec.name == "polarquant":
+    if codec.decode == "polar":
         return _polar_decode(codes, codec)
-    return codec.centroids[codes]
+    return codec.table("centroids")[codes]
 
 
 def encode_keys(k_BHTD: torch.Tensor, codec: KernelCodec) -> PackedKeys:
@@ -144,15 +144,15 @@ def encode_keys(k_BHTD: torch.Tensor, codec: KernelCodec) -> PackedKeys:
     peak = kf.abs().amax(-1, keepdim=True)
     gamma = (kf / torch.where(peak > 0, peak, torch.ones_like(peak))).norm(dim=-1) * peak.squeeze(-1)
     u = rotate(kf, codec.rotation_signs) / gamma.clamp_min(1e-30)[..., None]
-    n = codec.key_code_bits
-    if codec.name.startswith("octopus"):
+    n = codec.code_bits
+    if codec.decode == "triplet":
         codes, t_hat = _octopus_codes(u, codec)
         u_hat = t_hat.reshape(*u.shape[:-1], -1)[..., : codec.head_dim]
-    elif codec.name == "polarquant":
+    elif codec.decode == "polar":
         codes, u_hat = _polar_codes(u, codec), None
     elif n > 0:
-        codes = _index(u, codec.boundaries)
-        u_hat = codec.centroids[codes]
+        codes = _index(u, codec.table("boundaries"))
+        u_hat = codec.table("centroids")[codes]
     else:
         codes, u_hat = torch.zeros(*u.shape[:-1], 0, dtype=torch.long), torch.zeros_like(u)
     packed = pack(codes, max(n, 1)) if n > 0 else torch.zeros(*u.shape[:-1], 0, dtype=torch.int32)

@@ -10,10 +10,11 @@ import torch
 import triton.language as tl
 
 from .adc_ops import adc_limit, attention_adc
+from .codec_decode import SECTION_IDS
 from .encode_ops import EncodeConfig, _interpreting, _pack_shape, encode_keys, encode_values  # noqa: F401
 from .flash_decode import _attn_fwd_kernel, _merge_kernel
 from .launch import _cdiv, _check_pow2, _interpreter_16bit_dot, _pow2, _sm_count, split_buffers, split_chunk
-from .spec import CODEC_IDS, KernelCodec, PackedKeys, PackedValues
+from .spec import KernelCodec, PackedKeys, PackedValues
 
 LOG2E = 1.4426950408889634
 # "auto": "folded" where the key codes have at most FOLDED_MAX_BITS bits, else "unfold" (the 2026-11-30 H200
@@ -109,26 +110,27 @@ def _directions(codec: KernelCodec, directions: str) -> str:
     """The octopus direction decode `directions` names (OCTOPUS_DECODES), "auto" resolved: "folded" where the
     key codes have at most FOLDED_MAX_BITS bits (octopus b <= 3), else "unfold"."""
     if directions == "auto":
-        directions = "folded" if codec.key_code_bits <= FOLDED_MAX_BITS else "unfold"
+        directions = "folded" if codec.code_bits <= FOLDED_MAX_BITS else "unfold"
     if directions not in OCTOPUS_DECODES:
         raise ValueError(f"octopus_directions must be one of {', '.join(OCTOPUS_DECODES)} or auto, "
                          f"got {directions!r}")
-    if (directions == "folded" and codec.name.startswith("octopus")
-            and codec.key_code_bits > FOLDED_MAX_BITS):
+    if (directions == "folded" and codec.decode == "triplet"
+            and codec.code_bits > FOLDED_MAX_BITS):
         raise ValueError(f"octopus_directions={directions!r} needs key codes of at most {FOLDED_MAX_BITS} "
-                         f"bits (octopus b <= 3), got {codec.key_code_bits}; use 'unfold', 'table' or 'auto'")
+                         f"bits (octopus b <= 3), got {codec.code_bits}; use 'unfold', 'table' or 'auto'")
     return directions
 
 
 def _key_tables(codec: KernelCodec, directions: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(tab_a, tab_b) of the attention kernel: centroids (turboquant), cos/sin (polarquant), the xi
     centroids, the direction table or the folded table, and C_rho (octopus)."""
-    if codec.name.startswith("octopus"):
-        tab = {"unfold": codec.xi_centroids, "table": codec.directions.reshape(-1)}.get(directions)
-        return (codec.folded_directions() if tab is None else tab), codec.centroids
-    if codec.name == "polarquant":
+    if codec.decode == "triplet":
+        tab = {"unfold": codec.table("xi_centroids"),
+               "table": codec.table("directions").reshape(-1)}.get(directions)
+        return (codec.folded_directions() if tab is None else tab), codec.table("centroids")
+    if codec.decode == "polar":
         return codec.polar_tables()
-    cent = codec.centroids if codec.centroids is not None else codec.rotation_signs  # never read (0 bits)
+    cent = codec.tables.get("centroids", codec.rotation_signs)  # rotation_signs: never read (0 bits)
     return cent, cent
 
 
@@ -137,11 +139,11 @@ def _codec_constants(codec: KernelCodec) -> dict:
     consts = codec.__dict__.get("_attn_constants")
     if consts is None:
         d = codec.head_dim
-        consts = dict(CODEC=CODEC_IDS[codec.name], D=d,
-                      LP=codec.triplet_lanes if codec.name.startswith("octopus") else 16,
-                      LOG2D=int(math.log2(d)), K_BITS=codec.key_code_bits, K_CODES=codec.key_codes,
-                      K_WORDS=codec.key_words, B_DIR=codec.b_dir, B_RHO=codec.b_rho,
-                      K_WP=_pow2(max(codec.key_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)))
+        consts = dict(DECODE=SECTION_IDS[codec.decode], D=d,
+                      LP=codec.triplet_lanes if codec.decode == "triplet" else 16,
+                      LOG2D=int(math.log2(d)), K_BITS=codec.code_bits, K_CODES=codec.num_codes,
+                      K_WORDS=codec.code_words, B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
+                      K_WP=_pow2(max(codec.code_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)))
         codec.__dict__["_attn_constants"] = consts
     return consts
 
@@ -151,7 +153,7 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
     d = codec.head_dim
     if values.group < 1 or values.group & (values.group - 1) or d % values.group:
         raise ValueError(f"value group {values.group} must be a power of two dividing the head dim {d}")
-    expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.key_words), torch.int32),
+    expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.code_words), torch.int32),
               "keys.gamma": (keys.gamma, (b, h, t_cap), torch.bfloat16),
               "values.codes": (values.codes, (b, h, t_cap, -(-d * values.bits // 32)), torch.int32),
               "values.scale": (values.scale, (b, h, t_cap, d // values.group), torch.float16),
@@ -256,7 +258,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if cfg.score_tables is not False and adc_limit(codec, n_rows, t_win) is None:
         return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
                                 cfg)
-    folded = octopus_directions == "folded" and codec.name.startswith("octopus")
+    folded = octopus_directions == "folded" and codec.decode == "triplet"
     block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
                                                                  folded)
     if num_splits is not None:
@@ -273,7 +275,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     project16 = use_dot and q16 and (cfg.projection or "native") == "native"
     qmap = codec.query_map(q_BHTD.dtype if project16 else torch.float32)
     halves = SCORE_HALVES if cfg.score_halves is None else cfg.score_halves
-    halves = halves and d >= 128 and (codec.has_qjl or not codec.name.startswith("octopus"))
+    halves = halves and d >= 128 and (codec.has_qjl or not codec.decode == "triplet")
     interpreting = _interpreting()
     if interpreting:
         _interpreter_16bit_dot()
@@ -311,7 +313,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
-        K_WP2=_pow2(max(1, d * codec.key_code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
+        K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
         STAGES_W=cfg.window_stages, STAGES_C=cfg.store_stages, num_warps=warps,
         num_stages=cfg.num_stages or 1,
     )

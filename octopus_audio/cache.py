@@ -237,7 +237,7 @@ class CompressedKVCache:
         self.window = window
         self.v_group = v_group
         self.seed = seed
-        self.value_quantizer = None if codec == "none" else ValueQuantizer(bits, head_dim, v_group)
+        self.value_quantizer = ValueQuantizer(bits, head_dim, v_group) if self.codec.compressed else None
         self._flags: DeferredFlags | None = None  # kept across reset(): a graph replay writes the last ones
         self._pending = False  # units appended since the last deferred check
         self.overlap_encode = False  # see the class docstring; read at each sequence's first unit
@@ -294,7 +294,7 @@ class CompressedKVCache:
         """The attention backend that runs for this cache ("triton" or "reference")."""
         if self._plan is not None:
             return self._plan.backend
-        return _backend.attention_backend(self.device, self.codec_name)
+        return _backend.attention_backend(self.device, self.codec)
 
     @property
     def checks_deferred(self) -> bool:
@@ -351,8 +351,8 @@ class CompressedKVCache:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # as a tensor's device says it: "cuda:0"
             device = torch.device("cuda", torch.cuda.current_device())
-        _backend.CachePlan(self.codec, num_heads, device, self.codec_name)
-        if self.codec_name != "none":
+        _backend.CachePlan(self.codec, num_heads, device)
+        if self.codec.compressed:
             from octopus_audio.codecs.qjl import QJL_STREAM
 
             self.codec.signs(num_heads, device)
@@ -410,7 +410,7 @@ class CompressedKVCache:
     def _begin(self, k: torch.Tensor) -> None:
         """The first unit of a sequence: fix its layout and the ops and checks the sequence runs."""
         device = k.device
-        self._plan = _backend.CachePlan(self.codec, k.shape[1], device, self.codec_name)
+        self._plan = _backend.CachePlan(self.codec, k.shape[1], device)
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
             # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
@@ -474,16 +474,13 @@ class CompressedKVCache:
     def _new_store(self, k: torch.Tensor, capacity: int) -> CacheStore:
         """Empty store buffers (formats.md) for `capacity` tokens of this sequence, for the fused encode."""
         B, H, _, d = k.shape
-        kc, quant = self._plan.kernel, self.value_quantizer
+        quant = self.value_quantizer
 
         def buf(*tail, dtype, fill=False):
             return (torch.zeros if fill else torch.empty)(B, H, capacity, *tail, dtype=dtype, device=k.device)
 
-        qjl = kc.has_qjl
-        keys = KeyState(dtype=k.dtype, codes=buf(kc.key_words, dtype=torch.int32),
-                        gamma=buf(dtype=torch.bfloat16),
-                        signs=buf(-(-d // 32), dtype=torch.int32) if qjl else None,
-                        gamma_r=buf(dtype=torch.bfloat16) if qjl else None)
+        keys = KeyState(dtype=k.dtype, **{name: buf(*tail, dtype=dtype)
+                                          for name, (tail, dtype) in self.codec.layout.fields().items()})
         words = -(-d * quant.bits // 32)
         # the padding bits of a value row's last word are never written by the kernel: zero them once
         padded = (d * quant.bits) % 32 != 0

@@ -43,7 +43,7 @@ def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
     def positive(scale):
         return (torch.rand(batch, heads, cap, generator=g) * scale + 0.1 * scale).to(torch.bfloat16)
 
-    keys = PackedKeys(words(codec.key_words), positive(math.sqrt(d)),
+    keys = PackedKeys(words(codec.code_words), positive(math.sqrt(d)),
                       words(d // 32) if codec.has_qjl else None, positive(0.3) if codec.has_qjl else None)
     scale = (torch.rand(batch, heads, cap, d // 16, generator=g) / 2**bits).half()
     minimum = (torch.randn(batch, heads, cap, d // 16, generator=g) - 0.5).half()

@@ -307,7 +307,7 @@ def _store(codec, b, h, cap, d, bits, group):
         return torch.full((b, h, cap, *tail), _SENTINEL[dtype], dtype=dtype, device=DEVICE)
 
     qjl = codec.has_qjl
-    keys = PackedKeys(buf(codec.key_words, dtype=torch.int32), buf(dtype=torch.bfloat16),
+    keys = PackedKeys(buf(codec.code_words, dtype=torch.int32), buf(dtype=torch.bfloat16),
                       buf(-(-d // 32), dtype=torch.int32) if qjl else None,
                       buf(dtype=torch.bfloat16) if qjl else None)
     values = PackedValues(buf(-(-d * bits // 32), dtype=torch.int32), buf(d // group, dtype=torch.float16),

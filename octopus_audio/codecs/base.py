@@ -50,16 +50,63 @@ def check_bits(name: str, bits: int, allowed: tuple[int, ...]) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyLayout:
+    """The packed fields of one key and head (formats.md): `codes` holds `num_codes` codes of `code_bits` bits
+    as a little-endian stream of int32 words, `gamma` the bf16 norm; with `qjl` the side-car adds `signs`
+    (one bit per coordinate, int32 words) and the bf16 residual norm `gamma_r`."""
+
+    head_dim: int
+    num_codes: int
+    code_bits: int
+    qjl: bool = False
+
+    @property
+    def code_words(self) -> int:
+        return num_words(self.num_codes, self.code_bits)
+
+    @property
+    def sign_words(self) -> int:
+        return num_words(self.head_dim, 1) if self.qjl else 0
+
+    @property
+    def bits_per_key(self) -> int:
+        """Stored bits per key: the packed fields in whole int32 words, 16 per bf16 norm."""
+        return 32 * self.code_words + 16 + (32 * self.sign_words + 16 if self.qjl else 0)
+
+    def fields(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per field present: (its shape after the [..., H, T] axes, dtype)."""
+        out = {"codes": ((self.code_words,), torch.int32), "gamma": ((), torch.bfloat16)}
+        if self.qjl:
+            out.update(signs=((self.sign_words,), torch.int32), gamma_r=((), torch.bfloat16))
+        return out
+
+
 class KeyCodec(abc.ABC):
     """A key codec: encode(k [..., H, T, d]) -> KeyState, decode(state) -> k_hat, scores(q, state) -> q.k_hat.
 
-    Concrete codecs are frozen dataclasses with fields `bits`, `head_dim`, `seed` (+ options).
+    Concrete codecs are frozen dataclasses with fields `bits`, `head_dim`, `seed` (+ options), registered with
+    `octopus_audio.codecs.register`. What the rest of the package reads from a codec class (its declaration):
+    `name` (as the CLI and reports spell it), `supported_bits` (the nominal bits it accepts) and `bits_note`
+    (what else limits them, for messages), `compressed` (False: keys and values stay native, no value
+    quantizer, bits ignored) and `kernel_decode` (the section of kernels/codec_decode.py that decodes its keys
+    inside the fused attention; None: the cache runs the PyTorch reference for it).
     """
 
     name: str = ""
+    compressed: bool = True
+    supported_bits: tuple[int, ...] = ()
+    bits_note: str = ""
+    kernel_decode: str | None = None
     bits: int
     head_dim: int
     seed: int
+
+    @classmethod
+    def bits_help(cls) -> str:
+        """The nominal bits this codec accepts, in words."""
+        bits = cls.supported_bits
+        return f"{bits[0]}..{bits[-1]}" + (f" ({cls.bits_note})" if cls.bits_note else "")
 
     @property
     @abc.abstractmethod
@@ -100,14 +147,17 @@ def check_finite_keys(k: torch.Tensor) -> None:
 class RotationCodec(KeyCodec):
     """Base of the rotated codecs: gamma = ||k|| (bf16), u = R k / max(gamma, 1e-30) quantized by a subclass.
 
-    Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame)
-    and `code_bits_total` (packed code bits per key); `qjl = True` adds the QJL side-car on r = u - u_hat.
+    Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame),
+    and declare the codes field: `num_codes` codes of `code_bits` bits per key; `qjl = True` adds the QJL
+    side-car on r = u - u_hat. A codec with a `kernel_decode` section also gives that section's tables
+    (`kernel_tables`) and integer parameters (`kernel_params`).
     """
 
     qjl: bool = False
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)
+        check_bits(self.name, self.bits, self.supported_bits)
         self._validate()
         object.__setattr__(self, "_device_cache", {})
 
@@ -116,13 +166,41 @@ class RotationCodec(KeyCodec):
 
     @property
     @abc.abstractmethod
+    def num_codes(self) -> int:
+        """Codes per key in the `codes` field."""
+
+    @property
+    @abc.abstractmethod
+    def code_bits(self) -> int:
+        """Bits of one code."""
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The packed fields of one key."""
+        return KeyLayout(self.head_dim, self.num_codes, self.code_bits, self.qjl)
+
+    @property
     def code_words(self) -> int:
         """int32 words of the `codes` field per key."""
+        return self.layout.code_words
 
     @property
     def bits_per_key(self) -> int:
-        qjl_bits = 32 * num_words(self.head_dim, 1) + 16 if self.qjl else 0
-        return 32 * self.code_words + 16 + qjl_bits
+        return self.layout.bits_per_key
+
+    # ---- what the fused kernels read (octopus_audio.backend builds their KernelCodec from it) ----
+    def kernel_tables(self, device) -> dict[str, torch.Tensor]:
+        """The tables the `kernel_decode` section reads, by name, on `device`."""
+        return {}
+
+    def kernel_params(self) -> dict[str, int]:
+        """Integer parameters of the `kernel_decode` section (e.g. octopus's direction and norm bits)."""
+        return {}
+
+    def kernel_limit(self, encode: bool) -> str | None:
+        """Why the fused kernels cannot serve this codec's settings (None when they can); `encode`: the
+        encode kernel, else the attention kernel."""
+        return None
 
     # ---- shared tables, cached per device ----
     def _cached(self, key, make):
