@@ -43,7 +43,6 @@ from octopus_audio.aar_patch.generation import SamplingConfig, check_condition, 
 
 GIB = 2.0**30
 CODECS = ("none", "octopus", "octopus-qjl", "turboquant-mse", "turboquant-qjl", "polarquant")
-OVERLAP = "+overlap"  # a codec name suffix: its caches encode each unit on a side stream as it arrives
 CHECKS = ("kernels", "syncs", "nan", "profile")
 
 
@@ -121,15 +120,10 @@ def measure(pipe, batch: int, device: str, timer: DecodeTimer, reps: int, graph:
 
 
 def patch_for(pipe, name: str, bits: int):
-    """The patch a codec name asks for: None for `none` (unpatched), codec none for `none+patch`, the codec
-    with its caches' overlapped encode on for `<codec>+overlap`."""
+    """The patch a codec name asks for: None for `none` (unpatched), codec none for `none+patch`."""
     if name == "none":
         return None
-    handle = patch_aar(pipe, "none" if name == "none+patch" else name.removesuffix(OVERLAP), bits)
-    if name.endswith(OVERLAP):
-        for cache in handle.caches:
-            cache.overlap_encode = True
-    return handle
+    return patch_aar(pipe, "none" if name == "none+patch" else name, bits)
 
 
 def _sync_site(limit: int = 7) -> str:
@@ -492,15 +486,13 @@ def plan(graphs: list[str], eagers: list[str], budget: list[str], batches: list[
     `none` and `octopus` in the CUDA-graph path at every batch (each codec's compiled-kernel check first),
     the device checks (host syncs with their stacks, NaN caught, kernel profiles at B=1), the budget codecs'
     eager rows at the batches above 1 and their largest batch under the budget, the other codecs in the
-    graph path (those with the overlapped encode first), the remaining eager rows, the cache memory
-    checks."""
+    graph path, the remaining eager rows, the cache memory checks."""
     first = [c for c in ("none", "octopus") if c in graphs]
-    overlapped = [c for c in graphs if c.endswith(OVERLAP)]
     out: list[tuple[str, str, int]] = []
 
     def graph_rows(names: list[str]) -> None:
         for n in names:
-            if "kernels" in checks and n not in ("none", "none+patch") and not n.endswith(OVERLAP):
+            if "kernels" in checks and n not in ("none", "none+patch"):
                 out.append((n, "kernels", 0))
             out.extend((f"{n}@graph", "batches", b) for b in batches)
 
@@ -522,21 +514,17 @@ def plan(graphs: list[str], eagers: list[str], budget: list[str], batches: list[
                 eager_done.add((n, b))
         out.append((n, "max", 0))
     graph_done |= {n for n in budget if n.endswith("@graph")}
-    graph_rows([n for n in overlapped if f"{n}@graph" not in graph_done])
-    graph_rows([n for n in graphs if n not in first and n not in overlapped
-                and f"{n}@graph" not in graph_done])
+    graph_rows([n for n in graphs if n not in first and f"{n}@graph" not in graph_done])
     out.extend((n, "batches", b) for n in eagers for b in batches if (n, b) not in eager_done)
     return out + [(n, "memcheck", 0) for n in memcheck if n not in ("none", "none+patch")]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    allowed = (*CODECS, "none+patch", *(f"{c}{OVERLAP}" for c in CODECS if c != "none"))
-    p.add_argument("--graphs", default=",".join((*CODECS, f"octopus{OVERLAP}")),
+    allowed = (*CODECS, "none+patch")
+    p.add_argument("--graphs", default=",".join(CODECS),
                    help="codecs measured in the CUDA-graph path (rows <codec>@graph), every batch; 'none' is "
-                        "the unpatched model, 'none+patch' codec none through the patch, '<codec>+overlap' "
-                        "the codec with each unit encoded on a side stream as it arrives "
-                        "(CompressedKVCache.overlap_encode); '' for none")
+                        "the unpatched model, 'none+patch' codec none through the patch; '' for none")
     p.add_argument("--eager", default="none,octopus", help="codecs measured in the eager path, every batch")
     p.add_argument("--budget", default="none,octopus",
                    help="codecs whose largest batch under --budget-gib is found (their rows at the batches "
@@ -648,8 +636,7 @@ def main() -> None:
                 tokens = seen_tokens[name, batch] = row.pop("tokens")
                 counterpart = base if graph else f"{base}@graph"
                 same_as = {"tokens_equal_none": ("none@graph" if graph else "none") if base == "none+patch"
-                           else None, "tokens_equal_eager" if graph else "tokens_equal_graph": counterpart,
-                           "tokens_equal_no_overlap": name.replace(OVERLAP, "") if OVERLAP in name else None}
+                           else None, "tokens_equal_eager" if graph else "tokens_equal_graph": counterpart}
                 for key, other in same_as.items():
                     if other is not None and (other, batch) in seen_tokens:
                         pairs = zip(tokens, seen_tokens[other, batch], strict=True)
@@ -710,8 +697,7 @@ def markdown(report: dict) -> str:
                    for ref in (base, base_graph)]
             capture = f"{r['setup_s']:.1f}" if name.endswith("@graph") else "-"
             same = ", ".join(f"{k.removeprefix('tokens_equal_')}: {r[k]}" for k in
-                             ("tokens_equal_none", "tokens_equal_eager", "tokens_equal_graph",
-                              "tokens_equal_no_overlap") if k in r)
+                             ("tokens_equal_none", "tokens_equal_eager", "tokens_equal_graph") if k in r)
             lines.append(f"| {name} | {r['batch']} | {r['seconds']:.3f} | {r['decode_seconds']:.3f} | "
                          f"{r['samples_per_s']:.1f} | {rel[0]} | {rel[1]} | {r['peak_gib']:.2f} | "
                          f"{capture} | {same or '-'} |")

@@ -18,11 +18,10 @@ channels for the values) with few registers and no per-block cross-thread reduct
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
    min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
-   (VALUES=1, _values_in_place): a channel costs one mask and one FMA, the code masked where it lies read
-   as an fp32 subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop;
-   VALUES=0 (the first version, kept to compare on the GPU): shift, mask, or-exponent, subtract, FMA
-   (`(c | 0x4B000000) - 2^23`).
-With VALUES=1 the phases alternate by stages of STAGE_K keys (an online softmax by stages: the running
+   (_values_in_place): a channel costs one mask and one FMA, the code masked where it lies read as an fp32
+   subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop; other value
+   formats cut each key's word tile (_values_by_key).
+For group-16 values the phases alternate by stages of STAGE_K keys (an online softmax by stages: the running
 maximum rescales the accumulators when it grows), so warps done with a stage's values score the next stage
 while others still accumulate, and the scores are re-read while still in L2.
 """
@@ -151,70 +150,51 @@ def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.c
 def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end, qjl_coef, zero,
                 m_vec, rho0, rho1, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr,
                 K_WORDS: tl.constexpr, B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr,
-                HAS_QJL: tl.constexpr, BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr,
-                GATE: tl.constexpr, MASKED: tl.constexpr):
-    """One step of _store_scores: keys [n0, n0 + BLOCK_K), those from `end` on masked off when MASKED."""
+                HAS_QJL: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, MASKED: tl.constexpr):
+    """One step of _store_scores: keys [n0, n0 + BLOCK_K), those from `end` on masked off when MASKED.
+
+    Every code word and norm of the step is loaded first (PAIRS: two words a load) and every table read is
+    predicated on all of them (`gate`, always true: `zero` is 0 at run time, but the compiler cannot know), so
+    the compiler issues the step's loads together: one memory round trip a step instead of one per word
+    (ptxas otherwise sinks each load to its first use)."""
     n = n0 + tl.arange(0, BLOCK_K)
     n_ok = n < end
     s = tl.zeros((BLOCK_K,), tl.float32)
     krow = kc_ptr + n.to(tl.int64) * K_WORDS
     S_WORDS: tl.constexpr = D // 32
     srow = ks_ptr + n.to(tl.int64) * S_WORDS
-    if GATE:  # every word and norm first, and every table read predicated on all of them (below)
-        gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
-        ws = ()
-        for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
-            if PAIRS:
-                pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
-                ws = ws + (pa, pb)
-            else:
-                ws = ws + (_ld(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
-        mix = gamma.to(tl.uint32, bitcast=True)
-        for wi in tl.static_range(K_WORDS):
-            mix = mix ^ ws[wi]
-        if HAS_QJL:
-            g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
-            sws = ()
-            for wi in tl.static_range(S_WORDS):
-                sws = sws + (_ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
-                mix = mix ^ sws[wi]
-            mix = mix ^ g_r.to(tl.uint32, bitcast=True)
-        # always true (zero == 0 at run time), but the compiler cannot know: the table reads wait for
-        # all loads of the step, so the loads are issued together (one memory round trip, not one a word)
-        gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
-        w_cur = ws[0]
-    elif PAIRS:  # words two at a time (8-byte loads where rows allow): pa, pb = words 2j, 2j + 1
-        pa, pb = _word_pair(krow, n_ok, 0, K_WORDS, MASKED)
-        w_cur = pa
-    else:
-        w_cur = _ld(krow, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+    gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+    ws = ()
+    for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
+        if PAIRS:
+            pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
+            ws = ws + (pa, pb)
+        else:
+            ws = ws + (_ld(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+    mix = gamma.to(tl.uint32, bitcast=True)
+    for wi in tl.static_range(K_WORDS):
+        mix = mix ^ ws[wi]
+    if HAS_QJL:
+        g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+        sws = ()
+        for wi in tl.static_range(S_WORDS):
+            sws = sws + (_ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+            mix = mix ^ sws[wi]
+        mix = mix ^ g_r.to(tl.uint32, bitcast=True)
+    gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
+    w_cur = ws[0]
     for wi in tl.static_range(K_WORDS):
         if wi + 1 >= K_WORDS:
             w_next = w_cur
-        elif GATE:
-            w_next = ws[wi + 1]
-        elif not PAIRS:
-            w_next = _ld(krow + (wi + 1), n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
-        elif wi % 2 == 0:
-            w_next = pb
         else:
-            pa, pb = _word_pair(krow, n_ok, wi + 1, K_WORDS, MASKED)
-            w_next = pa
+            w_next = ws[wi + 1]
         for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
             if i < L:
                 code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
                 if FOLD_RHO:
-                    if PROBE == 2:  # measurement only: codes cut, no table read
-                        s += code.to(tl.float32)
-                    elif GATE:
-                        s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
-                    else:
-                        s += tl.load(row_lut + i * N_ENTRIES + code)
+                    s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
                 else:
-                    if GATE:
-                        t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
-                    else:
-                        t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO))
+                    t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
                     if B_RHO == 1:
                         rho = tl.where((code & 1) != 0, rho1, rho0)
                     else:
@@ -224,21 +204,11 @@ def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_pt
     if HAS_QJL:
         sq = tl.zeros((BLOCK_K,), tl.float32)
         for wi in tl.static_range(S_WORDS):
-            if GATE:
-                w = sws[wi]
-            else:
-                w = _ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+            w = sws[wi]
             for byte in tl.static_range(4):
                 e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
-                if GATE:
-                    sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
-                else:
-                    sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e)
-        if not GATE:
-            g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+                sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
         s += qjl_coef * g_r * sq
-    if not GATE:
-        gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
     s = s * gamma
     if MASKED:
         tl.store(s_ptr + n, s, mask=n_ok)
@@ -252,7 +222,7 @@ def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_pt
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
                   zero, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PROBE: tl.constexpr, PAIRS: tl.constexpr, GATE: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
@@ -271,11 +241,11 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
     for n0 in range(start, full, BLOCK_K):
         m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
                             qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
-                            FOLD_RHO, HAS_QJL, BLOCK_K, PROBE, PAIRS, GATE, False)
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, False)
     if full < end:
         m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full, end,
                             qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
-                            FOLD_RHO, HAS_QJL, BLOCK_K, PROBE, PAIRS, GATE, True)
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, True)
     return tl.max(m_vec, 0)
 
 
@@ -283,45 +253,6 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
 def _as_float(codes):
     """Small non-negative integer codes as fp32 by the exponent trick: (c | 0x4B000000) - 2^23 (exact)."""
     return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _values_by_group(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, G: tl.constexpr, V_BITS: tl.constexpr,
-                     BLOCK_V: tl.constexpr):
-    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}: rows are (key, group) pairs, R =
-    BLOCK_V * G of them a step, each row's 16 codes cut from the 1-4 words it owns (a key's groups are
-    consecutive in the bit stream, so group row n * G + g starts at bit 16 * V_BITS * (n * G + g)).
-    Returns (acc [G, 16], l)."""
-    R: tl.constexpr = BLOCK_V * G
-    rho = tl.arange(0, R)[:, None]  # [R, 1]: every per-row value is born in the layout of the [R, 16] tiles
-    k = tl.arange(0, 16)[None, :]
-    acc2 = tl.zeros((R, 16), tl.float32)
-    acc_min = tl.zeros((R, 1), tl.float32)
-    l_vec = tl.zeros((R, 1), tl.float32)
-    first = (rho % G) == 0
-    for n0 in range(start, end, BLOCK_V):
-        n = n0 + rho // G
-        ok = n < end
-        grow = n0 * G + rho  # (key, group) index from the row's start
-        p = tl.exp2(tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
-        sc = tl.load(vs_ptr + grow, mask=ok, other=0.0).to(tl.float32)
-        mn = tl.load(vm_ptr + grow, mask=ok, other=0.0).to(tl.float32)
-        if V_BITS <= 2:
-            bit0 = grow * (16 * V_BITS)
-            w = tl.load(vc_ptr + (bit0 >> 5), mask=ok, other=0).to(tl.uint32, bitcast=True)
-            codes = (w >> ((bit0 & 31) + k * V_BITS).to(tl.uint32)) & ((1 << V_BITS) - 1)
-        else:
-            # the row's 16 codes fill V_BITS / 2 words: code c is in word c // PER at bit (c % PER) * V_BITS
-            PER: tl.constexpr = 32 // V_BITS
-            w = tl.load(vc_ptr + grow * (V_BITS // 2) + k // PER, mask=ok, other=0)
-            w = w.to(tl.uint32, bitcast=True)
-            codes = (w >> ((k % PER) * V_BITS).to(tl.uint32)) & ((1 << V_BITS) - 1)
-        acc2 += _as_float(codes) * (p * sc)
-        acc_min += p * mn
-        l_vec += tl.where(first, p, 0.0)
-    acc = tl.sum(tl.reshape(acc2, (BLOCK_V, G, 16)), axis=0)
-    acc_min = tl.sum(tl.reshape(acc_min, (BLOCK_V, G)), axis=0)
-    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (R,)), 0)
 
 
 @triton.jit
@@ -499,8 +430,7 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    PROBE: tl.constexpr = 0, VALUES: tl.constexpr = 1, V_GT: tl.constexpr = 1, STAGE_K: tl.constexpr = 0,
-    PAIRS: tl.constexpr = 0, GATE: tl.constexpr = 0,
+    V_GT: tl.constexpr, STAGE_K: tl.constexpr,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -509,14 +439,12 @@ def _adc_attn_kernel(
     t_cap entries) and takes their maximum m; phase 2 (after a barrier) reads them back and accumulates
     p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
     one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
-    of flash_decode's merge kernel. PROBE (benchmarks only, wrong results): 1 skips the value phase, 2 reads
-    no score table (the codes still cut), to measure what each part costs. VALUES: the group-16 value loop,
-    1 _values_in_place (V_GT groups of a key a thread row; widths not dividing 32 need V_GT = 2), 0
-    _values_by_group. With _values_in_place the split runs in stages of STAGE_K keys (0: one stage), each
-    scored, then its values accumulated, the accumulators rescaled when the running maximum grows. PAIRS:
-    the score phase loads code words two at a time; GATE: its table reads are predicated on all of a step's
-    loads (`zero` must be 0: the predicate is always true, but the compiler cannot know), so the compiler
-    issues those loads together instead of each before its first use.
+    of the merge kernel. Group-16 values up to 8 bits go through _values_in_place (V_GT groups of a key a
+    thread row; widths not dividing 32 need V_GT = 2), the split in stages of STAGE_K keys, each scored, then
+    its values accumulated, the accumulators rescaled when the running maximum grows; other value formats
+    through _values_by_key after the whole split is scored. The score phase loads code words two at a time
+    where a key has an even number of them (PAIRS) and predicates its table reads on all of a step's loads
+    (`zero` must be 0; _score_step).
     """
     r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -530,23 +458,21 @@ def _adc_attn_kernel(
     last = pid_s == n_splits - 1
     n_win = tl.where(last, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
-    IN_PLACE: tl.constexpr = (VALUES == 1) and (V_GROUP == 16) and (V_BITS <= 8) and (
-        (32 % V_BITS == 0) or (V_GT == 2))
-    if IN_PLACE and (PROBE != 1):
-        # stages of STAGE_K keys (0: the whole split): scores, then their values, the running maximum
+    PAIRS: tl.constexpr = K_WORDS % 2 == 0  # odd rows are not 8-byte aligned: a pair would need a conversion
+    IN_PLACE: tl.constexpr = (V_GROUP == 16) and (V_BITS <= 8) and ((32 % V_BITS == 0) or (V_GT == 2))
+    if IN_PLACE:
+        # stages of STAGE_K keys: scores, then their values, the running maximum
         # rescaling the accumulators when it grows (an online softmax by stages, exact like the two-pass one)
         R: tl.constexpr = BLOCK_V * G // V_GT
         acc_t = tl.zeros((R, 16 * V_GT), tl.float32)
         acc_min = tl.zeros((R, V_GT), tl.float32)
         l_vec = tl.zeros((R, 1), tl.float32)
         m_run = tl.full((), float("-inf"), tl.float32)
-        stage = chunk if STAGE_K == 0 else STAGE_K
-        for c0 in range(start, end, stage):
-            c1 = tl.minimum(c0 + stage, end)
+        for c0 in range(start, end, STAGE_K):
+            c1 = tl.minimum(c0 + STAGE_K, end)
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                                 ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef, zero,
-                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
-                                PAIRS, GATE)
+                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
             tl.debug_barrier()
             if m_c > m_run:
                 alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
@@ -565,23 +491,15 @@ def _adc_attn_kernel(
     else:
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                           ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
-                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PROBE,
-                                PAIRS, GATE)
+                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
         tl.debug_barrier()
 
         # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
-        if PROBE == 1:  # measurement only: no value phase
-            acc = tl.zeros((G, V_GROUP), tl.float32)
-            l_i = tl.full((), 1.0, tl.float32)
-        elif (V_GROUP == 16) and (32 % V_BITS == 0) and (V_BITS <= 8):
-            acc, l_i = _values_by_group(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                        start, end, G, V_BITS, BLOCK_V)
-        else:
-            acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
-                                      start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
+        acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                  start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
 
     # the native window (last split)
     p_win = tl.exp2(s_win - m)

@@ -16,9 +16,11 @@ MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path 
 
 
 MAX_WINDOW = 64
-VALUE_LOOPS = {"in_place": 1, "shift": 0}  # phase-2 inner loops of adc_decode (the kernel's VALUES)
-STAGE_KEYS = 1024  # keys scored before their values (in_place loop); 0: the whole split
-MAX_REGISTERS = 80  # default register cap where a thread holds one value row (see attention_adc)
+STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
+# a register cap where a thread holds one value row and the codec has no QJL term: it keeps 3 programs of 8
+# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4); two value rows a thread,
+# or octopus-qjl at b=3, spill under it, so those run uncapped
+MAX_REGISTERS = 80
 
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
@@ -47,40 +49,15 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None, value_loop: str = "in_place",
-                  value_groups: int | None = None, stage_keys: int | None = None,
-                  word_pairs: bool | None = None, gate_loads: bool = True, max_registers: int | None = None,
-                  _probe: int = 0) -> torch.Tensor:
+                  programs_per_sm: int | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
-    Same arguments and result as ops.attention (q [B, H, 1, d], store [B, H, Tcap, ...], window
-    [B, H, Tw, d]); the caller has validated them (ops.attention routes here). Two launches (tables,
-    attention) plus the log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the
-    score and value phases; the window may hold at most MAX_WINDOW tokens here. `_probe` (benchmarks only)
-    breaks the result on purpose to time the parts: 1 without the value phase, 2 without the table reads.
-    `value_loop` (group-16 values up to 8 bits): "in_place" masks each code where it lies and
-    multiplies the subnormal it makes (two instructions a channel), "shift" (the first version, kept to
-    compare) shifts it down and converts it (five); other value formats take the general loop either way.
-    `value_groups` (in_place only): value groups of one key a thread takes per row (1, 2 or 4; default 2
-    where a step still has a row for every thread, else 1; always 2 for widths not dividing 32, 3 bits).
-    `stage_keys` (in_place only): keys scored before their values are accumulated (a power of two, at least
-    one step; default STAGE_KEYS), the softmax maximum carried across the stages; 0 scores the whole split
-    first (one stage, the first version's order). `word_pairs`: the score phase loads a key's code words
-    two at a time (8-byte loads; default where a key has an even number of words, else one at a time).
-    `gate_loads`: the score phase's table reads wait for all of a step's code words and norms (a predicate
-    on all of them that is always true), so the compiler issues those loads together: one memory round trip
-    a step instead of one per word (ptxas otherwise sinks each load to its first use); 19 more registers.
-    `max_registers`: a register cap for the attention kernel (Triton's maxnreg). Default MAX_REGISTERS where
-    a thread holds one value row (block_v * groups / value_groups == 32 * num_warps) and the codec has no QJL
-    term: it keeps 3 programs of 8 warps on an SM with the gated loads, without spills (sm_90, d=64 and 128,
-    b=2-4); none otherwise (two value rows a thread, or octopus-qjl at b=3, spill under it); 0: no cap.
+    Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
+    the caller has validated them (attention routes here). Two launches (tables, attention) plus the
+    log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
+    the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
+    a step still has a row for every thread (always for widths not dividing 32), else one.
     """
-    if value_loop not in VALUE_LOOPS:
-        raise ValueError(f"value_loop must be one of {sorted(VALUE_LOOPS)}, got {value_loop!r}")
-    if value_groups is not None and value_groups not in (1, 2, 4):
-        raise ValueError(f"value_groups must be 1, 2 or 4, got {value_groups!r}")
-    if stage_keys is not None and (stage_keys < 0 or stage_keys & (stage_keys - 1)):
-        raise ValueError(f"stage_keys must be 0 or a power of two, got {stage_keys!r}")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
@@ -122,17 +99,11 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     n_groups = d // values.group
     if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
         value_groups = 2
-    elif value_groups is None:  # fewer rows than threads would change the tile's layout (replicated rows)
+    else:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
     value_groups = min(value_groups, n_groups)
-    if max_registers is None and block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl:
-        max_registers = MAX_REGISTERS
-    max_registers = max_registers or None  # 0: no cap
-    if word_pairs is None:  # odd rows are not 8-byte aligned: a pair would go through a layout conversion
-        word_pairs = codec.code_words % 2 == 0
-    stage_keys = STAGE_KEYS if stage_keys is None else stage_keys
-    if stage_keys:
-        stage_keys = max(stage_keys, step)
+    capped = block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl
+    stage_keys = max(STAGE_KEYS, step)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
         want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
@@ -156,9 +127,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
         N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
-        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, PROBE=_probe,
-        VALUES=VALUE_LOOPS[value_loop], V_GT=value_groups, STAGE_K=stage_keys, PAIRS=int(word_pairs),
-        GATE=int(gate_loads), num_warps=nw, **({} if max_registers is None else {"maxnreg": max_registers}))
+        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
+        STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

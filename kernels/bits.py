@@ -111,15 +111,3 @@ def bf16_value(x):
     b = x.to(tl.int32, bitcast=True)
     b = b + 0x7FFF + ((b >> 16) & 1)
     return (b & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def search_sorted(x, bnd_ptr, N_BITS: tl.constexpr):
-    """Index #{i : x > beta_i} against the 2**N_BITS - 1 ascending boundaries at bnd_ptr (formats.md: a value
-    exactly on a boundary goes to the lower index). Binary search: N_BITS table reads per element."""
-    idx = tl.zeros(x.shape, dtype=tl.int32)
-    for level in tl.static_range(N_BITS):
-        step = 1 << (N_BITS - 1 - level)
-        beta = tl.load(bnd_ptr + idx + (step - 1))
-        idx = tl.where(x > beta, idx + step, idx)
-    return idx

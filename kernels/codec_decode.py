@@ -124,12 +124,12 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
     """octopus: the triplets gain * t_hat = gain * C_rho[i_rho] * n_hat as three component tiles [BN, LP]
     (x, y, z); `gain` [BN, 1] is the key's norm gamma, folded into the one scale each lane already needs.
 
-    DIR_TABLE 1: n_hat is one lookup per component into the decoded-direction table D [4^b_dir, 3] at tab_ptr.
     DIR_TABLE 2: the whole triplet is one 16-byte row of the folded table at tab_ptr (spec.folded_directions:
     C_rho and D premultiplied, one row a code), one vector load a triplet and no C_rho lookup.
     0: n_hat is unfolded in registers from the xi centroids at tab_ptr (two lookups into a table of
     2^b_dir floats, then the octahedral unfold and a reciprocal square root), which touches far fewer cache
-    lines. Padded triplets (>= L) read code 0 and meet zero query columns.
+    lines than a lookup into the decoded-direction table D [4^b_dir, 3]. Padded triplets (>= L) read code 0
+    and meet zero query columns.
     """
     i = tl.arange(0, LP)[None, :]
     live = row_ok & (i < L)
@@ -143,22 +143,16 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
         ky, _ = tl.split(y0)
         return kx, ky, kz
     rho = tl.load(rho_ptr + (codes & ((1 << B_RHO) - 1)), mask=live, other=0.0) * gain
-    if DIR_TABLE == 1:
-        d3 = (codes >> B_RHO) * 3
-        kx = rho * tl.load(tab_ptr + d3, mask=live, other=0.0)
-        ky = rho * tl.load(tab_ptr + d3 + 1, mask=live, other=0.0)
-        kz = rho * tl.load(tab_ptr + d3 + 2, mask=live, other=0.0)
-    else:
-        xi = tl.load(tab_ptr + (codes >> (B_RHO + B_DIR)), mask=live, other=0.0)
-        eta = tl.load(tab_ptr + ((codes >> B_RHO) & ((1 << B_DIR) - 1)), mask=live, other=0.0)
-        z = 1.0 - tl.abs(xi) - tl.abs(eta)
-        lower = z < 0
-        x = tl.where(lower, tl.where(xi < 0, -1.0, 1.0) * (1.0 - tl.abs(eta)), xi)
-        y = tl.where(lower, tl.where(eta < 0, -1.0, 1.0) * (1.0 - tl.abs(xi)), eta)
-        scale = rho * tl.math.rsqrt(x * x + y * y + z * z)
-        kx = x * scale
-        ky = y * scale
-        kz = z * scale
+    xi = tl.load(tab_ptr + (codes >> (B_RHO + B_DIR)), mask=live, other=0.0)
+    eta = tl.load(tab_ptr + ((codes >> B_RHO) & ((1 << B_DIR) - 1)), mask=live, other=0.0)
+    z = 1.0 - tl.abs(xi) - tl.abs(eta)
+    lower = z < 0
+    x = tl.where(lower, tl.where(xi < 0, -1.0, 1.0) * (1.0 - tl.abs(eta)), xi)
+    y = tl.where(lower, tl.where(eta < 0, -1.0, 1.0) * (1.0 - tl.abs(xi)), eta)
+    scale = rho * tl.math.rsqrt(x * x + y * y + z * z)
+    kx = x * scale
+    ky = y * scale
+    kz = z * scale
     return kx, ky, kz
 
 

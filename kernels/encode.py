@@ -7,7 +7,6 @@ from .bits import bf16_bits, pack_codes, round_half_even
 from .codec_decode import POLAR, TRIPLET
 
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
-PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
 
 
@@ -168,7 +167,7 @@ def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl
     CP: tl.constexpr = codes.shape[1]
     if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
         return _pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
-    elif SUM and PACK_SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
+    elif SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
         return _pack_sum(codes, N_BITS)
     else:
         return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]
@@ -447,10 +446,11 @@ def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: t
 
 @triton.jit
 def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
-                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
+                  B_RHO: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
-    indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
-    the rho index of the winner's score (against the table's direction with DIR_TABLE). Where the search's
+    indices and the chosen directions from the table: `_octopus_search`, then the rho index of the winner's
+    score against the table's direction (it differs from the search's own score only within float rounding,
+    and the -qjl residual needs the table's direction anyway). Where the search's
     two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
     the reference's (as may an exact tie off the symmetry planes): EXACT 0, a program holding such a triplet
     reruns every triplet's choice in the
@@ -476,15 +476,10 @@ def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_pt
         s = (tx * ddx + ty * ddy) + tz * ddz
     else:
         flat = tl.where(zero, i_xi * M + i_eta, flat)
-        if DIR_TABLE:
-            ddx = _table(dir_ptr + flat, ASM)
-            ddy = _table(dir_ptr + M * M + flat, ASM)
-            ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
-            s = (tx * ddx + ty * ddy) + tz * ddz
-        else:
-            ddx = tl.zeros(tx.shape, tl.float32)
-            ddy = ddx
-            ddz = ddx
+        ddx = _table(dir_ptr + flat, ASM)
+        ddy = _table(dir_ptr + M * M + flat, ASM)
+        ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
+        s = (tx * ddx + ty * ddy) + tz * ddz
     i_rho = _index(s, bnd_ptr, B_RHO, ASM)
     return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz, near
 
@@ -504,7 +499,7 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
                    LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
-                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
+                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr,
                    HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
@@ -523,7 +518,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, DIR_TABLE, EXACT, SPLIT)
+                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
         # (the period sums lift octopus-qjl b=2 to 255 registers and spills; its gather pack does not)
         words, wmap = _pack(code, K_CODES, K_BITS, WP, KP, not HAS_QJL)
@@ -561,7 +556,7 @@ def _encode_keys_kernel(
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -579,7 +574,7 @@ def _encode_keys_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
 
@@ -591,7 +586,7 @@ def _encode_key_rows(
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -609,8 +604,8 @@ def _encode_key_rows(
     octahedral seeds + local3x3 joint rounding (octopus, `_octopus_words`: the triplet coordinates come
     straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP], in two
     tiles from d = 128; `_octopus_search` with `aux_ptr` the xi neighbour table; the winner's rho index from
-    its score against the direction table `dir_ptr` [3, 4^b_dir] (DIR_TABLE, always for -qjl) or from the
-    search's own score); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    its score against the direction table `dir_ptr` [3, 4^b_dir]); the -qjl codecs add
+    sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `_pack`'s word map.
     """
     ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
@@ -638,12 +633,12 @@ def _encode_key_rows(
             # instead of the D/2 of one power-of-two tile
             words, wmap, acc, res2, near = _octopus_words(
                 xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
-                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
+                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL,
+                DOT_NATIVE, SPLIT, EXACT)
             words_b, _, acc_b, res2_b, near_b = _octopus_words(
                 xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
-                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
+                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL,
+                DOT_NATIVE, SPLIT, EXACT)
             words = words | words_b
             acc += acc_b
             res2 += res2_b
@@ -651,8 +646,8 @@ def _encode_key_rows(
         else:
             words, wmap, acc, res2, near = _octopus_words(
                 xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-                bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
-                DOT_NATIVE, SPLIT, EXACT)
+                bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL, DOT_NATIVE,
+                SPLIT, EXACT)
         if EXACT == 1:
             tl.store(near_ptr + pid, near)
         if HAS_QJL:
@@ -783,7 +778,7 @@ def _encode_unit_kernel(
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr,
@@ -799,7 +794,7 @@ def _encode_unit_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,

@@ -18,30 +18,21 @@ from .encode import (
 from .launch import _check_pow2, _interpreting, _outside_autocast, _pow2, _sm_count
 from .spec import V_GROUP, KernelCodec, PackedKeys, PackedValues
 
-DIR_TABLE = True  # EncodeConfig.dir_table's default
-
 
 @dataclasses.dataclass(frozen=True)
 class EncodeConfig:
-    """Launch configuration of the encode kernels (None: the heuristic): rows per program, warps, stages;
-    dir_table (octopus keys): the winner's rho index from its score against the direction table (True) or
-    from the search's own score (False); the two differ only where a score lies within float rounding of a
-    rho boundary (the -qjl codecs read the table for their residual either way); max_registers: a register
-    cap per thread for the key kernel (Triton's maxnreg; ptxas spills beyond it)."""
+    """Launch configuration of the encode kernels (None: the heuristic): rows per program (block_t), warps,
+    stages."""
 
     block_t: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
-    dir_table: bool | None = None
-    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         _check_pow2("block_t", self.block_t, 16, 512)
         _check_pow2("num_warps", self.num_warps, 1, 16)
         if self.num_stages is not None and not 1 <= self.num_stages <= 4:
             raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
-        if self.max_registers is not None and not 32 <= self.max_registers <= 255:
-            raise ValueError(f"max_registers must be in 32..255, got {self.max_registers}")
 
 
 def _pack_shape(n: int, length: int) -> tuple[int, int, int]:
@@ -98,9 +89,7 @@ def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec | Non
     block_t = cfg.block_t or (128 if _interpreting() else rows)
     launch = {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
               "enable_fp_fusion": False}
-    if cfg.max_registers is not None:
-        cap = cfg.max_registers
-    elif cfg.block_t is not None or cfg.num_warps is not None:
+    if cfg.block_t is not None or cfg.num_warps is not None:
         cap = None  # the table's cap goes with its own rows and warps
     if keys and cap is not None:
         launch["maxnreg"] = cap
@@ -109,7 +98,7 @@ def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec | Non
 
 def _values_launch(group: int, config: EncodeConfig | None) -> tuple[int, dict]:
     """(groups per program, launch options) of the values kernel. `config.block_t` counts rows of d=64
-    (4 groups of 16): block_t rows = 4 * block_t groups of 16 channels. Default 128 rows (the 2026-11-30
+    (4 groups of 16): block_t rows = 4 * block_t groups of 16 channels. Default 128 rows (the
     H200 sweep, values b=2 at 64k tokens x 16 heads: 0.070 ms = 56% of copy bandwidth; 32 rows 0.073)."""
     cfg = config or EncodeConfig()
     rows = cfg.block_t or 128
@@ -208,12 +197,10 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
     s_words, s_wp, s_kp = _pack_shape(1, d)
     octo = codec.decode == "triplet"
     block_t, launch = _encode_launch(d, config, codec, n_rows, device)
-    dir_table = DIR_TABLE if config is None or config.dir_table is None else config.dir_table
     consts = dict(DECODE=SECTION_IDS[codec.decode], D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
                   B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
                   LP=codec.triplet_lanes if octo else 16,
-                  DIR_TABLE=octo and (codec.has_qjl or dir_table),
                   HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
                   DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
     return consts, block_t, launch

@@ -172,7 +172,7 @@ def _attn_fwd_kernel(
     TILE: tl.constexpr,
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
-    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr, STAGES_W: tl.constexpr, STAGES_C: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -189,8 +189,7 @@ def _attn_fwd_kernel(
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
     partial buffers. tab_a/tab_b: centroids (turboquant), cos/sin (polarquant), directions or xi
     centroids/C_rho (octopus). HALVES (d >= 128): the d-wide projections and score dots as two of d/2 each
-    (see _compressed_tile). BLOCK_W: native window keys per step. STAGES_W / STAGES_C: software pipelining
-    depth of the window loop / the compressed loop (None: the launch's num_stages).
+    (see _compressed_tile). BLOCK_W: native window keys per step.
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -217,7 +216,7 @@ def _attn_fwd_kernel(
     w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
     kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
     vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
-    for n0 in tl.range(0, w_end, BLOCK_W, num_stages=STAGES_W):
+    for n0 in tl.range(0, w_end, BLOCK_W):
         n = n0 + tl.arange(0, BLOCK_W)
         n_ok = n < t_win
         k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
@@ -266,7 +265,7 @@ def _attn_fwd_kernel(
     start = pid_s * chunk
     end = tl.maximum(tl.minimum(start + chunk, t_comp), start)  # a window-only split: empty
     full_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for n0 in tl.range(start, full_end, BLOCK_N, num_stages=STAGES_C):
+    for n0 in tl.range(start, full_end, BLOCK_N):
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qx, qy, qz, qr, qj, qr2, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
             kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS, K_CODES,

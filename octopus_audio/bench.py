@@ -63,7 +63,6 @@ class Job:
     codec: str
     bits: int
     shape: AttnShape | None = None
-    directions: str = "default"  # "default", or "decoded": one query row decodes keys (no score tables)
     config: object = None
 
 
@@ -78,10 +77,8 @@ def tuning_jobs() -> dict[str, list[Job]]:
     from octopus_audio.kernels import AttnConfig, EncodeConfig
 
     aar = AttnShape("tune AAR B=64", 128, 16, 75, 380, 75, 64)
-    aar_cfgs = [AttnConfig(128, 64, 4, 1, tile_words=True), AttnConfig(128, 64, 4, 1, tile_words=False),
-                AttnConfig(128, 64, 8, 1, tile_words=False),
-                AttnConfig(128, 128, 8, 1, tile_words=False), AttnConfig(128, 128, 4, 1, tile_words=True),
-                AttnConfig(64, 64, 4, 1, tile_words=True), AttnConfig(64, 64, 4, 1, tile_words=False)]
+    aar_cfgs = [AttnConfig(128, 64, 4, 1), AttnConfig(128, 64, 8, 1), AttnConfig(128, 128, 8, 1),
+                AttnConfig(128, 128, 4, 1), AttnConfig(64, 64, 4, 1)]
     # one query row: the score-table path (block_n = keys per score step, block_v per value step)
     long_cfgs = [AttnConfig(block_n=bn, block_v=bv, num_warps=nw, programs_per_sm=pps)
                  for bn, bv, nw, pps in ((128, 64, 4, 8), (256, 64, 8, 4), (128, 32, 4, 8), (256, 64, 8, 8),
@@ -99,18 +96,13 @@ def tuning_jobs() -> dict[str, list[Job]]:
 
 
 def plan(suite: str, codecs: list[str], bits: list[int], chosen: dict[str, object]) -> list[Job]:
-    """The rows of a suite, each with its class's chosen launch configuration; the default codec at b=2 also
-    runs its single-query rows with the keys decoded (no score tables), where it has score tables."""
-    from octopus_audio.codecs import DEFAULT_CODEC
-
+    """The rows of a suite, each with its class's chosen launch configuration."""
     jobs = []
     for shape in attention_shapes(suite):
         cfg = chosen.get(shape_class(shape))
         for name in codecs:
             for b in bits:
                 jobs.append(Job("attention", name, b, shape, config=cfg))
-                if name == DEFAULT_CODEC and b == 2 and shape.tq == 1:  # the old path: keys decoded
-                    jobs.append(Job("attention", name, b, shape, directions="decoded"))
     for name in codecs:
         for b in bits:
             jobs.append(Job("encode-k", name, b, config=chosen.get("encode-k")))
@@ -176,13 +168,10 @@ def _attention_inputs(job: Job, device):
 
 
 def _ours_attention(job: Job, inputs):
-    from octopus_audio.kernels import ops
+    from octopus_audio.kernels import attention
 
     codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
-    if job.directions == "decoded":  # flash_decode with the keys decoded in registers, not score tables
-        cfg = ops.AttnConfig(score_tables=False)
-        return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=cfg)
-    return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=job.config)
+    return lambda: attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=job.config)
 
 
 def _encode_inputs(job: Job, device):
@@ -196,12 +185,12 @@ def _encode_inputs(job: Job, device):
 def _ours_encode(job: Job, x):
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import ops
+    from octopus_audio.kernels import encode_keys, encode_values
 
     if job.kind == "encode-v":
-        return lambda: ops.encode_values(x, job.bits, check_range=False, config=job.config)
+        return lambda: encode_values(x, job.bits, check_range=False, config=job.config)
     kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
-    return lambda: ops.encode_keys(x, kc, config=job.config)
+    return lambda: encode_keys(x, kc, config=job.config)
 
 
 def warm(job: Job) -> str:
@@ -273,8 +262,7 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
 
     device = torch.device(_DEVICE)
     s = job.shape
-    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits,
-           "directions": job.directions if job.directions != "default" else ""}
+    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits}
     if s not in sdpa_ms:
         q0, k0, v0 = _sdpa_inputs(s, device)
         sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
@@ -389,7 +377,7 @@ def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | N
             row["frac_copy_bw"] = row["gbps"] / copy_gbps
         except Exception as e:
             row = {"kind": job.kind, "shape": job.shape.label if job.shape else "", "codec": job.codec,
-                   "bits": job.bits, "directions": job.directions, "error": f"{type(e).__name__}: {e}"}
+                   "bits": job.bits, "error": f"{type(e).__name__}: {e}"}
         torch.cuda.empty_cache()
         rows.append(row)
         log.info("%s", row)
@@ -411,8 +399,7 @@ def table(rows: list[dict]) -> str:
             "| of copy BW | rel err / exact |")
     lines = [head, "|" + " --- |" * 16]
     for r in rows:
-        label = {"decoded": " (decoded keys)"}.get(r.get("directions", ""), "")
-        codec = r["codec"] + label
+        codec = r["codec"]
         if "error" in r:
             lines.append(f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | error: {r['error'][:120]} |"
                          + " |" * 11)
