@@ -323,7 +323,7 @@ def kernel_check(codecs: list[str], bits: int, device: str = "cuda") -> dict:
     rounding of a decision boundary (> 99% of rows); nothing written outside the unit; no flag raised."""
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import PackedKeys, PackedValues, encode_ops
+    from octopus_audio.kernels import PackedKeys, PackedValues, encode_unit
     from octopus_audio.values import ValueQuantizer
 
     out = {}
@@ -348,7 +348,7 @@ def kernel_check(codecs: list[str], bits: int, device: str = "cuda") -> dict:
         keys = PackedKeys(buf(ref_k.codes), buf(ref_k.gamma), buf(ref_k.signs), buf(ref_k.gamma_r))
         values = PackedValues(buf(ref_v.codes), buf(ref_v.scale), buf(ref_v.minimum), bits, 16)
         flags = torch.zeros(2, device=dev)
-        encode_ops.encode_unit(k, v, kc, keys, values, offset, flags)
+        encode_unit(k, v, kc, keys, values, offset, flags)
 
         def unit(x):
             return x[:, :, offset:offset + t].cpu()

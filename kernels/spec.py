@@ -22,7 +22,7 @@ class KernelCodec:
     head_dim d; the `codes` field: num_codes codes of code_bits bits per key (little-endian int32 words);
     rotation_signs / qjl_signs: [H, d] +-1 vectors, one per KV head (formats.md, streams 0 and 1; qjl_signs
     None for codecs without the QJL side-car); hadamard: the Sylvester matrix H_d [d, d]; tables: the float32
-    tables the section reads, by name (codec_decode.SECTION_TABLES says which, with their shapes); params: the
+    tables the section reads, by name (codec_decode.SECTIONS says which, with their shapes); params: the
     section's integer parameters (triplet: b_dir, b_rho); name: the library codec's, for messages.
     """
 
@@ -38,12 +38,12 @@ class KernelCodec:
     name: str = ""
 
     def __post_init__(self) -> None:
-        from .codec_decode import SECTION_TABLES
+        from .codec_decode import SECTIONS
 
         label = self.name or self.decode
-        if self.decode not in SECTION_TABLES:
+        if self.decode not in SECTIONS:
             raise ValueError(f"{label}: no kernel decode section {self.decode!r}; "
-                             f"the kernels have {', '.join(SECTION_TABLES)}")
+                             f"the kernels have {', '.join(SECTIONS)}")
         d = self.head_dim
         if d & (d - 1) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise ValueError(f"the fused kernels take head_dim a power of two in "
@@ -57,7 +57,7 @@ class KernelCodec:
             raise ValueError(f"hadamard must be [{d}, {d}], got {tuple(self.hadamard.shape)}")
         if self.qjl_signs is not None and self.qjl_signs.shape != self.rotation_signs.shape:
             raise ValueError(f"{label}: qjl_signs must be shaped like rotation_signs")
-        for name, shape in SECTION_TABLES[self.decode](self).items():
+        for name, shape in SECTIONS[self.decode].tables(self).items():
             t = self.tables.get(name)
             if t is None or tuple(t.shape) != shape:
                 got = None if t is None else tuple(t.shape)
@@ -100,43 +100,19 @@ class KernelCodec:
     def query_map(self, dtype: torch.dtype) -> torch.Tensor:
         """[H, d, NP] integer matrices (exact in every float dtype) that take a query row q to the layouts
         the attention kernel scores with: q @ M_h = [sqrt(d) R q | d R' R q] (formats.md; the QJL block only
-        with the side-car), where the triplet section reorders the R q block into its triplet components,
-        x | y | z (column c * LP + i holds coordinate 3i + c, zero past d). Built once per codec and dtype,
-        cached."""
+        with the side-car), the R q block in the section's column layout (codec_decode.Section.query_block;
+        triplet: its components x | y | z). Built once per codec and dtype, cached."""
+        from .codec_decode import SECTIONS
+
         maps = self.__dict__.setdefault("_query_maps", {})
         if dtype not in maps:
-            d = self.head_dim
-            dev = self.rotation_signs.device
             had = self.hadamard
             rot = self.rotation_signs[:, :, None] * had  # q @ rot[h] = sqrt(d) R_h q (H_d symmetric)
-            blocks = [rot]
-            if self.decode == "triplet":
-                lp = self.triplet_lanes
-                j = 3 * torch.arange(lp, device=dev)[None, :] + torch.arange(3, device=dev)[:, None]
-                j = j.reshape(-1)
-                blocks = [torch.where(j < d, rot[:, :, j.clamp_max(d - 1)], 0.0)]
+            blocks = [SECTIONS[self.decode].query_block(self, rot)]
             if self.has_qjl:
                 blocks.append(rot @ (self.qjl_signs[:, :, None] * had))  # d R' R q
             maps[dtype] = torch.cat(blocks, 2).to(dtype).contiguous()
         return maps[dtype]
-
-    def folded_directions(self) -> torch.Tensor:
-        """triplet: [2**n * 4] fp32, row `code` = (x, y, z, 0) of C_rho[code & (2**b_rho - 1)] times
-        D[code >> b_rho] (a triplet's whole decode as one 16-byte row; n = 2 b_dir + b_rho), cached."""
-        if "_folded" not in self.__dict__:
-            b_dir, b_rho = self.param("b_dir"), self.param("b_rho")
-            rho = self.table("centroids").repeat(4**b_dir)[:, None]
-            rows = self.table("directions").repeat_interleave(2**b_rho, 0) * rho
-            self.__dict__["_folded"] = torch.nn.functional.pad(rows, (0, 1)).reshape(-1).contiguous()
-        return self.__dict__["_folded"]
-
-    def polar_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the polarquant angle centroids, flattened level-major (cached)."""
-        if "_polar_tables" not in self.__dict__:
-            centroids = self.table("centroids")
-            self.__dict__["_polar_tables"] = (torch.cos(centroids).reshape(-1).contiguous(),
-                                              torch.sin(centroids).reshape(-1).contiguous())
-        return self.__dict__["_polar_tables"]
 
     def to(self, device: torch.device) -> KernelCodec:
         """This codec with all its tables on `device` (itself when they are all there already)."""

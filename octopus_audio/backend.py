@@ -1,7 +1,7 @@
 """The one dispatch point between the codec library and octopus_audio.kernels: picks triton or reference.
 
 OCTOPUS_AUDIO_BACKEND in {auto, reference, triton} (default auto): auto runs the Triton kernels for CUDA
-tensors when `octopus_audio.kernels.ops` imports, else the PyTorch reference; a forced backend that cannot
+tensors when `octopus_audio.kernels` imports, else the PyTorch reference; a forced backend that cannot
 run is an error (triton runs on CPU tensors only under TRITON_INTERPRET=1). The choice is logged once.
 A codec that does not compress (`none`) always takes the reference path (plain SDPA over native K/V), and so
 does one that declares no kernel decode section (announced once).
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "OCTOPUS_AUDIO_BACKEND"
 CHOICES = ("auto", "reference", "triton")
-KERNEL_OPS = ("encode_keys", "encode_values", "attention")
+KERNEL_OPS = ("encode_keys", "encode_values", "encode_unit", "attention")
 _announced: set[tuple[str, str]] = set()
 
 
@@ -40,14 +40,14 @@ def requested_backend() -> str:
 
 @functools.cache
 def _kernel_ops():
-    """(ops module or None, reason it is unavailable)."""
+    """(the kernels package or None, reason it is unavailable)."""
     try:
-        from octopus_audio.kernels import ops
+        import octopus_audio.kernels as ops
     except Exception as exc:  # any import failure means the kernels cannot run
-        return None, f"importing octopus_audio.kernels.ops failed ({type(exc).__name__}: {exc})"
+        return None, f"importing octopus_audio.kernels failed ({type(exc).__name__}: {exc})"
     missing = [name for name in KERNEL_OPS if not callable(getattr(ops, name, None))]
     if missing:
-        return None, f"octopus_audio.kernels.ops lacks {', '.join(missing)}"
+        return None, f"octopus_audio.kernels lacks {', '.join(missing)}"
     return ops, ""
 
 

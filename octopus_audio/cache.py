@@ -431,9 +431,7 @@ class CompressedKVCache:
         plan, quant = self._plan, self.value_quantizer
         if quant is None or not plan.kernel_encode or quant.group < 8 or quant.group & (quant.group - 1):
             return None
-        from octopus_audio.kernels import encode_ops
-
-        return encode_ops.encode_unit
+        return plan.ops.encode_unit
 
     def _flush_checks(self) -> None:
         """Deferred and fused: record the window units (the kernel records a unit only when it encodes it),

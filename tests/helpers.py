@@ -70,26 +70,28 @@ def _blas_interpreter_dot() -> None:
 
 
 def kernel_ops(device: str):
-    """octopus_audio.kernels.ops; on the CPU with interpreted kernels (re-decorated if they were imported
-    before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
-    from octopus_audio.kernels import flash_decode, ops
+    """octopus_audio.kernels (the public entry points); on the CPU with interpreted kernels (re-decorated if
+    they were imported before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
+    import octopus_audio.kernels as pkg
+    from octopus_audio.kernels import flash
 
     if device == "cpu":
         _blas_interpreter_dot()
-        if type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
-            import octopus_audio.kernels as pkg
+        if type(flash._attn_fwd_kernel).__name__ != "InterpretedFunction":
             from octopus_audio.kernels import (
-                adc_decode,
-                adc_ops,
                 bits,
                 codec_decode,
+                codec_encode,
                 encode,
-                encode_ops,
                 launch,
+                score_tables,
+                spec,
+                value_decode,
+                value_encode,
             )
 
-            modules = (bits, codec_decode, flash_decode, adc_decode, encode, launch, encode_ops, adc_ops, ops,
-                       pkg)
+            modules = (bits, launch, spec, codec_decode, value_decode, codec_encode, score_tables, flash,
+                       value_encode, encode, pkg)
             for module in modules:
                 importlib.reload(module)
-    return ops
+    return pkg

@@ -25,9 +25,9 @@ from octopus_audio.kernels import PackedKeys, PackedValues  # noqa: E402
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
 
 
-def adc_ops():
+def tables():
     kernel_ops(DEVICE)
-    return importlib.import_module("octopus_audio.kernels.adc_ops")
+    return importlib.import_module("octopus_audio.kernels.score_tables")
 
 
 def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
@@ -101,7 +101,7 @@ def test_table_attention_matches_reference(name, bits, d, length, window, splits
     want = reference(lib, q, keys, values, length, k_win, v_win, 0.9 / math.sqrt(d))
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
                                   scale=0.9 / math.sqrt(d), num_splits=splits)
     assert got.dtype == dtype and got.shape == q.shape
     err, floor = rel(got, want)
@@ -116,7 +116,7 @@ def test_large_scores_stay_exact():
     want = reference(lib, q, keys, values, 400, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_k=16,
+    got = tables().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_k=16,
                                   block_v=16)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
@@ -126,7 +126,7 @@ def test_refuses_block_queries():
     lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
     with pytest.raises(ValueError, match="query rows"):
-        adc_ops().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
+        tables().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
 
 
 def test_many_splits_merge_in_steps():
@@ -136,7 +136,7 @@ def test_many_splits_merge_in_steps():
     want = reference(lib, q, keys, values, 1700, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
+    got = tables().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
                                   block_k=16, block_v=16)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
@@ -180,7 +180,7 @@ def test_value_widths_match_reference(vbits, d, length, splits, extreme, block_v
     want = reference(lib, q, keys, values, length, k_win, v_win, None)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
                                   block_v=block_v)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
@@ -204,7 +204,7 @@ def test_stages_carry_the_maximum(length, splits, qscale):
     want = reference(lib, q, keys, values, length, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits)
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
@@ -220,6 +220,6 @@ def test_code_words_singly_and_in_pairs(d, bits, words):
     want = reference(lib, q, keys, values, 70, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev))
+    got = tables().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev))
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"

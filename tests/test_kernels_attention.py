@@ -300,9 +300,12 @@ def test_fused_attention_runs_at_every_head_dim():
 def test_directions_fold_codes_of_at_most_10_bits(name, bits, d, folded):
     """The triplet section folds the direction rows where a key code has at most 10 bits (octopus b <= 3:
     2**10 rows of 16 bytes) and unfolds in registers at b = 4 (13-bit codes)."""
-    ops = kernel_ops(DEVICE)
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import codec_decode
+
     kc = backend.kernel_codec(get_codec(name, bits, d), 1, DEVICE)
-    assert ops._dir_table(kc) == (ops.DIR_FOLDED if folded else ops.DIR_UNFOLD)
+    assert codec_decode.dir_table(kc) == (codec_decode.DIR_FOLDED if folded else codec_decode.DIR_UNFOLD)
+    assert codec_decode.SECTIONS["triplet"].gathers(kc) is folded
 
 
 @pytest.mark.parametrize("folded,n_rows,want_tiles", [(True, 75, False), (False, 75, True), (True, 1, True)],
@@ -310,6 +313,8 @@ def test_directions_fold_codes_of_at_most_10_bits(name, bits, d, folded):
 def test_default_code_loads(folded, n_rows, want_tiles):
     """Query blocks over folded octopus rows gather one load per code (fastest on the H200 sweep: 0.278 vs
     0.288 ms from word tiles at B=64); everything else cuts codes from word tiles."""
-    shape = kernel_ops(DEVICE)._launch_shape(AttnConfig(), n_rows, 64, 380, 75, 32, torch.device(DEVICE),
-                                             folded)
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import flash
+
+    shape = flash._launch_shape(AttnConfig(), n_rows, 64, 380, 75, 32, torch.device(DEVICE), folded)
     assert shape[3] is want_tiles

@@ -1,4 +1,4 @@
-"""Single-query attention over an octopus store by table lookup: per-query score tables, then one pass a key.
+"""One query row per KV head from per-query score tables (triplet section): the kernels and their launcher.
 
 With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
 of key n is a sum of per-triplet terms that depend only on the triplet's code,
@@ -18,19 +18,27 @@ channels for the values) with few registers and no per-block cross-thread reduct
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
    min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
-   (_values_in_place): a channel costs one mask and one FMA, the code masked where it lies read as an fp32
+   (`values_in_place`): a channel costs one mask and one FMA, the code masked where it lies read as an fp32
    subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop; other value
-   formats cut each key's word tile (_values_by_key).
+   formats cut each key's word tile (`values_by_key`).
 For group-16 values the phases alternate by stages of STAGE_K keys (an online softmax by stages: the running
 maximum rescales the accumulators when it grows), so warps done with a stage's values score the next stage
 while others still accumulate, and the scores are re-read while still in L2.
 """
 
+from __future__ import annotations
+
+import math
+
+import torch
 import triton
 import triton.language as tl
 
-from .bits import cut_codes
-from .flash_decode import _store_out
+from .bits import masked_load, store_rounded
+from .codec_decode import SECTIONS
+from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
+from .spec import KernelCodec, PackedKeys, PackedValues
+from .value_decode import in_place_sum, values_by_key, values_in_place
 
 
 @triton.jit
@@ -130,7 +138,7 @@ def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: t
         o = tl.load(opart_ptr + part[:, None] * D + dcol[None, :], mask=ok[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, axis=0)
         den += tl.sum(w, 0)
-    _store_out(out_ptr + r * D + dcol, acc / tl.where(den > 0, den, 1.0), None)
+    store_rounded(out_ptr + r * D + dcol, acc / tl.where(den > 0, den, 1.0), None)
 
 
 @triton.jit
@@ -138,10 +146,10 @@ def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.c
     """Words WI and WI + 1 of each key row (one [BK, 2] load, a thread's two words adjacent: an 8-byte load
     when the rows are 8-byte aligned); the second is 0 past the row. MASKED: rows where n_ok is false."""
     if WI + 1 < K_WORDS:
-        two = _ld(krow[:, None] + (WI + tl.arange(0, 2))[None, :], n_ok[:, None], 0, MASKED)
+        two = masked_load(krow[:, None] + (WI + tl.arange(0, 2))[None, :], n_ok[:, None], 0, MASKED)
         a, b = tl.split(two.to(tl.uint32, bitcast=True))
     else:
-        a = _ld(krow + WI, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+        a = masked_load(krow + WI, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
         b = tl.zeros_like(a)
     return a, b
 
@@ -163,22 +171,22 @@ def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_pt
     krow = kc_ptr + n.to(tl.int64) * K_WORDS
     S_WORDS: tl.constexpr = D // 32
     srow = ks_ptr + n.to(tl.int64) * S_WORDS
-    gamma = _ld(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+    gamma = masked_load(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
     ws = ()
     for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
         if PAIRS:
             pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
             ws = ws + (pa, pb)
         else:
-            ws = ws + (_ld(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+            ws = ws + (masked_load(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
     mix = gamma.to(tl.uint32, bitcast=True)
     for wi in tl.static_range(K_WORDS):
         mix = mix ^ ws[wi]
     if HAS_QJL:
-        g_r = _ld(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+        g_r = masked_load(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
         sws = ()
         for wi in tl.static_range(S_WORDS):
-            sws = sws + (_ld(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+            sws = sws + (masked_load(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
             mix = mix ^ sws[wi]
         mix = mix ^ g_r.to(tl.uint32, bitcast=True)
     gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
@@ -250,164 +258,6 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
 
 
 @triton.jit
-def _as_float(codes):
-    """Small non-negative integer codes as fp32 by the exponent trick: (c | 0x4B000000) - 2^23 (exact)."""
-    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
-    """Per-column constants of _values_in_place's [R, 16 * GT] tiles, each [1, 16 * GT]: (group in the row,
-    source, bit position of the code in its source). V_BITS | 32: source = the 16-bit half h of the group
-    (word h // 2 of the group, shifted by 16 (h % 2)). Otherwise (GT = 2, the row's 32 codes are V_BITS whole
-    words): source = 3 * word + kind, kind 0 the word itself (code below bit 23), 1 the word >> 16, 2 the
-    word funnel-shifted with the next one (a code straddling them, moved to bit 0)."""
-    col = tl.arange(0, 16 * GT)[None, :]
-    if 32 % V_BITS == 0:
-        PH: tl.constexpr = 16 // V_BITS  # codes per 16-bit half
-        return col // 16, (col % 16) // PH, (col % PH) * V_BITS
-    else:
-        bit = col * V_BITS
-        inw = bit % 32
-        kind = tl.where(inw + V_BITS <= 23, 0, tl.where(inw + V_BITS <= 32, 1, 2))
-        pos = tl.where(kind == 0, inw, tl.where(kind == 1, inw - 16, 0))
-        return col // 16, 3 * (bit // 32) + kind, pos
-
-
-@triton.jit
-def _ld(ptr, ok, other, MASKED: tl.constexpr, CG: tl.constexpr = False):
-    """tl.load with the mask only where MASKED (the tail step); CG: through L2 only (.cg)."""
-    if MASKED:
-        if CG:
-            return tl.load(ptr, mask=ok, other=other, cache_modifier=".cg")
-        else:
-            return tl.load(ptr, mask=ok, other=other)
-    else:
-        if CG:
-            return tl.load(ptr, cache_modifier=".cg")
-        else:
-            return tl.load(ptr)
-
-
-@triton.jit
-def _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G: tl.constexpr,
-                   V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, MASKED: tl.constexpr):
-    """One step of _values_in_place: keys [n0, n0 + BLOCK_V), those from c1 on masked off when MASKED."""
-    GR: tl.constexpr = G // GT  # rows a key
-    R: tl.constexpr = BLOCK_V * GR
-    C: tl.constexpr = 16 * GT
-    NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
-    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
-    cg, src, pos = _in_place_columns(G, V_BITS, GT)
-    masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
-    gcol = tl.arange(0, GT)[None, :]
-    inw = ((tl.arange(0, 16 * GT)[None, :] * V_BITS) % 32).to(tl.uint32)
-    n = n0 + rho // GR
-    ok = n < c1
-    grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
-    p = tl.exp2(_ld(s_ptr + n, ok, float("-inf"), MASKED, True) - m)
-    pw = p * 1.2676506002282294e30  # p * 2^W_EXP, W_EXP = 100: p * scale * 2^100 < 2^116 (fp16 scales)
-    wgt = tl.zeros((R, C), tl.float32)
-    mn = tl.zeros((R, GT), tl.float32)
-    hw = tl.zeros((R, C), tl.uint32)
-    for gi in tl.static_range(GT):  # every load is [R, 1], once; the selects fold per column
-        sc_g = _ld(vs_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
-        mn_g = _ld(vm_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
-        wgt = tl.where(cg == gi, pw * sc_g, wgt)
-        mn = tl.where(gcol == gi, mn_g, mn)
-        if 32 % V_BITS != 0:  # the row's codes are a stream of V_BITS words, cut after this loop
-            pass
-        elif V_BITS == 1:  # two groups a word
-            w = _ld(vc_ptr + ((grow + gi) >> 1), ok, 0, MASKED).to(tl.uint32, bitcast=True)
-            hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
-        else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
-            for wi in tl.static_range(NW):
-                w = _ld(vc_ptr + (grow + gi) * NW + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
-                hw = tl.where((cg == gi) & (src == 2 * wi), w, hw)
-                hw = tl.where((cg == gi) & (src == 2 * wi + 1), w >> 16, hw)
-    if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
-        w_prev = tl.zeros((R, 1), tl.uint32)
-        for wi in tl.static_range(V_BITS):
-            w = _ld(vc_ptr + (grow // 2) * V_BITS + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
-            hw = tl.where(src == 3 * wi, w, hw)
-            hw = tl.where(src == 3 * wi + 1, w >> 16, hw)
-            if wi > 0:  # codes straddling words wi - 1 and wi (a funnel shift; inw > 23 there)
-                hw = tl.where(src == 3 * wi - 1, (w_prev >> inw) | (w << (32 - inw)), hw)
-            w_prev = w
-    x = (hw & masks).to(tl.float32, bitcast=True)
-    acc += x * wgt
-    acc_min += p * mn
-    l_vec += p  # GR times each key's p: divided by GR (a power of two, exact) in _in_place_sum
-    return acc, acc_min, l_vec
-
-
-@triton.jit
-def _values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_vec, G: tl.constexpr,
-                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr):
-    """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA):
-    adds keys [c0, c1) to the accumulators acc [R, 16 GT], acc_min [R, GT], l_vec [R, 1] and returns them.
-
-    Rows are GT consecutive groups of one key (R = BLOCK_V * G / GT a step, 16 * GT columns, a thread owns
-    whole rows, so a key's score load and exp2 serve GT groups). A group's 16 codes are cut into 16-bit
-    halves (one shift a word); code k of half h sits at bit pos_k = (k % (16 / V_BITS)) * V_BITS, and masking
-    it in place gives the bit pattern of the fp32 subnormal c * 2^pos_k * 2^-149, exactly (the pattern stays
-    below bit 16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number; the product is normal for
-    every term that matters, p * scale > 2^-50), and _in_place_sum applies the per-column constant
-    2^(149 - W_EXP - pos_k) (a power of two: exact) once. Needs IEEE subnormals in the FMA (Triton emits FFMA
-    without .FTZ; the GPU runs it at full rate)."""
-    full = c0 + (c1 - c0) // BLOCK_V * BLOCK_V  # whole steps without masks, then the tail step with them
-    for n0 in range(c0, full, BLOCK_V):
-        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G,
-                                             V_BITS, BLOCK_V, GT, False)
-    if full < c1:
-        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, full, c1, acc, acc_min, l_vec,
-                                             G, V_BITS, BLOCK_V, GT, True)
-    return acc, acc_min, l_vec
-
-
-@triton.jit
-def _in_place_sum(acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.constexpr, BLOCK_V: tl.constexpr,
-                  GT: tl.constexpr):
-    """(acc [G, 16], l) from _values_in_place's accumulators: the column scales, the sum over rows."""
-    GR: tl.constexpr = G // GT
-    W_EXP: tl.constexpr = 100
-    cg, half, pos = _in_place_columns(G, V_BITS, GT)
-    # 2^(149 - W_EXP - pos) as a bit pattern (exact; exp2 of an integer need not be)
-    col_scale = ((127 + 149 - W_EXP - pos) << 23).to(tl.float32, bitcast=True)
-    acc = tl.reshape(tl.sum(tl.reshape(acc * col_scale, (BLOCK_V, GR, 16 * GT)), axis=0), (G, 16))
-    acc_min = tl.reshape(tl.sum(tl.reshape(acc_min, (BLOCK_V, GR, GT)), axis=0), (G,))
-    return acc + acc_min[:, None], tl.sum(tl.reshape(l_vec, (BLOCK_V * GR,)), 0) / GR
-
-
-@triton.jit
-def _values_by_key(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, start, end, D: tl.constexpr, V_GROUP: tl.constexpr,
-                   V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Phase 2, any width and group: each key's word tile cut in registers (cut_codes), [BLOCK_V, G, group]
-    accumulated elementwise. Returns (acc [G, V_GROUP], l)."""
-    G: tl.constexpr = D // V_GROUP
-    acc3 = tl.zeros((BLOCK_V, G, V_GROUP), tl.float32)
-    acc_min = tl.zeros((BLOCK_V, G), tl.float32)
-    l_vec = tl.zeros((BLOCK_V,), tl.float32)
-    wcol = tl.arange(0, V_WP)
-    gcol = tl.arange(0, G)
-    for n0 in range(start, end, BLOCK_V):
-        n = n0 + tl.arange(0, BLOCK_V)
-        n_ok = n < end
-        p = tl.exp2(tl.load(s_ptr + n, mask=n_ok, other=float("-inf"), cache_modifier=".cg") - m)
-        l_vec += p
-        v_ok = n_ok[:, None] & (wcol < V_WORDS)[None, :]
-        vw = tl.load(vc_ptr + n[:, None] * V_WORDS + wcol[None, :], mask=v_ok, other=0)
-        codes = cut_codes(vw.to(tl.uint32, bitcast=True), tl.arange(0, D)[None, :], V_BITS)
-        gidx = n[:, None] * G + gcol[None, :]
-        sc = tl.load(vs_ptr + gidx, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        mn = tl.load(vm_ptr + gidx, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        pc = p[:, None]
-        acc3 += tl.reshape(_as_float(codes), (BLOCK_V, G, V_GROUP)) * (pc * sc)[:, :, None]
-        acc_min += pc * mn
-    return tl.sum(acc3, axis=0) + tl.sum(acc_min, axis=0)[:, None], tl.sum(l_vec, 0)
-
-
-@triton.jit
 def _window_scores(qn_ptr, kw_base, stride_kwt, r, t_win, qk_scale, D: tl.constexpr, BLOCK_W: tl.constexpr):
     """Scores (log2 units) of the first BLOCK_W native window keys, -inf past t_win."""
     n = tl.arange(0, BLOCK_W)
@@ -439,10 +289,10 @@ def _adc_attn_kernel(
     t_cap entries) and takes their maximum m; phase 2 (after a barrier) reads them back and accumulates
     p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
     one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
-    of the merge kernel. Group-16 values up to 8 bits go through _values_in_place (V_GT groups of a key a
+    of the merge kernel. Group-16 values up to 8 bits go through values_in_place (V_GT groups of a key a
     thread row; widths not dividing 32 need V_GT = 2), the split in stages of STAGE_K keys, each scored, then
     its values accumulated, the accumulators rescaled when the running maximum grows; other value formats
-    through _values_by_key after the whole split is scored. The score phase loads code words two at a time
+    through values_by_key after the whole split is scored. The score phase loads code words two at a time
     where a key has an even number of them (PAIRS) and predicates its table reads on all of a step's loads
     (`zero` must be 0; _score_step).
     """
@@ -480,14 +330,14 @@ def _adc_attn_kernel(
                 acc_min *= alpha
                 l_vec *= alpha
                 m_run = m_c
-            acc_t, acc_min, l_vec = _values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
+            acc_t, acc_min, l_vec = values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
                                                      vm_ptr + row * G, s_row, m_run, c0, c1, acc_t, acc_min,
                                                      l_vec, G, V_BITS, BLOCK_V, V_GT)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m_run, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
         alpha = tl.exp2(m_run - m)
-        acc, l_i = _in_place_sum(acc_t * alpha, acc_min * alpha, l_vec * alpha, G, V_BITS, BLOCK_V, V_GT)
+        acc, l_i = in_place_sum(acc_t * alpha, acc_min * alpha, l_vec * alpha, G, V_BITS, BLOCK_V, V_GT)
     else:
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                           ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
@@ -498,7 +348,7 @@ def _adc_attn_kernel(
         tl.debug_barrier()
 
         # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
-        acc, l_i = _values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+        acc, l_i = values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
                                   start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
 
     # the native window (last split)
@@ -513,8 +363,137 @@ def _adc_attn_kernel(
 
     o = tl.reshape(acc, (D,)) / tl.where(l_i > 0, l_i, 1.0)
     if DIRECT:
-        _store_out(out_ptr + r * D + dcol, o, None)
+        store_rounded(out_ptr + r * D + dcol, o, None)
     else:
         part = pid_s * total_rows + r
         tl.store(opart_ptr + part * D + dcol, o)
         tl.store(lse_ptr + part, m + tl.log2(l_i))
+
+
+LOG2E = 1.4426950408889634
+
+FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet
+
+MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
+
+MAX_WINDOW = 64
+
+STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
+
+# a register cap where a thread holds one value row and the codec has no QJL term: it keeps 3 programs of 8
+# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4); two value rows a thread,
+# or octopus-qjl at b=3, spill under it, so those run uncapped
+MAX_REGISTERS = 80
+
+
+def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
+    """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
+    score tables (triplet) whose per-triplet table is small enough, a native window of at most MAX_WINDOW
+    tokens."""
+    if t_win > MAX_WINDOW:
+        return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
+    if n_rows != 1:
+        return f"{n_rows} query rows per KV head (the table path takes 1)"
+    if not SECTIONS[codec.decode].score_tables:
+        return f"the {codec.decode} section (it has no score tables)"
+    if table_entries(codec)[0] > MAX_ENTRIES:
+        return f"a direction table of {4 ** codec.param('b_dir')} entries (at most {MAX_ENTRIES})"
+    return None
+
+
+def table_entries(codec: KernelCodec) -> tuple[int, bool]:
+    """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
+    folded = 1 << codec.code_bits
+    if folded <= FOLD_ENTRIES or codec.param("b_rho") == 0:
+        return folded, True
+    return 4 ** codec.param("b_dir"), False
+
+
+def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                  k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                  scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
+                  block_v: int | None = None, num_warps: int | None = None,
+                  programs_per_sm: int | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
+
+    Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
+    the caller has validated them (attention routes here). Two launches (tables, attention) plus the
+    log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
+    the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
+    a step still has a row for every thread (always for widths not dividing 32), else one.
+    """
+    b, hq, tq, d = q_BHTD.shape
+    h = keys.codes.shape[1]
+    t_win = 0 if k_window is None else k_window.shape[2]
+    why = adc_limit(codec, (hq // h) * tq, t_win)
+    if why is not None:
+        raise ValueError(f"the table-lookup attention cannot take {why}")
+    dev = q_BHTD.device
+    codec = codec.to(dev)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qk_scale = scale * LOG2E
+    rows = b * h
+    t_cap = keys.codes.shape[2]
+    entries, fold = table_entries(codec)
+    n_trip = codec.num_codes
+    q = q_BHTD.contiguous()
+
+    lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
+    qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
+    qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
+    tp = 16
+    _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
+        q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
+        codec.table("centroids"), lut, qlut,
+        h, 1.0 / math.sqrt(d), qk_scale,
+        D=d, L=n_trip, B_RHO=codec.param("b_rho"), FOLD_RHO=fold, N_ENTRIES=entries,
+        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
+
+    if k_window is None or t_win == 0:
+        k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
+    if k_window.stride(-1) != 1:
+        k_window = k_window.contiguous()
+    if v_window.stride(-1) != 1:
+        v_window = v_window.contiguous()
+
+    nw = num_warps or 4
+    block_k = block_k or 32 * nw
+    block_v = block_v or (64 if _interpreting() else 16)
+    step = max(block_k, block_v)
+    n_groups = d // values.group
+    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
+        value_groups = 2
+    else:  # fewer rows than threads would change the tile's layout (replicated rows)
+        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
+    value_groups = min(value_groups, n_groups)
+    capped = block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl
+    stage_keys = max(STAGE_KEYS, step)
+    if num_splits is None:
+        # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
+        want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
+        num_splits = max(1, min(want, _cdiv(length, 4 * step)))
+    num_splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, step))), step)
+    out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
+    direct = num_splits == 1
+    opart, lse = split_buffers(out, num_splits, rows, d)
+    signs = keys.signs if codec.has_qjl else keys.codes
+    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    v_words = values.codes.shape[-1]
+    scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
+    _adc_attn_kernel[(rows, num_splits)](
+        lut, qlut, q, codec.table("centroids"),
+        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+        v_window.stride(0), v_window.stride(1), v_window.stride(2),
+        scores, out, opart, lse,
+        h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
+        D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
+        N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
+        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
+        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
+        STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
+    if not direct:
+        _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
+                                      BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
+    return out
