@@ -22,6 +22,7 @@ from octopus_audio import backend as backend_mod
 from octopus_audio.codecs import CODECS, RotationCodec, codec_class, get_codec, register, unregister
 from octopus_audio.codecs.turboquant import quantize_scalar
 from octopus_audio.packing import pack, unpack
+from octopus_audio.reference import attend
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = ("octopus_audio", "kernels", "aar_patch", "eval")
@@ -42,9 +43,6 @@ def _uniform_levels(bits: int, head_dim: int) -> tuple[torch.Tensor, torch.Tenso
 class UniformScalar(RotationCodec):
     """Toy codec: one b-bit index per rotated coordinate into uniform levels (no Lloyd-Max)."""
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     name = "toy-uniform"
     supported_bits = (2, 3, 4)
 
@@ -114,9 +112,7 @@ def test_a_codec_outside_the_registry_is_unknown():
 
 def _decoded_attention(cache, q, scale):
     k_all, v_all = cache.decoded_kv(torch.float32)
-    groups = q.shape[1] // k_all.shape[1]
-    k_all, v_all = k_all.repeat_interleave(groups, 1), v_all.repeat_interleave(groups, 1)
-    return F.scaled_dot_product_attention(q.float(), k_all, v_all, scale=scale)
+    return attend(q.float(), k_all, v_all, scale)
 
 
 def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, caplog):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import torch
 
@@ -144,16 +145,21 @@ def check_finite_keys(k: torch.Tensor) -> None:
         raise ValueError("keys must be finite: found NaN or Inf")
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class RotationCodec(KeyCodec):
     """Base of the rotated codecs: gamma = ||k|| (bf16), u = R k / max(gamma, 1e-30) quantized by a subclass.
 
     Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame),
     and declare the codes field: `num_codes` codes of `code_bits` bits per key; `qjl = True` adds the QJL
     side-car on r = u - u_hat. A codec with a `kernel_decode` section also gives that section's tables
-    (`kernel_tables`) and integer parameters (`kernel_params`).
+    (`kernel_tables`) and integer parameters (`kernel_params`). Fields: `bits`, `head_dim`, `seed` (a subclass
+    adds its options after them, with defaults).
     """
 
-    qjl: bool = False
+    bits: int
+    head_dim: int
+    seed: int = 0
+    qjl: ClassVar[bool] = False
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)

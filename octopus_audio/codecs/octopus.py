@@ -26,9 +26,6 @@ class Octopus(RotationCodec):
     rounding of DESIGN section 2 ("scalar", "local3x3" (default) or "full").
     """
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     dir_bits: int | None = None
     rho_bits: int | None = None
     rounding: str = "local3x3"

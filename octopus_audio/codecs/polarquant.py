@@ -22,9 +22,6 @@ class PolarQuant(RotationCodec):
     the top radius is 1 and is not stored. b = 1..8.
     """
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     name = "polarquant"
     supported_bits = tuple(range(1, 9))
     kernel_decode = "polar"

@@ -21,9 +21,6 @@ def quantize_scalar(x: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
 class TurboQuantMSE(RotationCodec):
     """gamma + one b-bit index into C_coord(d, b) per rotated coordinate (b = 1..8)."""
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     name = "turboquant-mse"
     supported_bits = tuple(range(1, 9))
     kernel_decode = "scalar"
