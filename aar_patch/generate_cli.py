@@ -9,14 +9,27 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.errors import UsageError
+from octopus_audio.outdir import (
+    add_to_manifest,
+    check_out_file,
+    check_out_path,
+    read_manifest,
+    refuse_foreign,
+)
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--codec", default=None, help="KV-cache codec (default: none, uncompressed)")
-    parser.add_argument("--bits", type=int, default=None, help="bits per key coordinate (compressed codecs)")
+    from octopus_audio.codecs import UNCOMPRESSED, bits_help
+
+    parser.add_argument("--codec", default=UNCOMPRESSED,
+                        help=f"KV-cache codec (default: {UNCOMPRESSED}, uncompressed)")
+    parser.add_argument("--bits", type=int, default=None,
+                        help=f"bits per key and value coordinate, for a codec other than {UNCOMPRESSED} "
+                             f"({bits_help()}); --codec {UNCOMPRESSED} keeps the cache uncompressed and "
+                             f"takes no --bits")
     parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
@@ -24,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
     parser.add_argument("--clap", default="auto",
                         help="conditioner for --clip: auto, spectral, hf:ID_OR_DIR or laion:FILE (auto)")
-    parser.add_argument("--seed", type=int, default=42, help="sampling seed (default: 42)")
+    parser.add_argument("--seed", type=int, default=42, help="sampling seed, 0 .. 2**64 - 1 (default: 42)")
     parser.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default: 4)")
     parser.add_argument("--top-k", type=int, default=200, help="keep the k likeliest ids; 1 is greedy (200)")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus mass kept, 0 turns it off (0.95)")
@@ -33,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also generate the uncompressed reference and print one metrics line")
     parser.add_argument("--save-latents", type=Path, default=None, metavar="FILE.pt",
                         help='write {"tokens": [16 tensors], "fhat": tensor, "audio": tensor}')
-    parser.add_argument("--out", type=Path, required=True, help="output folder for the WAV files")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output folder for the WAV files: new, empty, or one `generate` wrote before")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace existing output files, and write into a folder holding other files")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when available, else cpu")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -57,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
     ref_wavs = ([w.with_name(w.name.replace(f"_{tag}.wav", f"_{UNCOMPRESSED}.wav")) for w in wavs]
                 if args.compare else [])
-    _refuse_existing(wavs + ref_wavs + ([args.save_latents] if args.save_latents else []), args.overwrite)
+    outputs = wavs + ref_wavs + ([args.save_latents] if args.save_latents else [])
+    _refuse_existing(outputs, args.overwrite)
 
     pipe = load_aar(args.aar, args.sat, device=device)
     handle = _apply_codec(pipe, args)
@@ -66,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
                       fast=fast)
     print(handle.stats().line())
     handle.unpatch()
+    # recorded as generate's own before any is written, so a later run into --out knows them
+    add_to_manifest(args.out, [p for p in outputs if args.out.resolve() in p.resolve().parents])
     if args.compare:
         _compare(pipe, cond_BE, result, args, fast, ref_wavs)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     sample_rate = pipe.sat.config.sample_rate
     audio_BN = result.audio[:, 0].float().cpu().numpy()
     for path, audio_N in zip(wavs, audio_BN, strict=True):
@@ -84,22 +101,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    """Every argument check that needs no model and no audio decoding, before any work."""
+    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, bits_problem, codec_class
+
+    from .generation import SamplingConfig, seed_problem
+
     if args.cond is None and args.clip is None:
         raise UsageError("pass --cond FILE.npy (a (B, 512) array of CLAP embeddings) or --clip FILE")
+    for flag, path in (("--clip", args.clip), ("--cond", args.cond)):
+        if path is not None and path.is_dir():
+            raise UsageError(f"{flag} {path} is a folder; {flag} takes one file"
+                             + (" (for a folder of clips: octopus-audio eval --clips DIR)" if flag == "--clip"
+                                else " (a .npy array)"))
+    if args.clip is not None and not args.clip.is_file():
+        raise UsageError(f"the clip {args.clip} does not exist")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
-    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, UNCOMPRESSED, codec_class
-
-    if args.codec is None:
-        args.codec = UNCOMPRESSED
     if args.codec not in CODECS:
         raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
     compressed = codec_class(args.codec).compressed
+    if not compressed and args.bits is not None:
+        raise UsageError(f"--codec {args.codec} keeps the KV cache uncompressed and takes no --bits; drop "
+                         f"--bits {args.bits}, or pass a codec that uses it (for example --codec "
+                         f"{DEFAULT_CODEC})")
     if compressed and args.bits is None:
         raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2)")
+    if compressed and bits_problem(args.codec, args.bits):
+        raise UsageError(bits_problem(args.codec, args.bits))
     if args.compare and not compressed:
         raise UsageError(f"--compare compares a compressed cache with the uncompressed reference; pass a "
-                         f"--codec other than {UNCOMPRESSED} (for example --codec {DEFAULT_CODEC} --bits 2)")
+                         f"--codec other than {args.codec} (for example --codec {DEFAULT_CODEC} --bits 2)")
+    problem = seed_problem(args.seed, "--seed")
+    if problem:
+        raise UsageError(problem)
+    SamplingConfig(cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    check_out_path(args.out)
+    refuse_foreign(args.out, read_manifest(args.out), "generate", args.overwrite)
+    if args.save_latents is not None:
+        check_out_file(args.save_latents, "--save-latents")
 
 
 def _device(choice: str) -> str:
@@ -126,8 +165,6 @@ def _load_condition(args: argparse.Namespace, device: str) -> np.ndarray:
 
 def _condition_from_clip(path: Path, spec: str, device: str) -> np.ndarray:
     """(1, 512): the clip's embedding, prepared as `octopus-audio eval` prepares it (10 s at 48 kHz)."""
-    if not path.is_file():
-        raise UsageError(f"the clip {path} does not exist")
     try:
         from octopus_audio.eval.conditioning import make_conditioner
         from octopus_audio.eval.sources import CLAP_RATE, ClipRef, decode, prepare
@@ -144,21 +181,43 @@ def _condition_from_clip(path: Path, spec: str, device: str) -> np.ndarray:
 
 
 def _read_cond(path: Path) -> np.ndarray:
-    """A (B, 512) float array from a .npy file."""
+    """A (B, 512) float array from a .npy file, its values within the accepted range (`condition_problem`).
+    The header is read first, so a file of another kind, or of objects, is named as such."""
+    from numpy.lib import format as npy
+
+    from .generation import condition_problem
+
     if not path.is_file():
         raise UsageError(f"the condition file {path} does not exist")
+    with open(path, "rb") as f:
+        try:
+            version = npy.read_magic(f)
+            shape, _, dtype = (npy.read_array_header_1_0(f) if version == (1, 0)
+                               else npy.read_array_header_2_0(f))
+        except ValueError as e:
+            kind = "a .npz archive" if _is_zip(path) else "it does not start with the .npy header"
+            raise UsageError(f"--cond {path} is not a .npy file ({kind}); pass one (B, 512) float array "
+                             f"saved with numpy.save") from e
+    if not np.issubdtype(dtype, np.floating):
+        raise UsageError(f"the condition in {path} must be a float array of shape (B, 512); "
+                         f"got dtype {dtype}")
+    if len(shape) != 2 or shape[0] < 1:  # the width is checked against the model by `generate`
+        raise UsageError(f"the condition in {path} must have shape (B, 512), one CLAP embedding per row; "
+                         f"got shape {shape}")
     try:
         cond = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise UsageError(f"could not read {path} as a .npy array ({e}); pass a (B, 512) float array "
-                         f"saved with numpy.save") from e
-    if cond.ndim != 2 or cond.shape[0] < 1:  # the width is checked against the model by `generate`
-        raise UsageError(f"the condition in {path} must have shape (B, 512), one CLAP embedding per row; "
-                         f"got shape {cond.shape}")
-    if not np.issubdtype(cond.dtype, np.floating):
-        raise UsageError(f"the condition in {path} must be a float array of shape (B, 512); "
-                         f"got dtype {cond.dtype}")
+        raise UsageError(f"--cond {path} is a damaged .npy file ({e}); save the array again with "
+                         f"numpy.save") from e
+    problem = condition_problem(cond, f"the condition in {path}")
+    if problem:
+        raise UsageError(problem)
     return cond
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
 
 
 def _apply_codec(pipe, args: argparse.Namespace):

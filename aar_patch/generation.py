@@ -32,6 +32,36 @@ from .patch import replay_check
 # (probs [N, V] fp32, scale index) -> token ids [N]
 Draw = Callable[[torch.Tensor, int], torch.Tensor]
 
+# Seeds: `torch.Generator.manual_seed` takes any integer from -2**63 to 2**64 - 1 (a negative one wraps onto
+# the same unsigned range), so the non-negative ones, 0 .. 2**64 - 1, are every seed there is.
+SEED_MAX = 2**64 - 1
+# Conditions: finite, every value within +-COND_ABS_MAX. The model is trained on L2-normalised CLAP
+# embeddings, whose every coordinate lies in [-1, 1]; the bound leaves room for unnormalised embeddings and
+# stays far below where float32 arithmetic breaks (a value beyond about 1.8e19 overflows when squared, as a
+# layer norm does; 1e30 used to pass the finiteness check and fail inside the model).
+COND_ABS_MAX = 100.0
+
+
+def seed_problem(seed, what: str = "seed") -> str | None:
+    """The sentence for a seed torch's generator does not take (not an int in 0..SEED_MAX), else None."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        return (f"{what} must be an integer from 0 to 2**64 - 1 = {SEED_MAX} (what torch's generator "
+                f"takes), got {seed!r}")
+    return None
+
+
+def condition_problem(cond_BE: np.ndarray | torch.Tensor, what: str = "the condition") -> str | None:
+    """The sentence for condition values outside the accepted range (NaN, Inf, or |x| > COND_ABS_MAX), else
+    None. Shape and dtype are `check_condition`'s job."""
+    x = torch.as_tensor(cond_BE).detach()
+    peak = float(x.abs().amax()) if x.numel() else 0.0
+    if not math.isfinite(peak):
+        return f"{what} contains NaN or infinite values; pass finite CLAP embeddings"
+    if peak > COND_ABS_MAX:
+        return (f"{what} holds a value of magnitude {peak:.3g}; accepted: finite values within "
+                f"+-{COND_ABS_MAX:g} (an L2-normalised CLAP embedding lies within +-1)")
+    return None
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -59,8 +89,9 @@ class SamplingConfig:
             raise UsageError(f"top_p must be in [0, 1] (0 turns nucleus filtering off), got {self.top_p!r}")
         if not math.isfinite(float(self.cfg)):
             raise UsageError(f"cfg must be a finite number (the release uses 4), got {self.cfg!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise UsageError(f"seed must be an int >= 0, got {self.seed!r}")
+        problem = seed_problem(self.seed)
+        if problem:
+            raise UsageError(problem)
 
 
 class AARPipeline(nn.Module):
@@ -186,10 +217,10 @@ def check_condition(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray) -> to
     cond_BE = torch.as_tensor(np.asarray(cond_BE) if isinstance(cond_BE, np.ndarray) else cond_BE)
     if not cond_BE.is_floating_point():
         raise UsageError(f"the condition must be a float array of shape (B, {E}); got dtype {cond_BE.dtype}")
-    cond_BE = cond_BE.to(pipe.device, torch.float32)
-    if not torch.isfinite(cond_BE).all():
-        raise UsageError("the condition contains NaN or infinite values; pass finite CLAP embeddings")
-    return cond_BE
+    problem = condition_problem(cond_BE)
+    if problem:
+        raise UsageError(problem)
+    return cond_BE.to(pipe.device, torch.float32)
 
 
 def resolve_fast(fast: bool | None, device: torch.device) -> bool:

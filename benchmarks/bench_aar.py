@@ -3,9 +3,11 @@
 Full-size configuration (AAR d16, width 1024, the SAT d128 tokenizer) with random weights, release sampling
 settings (cfg 4, top-k 200, top-p 0.95, seed 42). For each batch size B it reports samples per second (one
 sample = one second of audio, tokenizer decode included), seconds per call, peak allocated GPU memory, and the
-fraction of tokens equal to the fp32 path's. Writes a Markdown table (and JSON beside it) to --out.
+fraction of tokens equal to the fp32 path's. Writes a Markdown table (and JSON beside it) to --out. Uses the
+package's public names (`octopus_audio.aar_patch`) but for the tokenizer's class and config, which build the
+random-weight SAT (`octopus_audio.aar_patch.sat`).
 
-    python benchmarks/bench_aar.py --out benchmarks/results/aar_$(date +%F).md
+    python benchmarks/bench_aar.py --commit $(git rev-parse --short HEAD) --out $OUT/aar_bench.md
     python benchmarks/bench_aar.py --size small --device cpu --batches 1,2 --modes fp32,bf16 --out /tmp/b.md
 """
 
@@ -23,15 +25,7 @@ from pathlib import Path
 
 import torch
 
-from octopus_audio.aar_patch.aar import AAR, AARConfig
-from octopus_audio.aar_patch.generation import (
-    AARPipeline,
-    GraphedGenerator,
-    SamplingConfig,
-    exponential_draw,
-    generate,
-    run_scales,
-)
+from octopus_audio.aar_patch import AAR, AARConfig, AARPipeline, GraphedGenerator, generate
 from octopus_audio.aar_patch.sat import SAT, SATConfig
 
 # the released code on an H200 (issue 4), samples/s (peak GiB): fp32 at B=1 and 128, bf16 autocast at B=128.
@@ -39,7 +33,8 @@ from octopus_audio.aar_patch.sat import SAT, SATConfig
 # the issue's target for the fast path there is 2x that figure.
 RELEASED = {("fp32", 1): (3.6, None), ("bf16", 1): (3.6, None), ("fp32", 128): (88.0, None),
             ("bf16", 128): (250.0, 13.4)}
-MODES = ("fp32", "fp32-expdraw", "bf16", "bf16-graph")
+MODES = ("fp32", "bf16", "bf16-graph")
+CFG, TOP_K, TOP_P, SEED = 4.0, 200, 0.95, 42  # the release's sampling settings
 HEADER = "| B | path | samples/s | s/call | peak GiB | tokens = fp32 | released samples/s (GiB) | speedup |"
 
 
@@ -67,34 +62,25 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def call_for(mode: str, pipe: AARPipeline, cond: torch.Tensor, s: SamplingConfig):
+def call_for(mode: str, pipe: AARPipeline, cond: torch.Tensor):
     """(callable returning tokens, object to keep alive) for one measured path."""
     if mode == "fp32":
-        return lambda: generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=False).tokens, None
+        return lambda: generate(pipe, cond, CFG, TOP_K, TOP_P, SEED, fast=False).tokens, None
     if mode == "bf16":
-        return lambda: generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=True).tokens, None
-    if mode == "fp32-expdraw":  # fp32 with the fast path's sync-free draw: must equal fp32 token for token
-        def run():
-            with torch.inference_mode():
-                g = torch.Generator(device=pipe.device).manual_seed(s.seed)
-                tokens, f_hat = run_scales(pipe, cond, s, exponential_draw(g))
-                pipe.sat.decode(f_hat)
-            return tokens
-        return run, None
+        return lambda: generate(pipe, cond, CFG, TOP_K, TOP_P, SEED, fast=True).tokens, None
     if mode == "bf16-graph":
-        graphed = GraphedGenerator(pipe, cond.shape[0], s.cfg, s.top_k, s.top_p)
-        return lambda: graphed(cond, s.seed).tokens, graphed
+        graphed = GraphedGenerator(pipe, cond.shape[0], CFG, TOP_K, TOP_P)
+        return lambda: graphed(cond, SEED).tokens, graphed
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
 def measure(mode: str, pipe: AARPipeline, cond: torch.Tensor, reps: int) -> dict:
     device = pipe.device
-    s = SamplingConfig()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    fn, keep = call_for(mode, pipe, cond, s)
+    fn, keep = call_for(mode, pipe, cond)
     tokens = fn()  # warm-up (and, for the graph, the first replay after capture)
     sync(device)
     setup_s = time.perf_counter() - t0
@@ -152,11 +138,11 @@ def profile(pipe: AARPipeline, batch: int, out: Path) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    cond, s = random_condition(batch, pipe.device), SamplingConfig()
-    generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=True)
+    cond = random_condition(batch, pipe.device)
+    generate(pipe, cond, CFG, TOP_K, TOP_P, SEED, fast=True)
     sync(pipe.device)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        generate(pipe, cond, s.cfg, s.top_k, s.top_p, s.seed, fast=True)
+        generate(pipe, cond, CFG, TOP_K, TOP_P, SEED, fast=True)
         sync(pipe.device)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
     f_hat = torch.randn(batch, pipe.aar.config.latent_dim, pipe.aar.config.patch_nums[-1], device=pipe.device)
@@ -175,10 +161,12 @@ def profile(pipe: AARPipeline, batch: int, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write (JSON beside it)")
-    parser.add_argument("--batches", default="1,16,128")
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--size", choices=("full", "small"), default="full")
+    parser.add_argument("--batches", default="1,16,128", help="comma list of batch sizes")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma list from {','.join(MODES)} (the graph needs CUDA)")
+    parser.add_argument("--reps", type=int, default=3, help="timed runs after the warm-up (median counts)")
+    parser.add_argument("--size", choices=("full", "small"), default="full",
+                        help="full: AAR d16 + SAT d128; small: a depth-2 width-128 AAR (smoke test)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--commit", default="unknown", help="git commit of the benchmarked tree")
     parser.add_argument("--profile", type=int, default=0, metavar="B",

@@ -9,17 +9,19 @@ included). `none` is the unpatched model; `none+patch` is codec none through the
 token-identical to `none`); graph and eager rows of one codec and batch are checked token-identical. For the
 `--budget` codecs: the largest batch (multiple of 8) whose eager peak stays under `--budget-gib`, found from
 the linear fit of peak memory over the batches above 1 and checked by running it, with its samples/s.
-Device checks (`--checks`): per codec, the compiled fused encode against the separate encodes (bit for bit)
-and the codec library; host syncs per eager generation at B=1, the first after patching and the second,
-each with the Python stack that made it (the patch should add exactly one, its end-of-generation data
-check); a NaN put into one layer's input mid-generation must raise the patch's ValueError, eager and from a
-graph replay; kernel profiles at B=1 (`--profile`: kernels per layer and scale, their summed GPU time
-against the wall time, the top kernels). At `--memcheck-batch` the cache memory freed by kv_caching(False)
-is compared with the patch's accounting. Tasks run in priority order (none and octopus in the graph path,
-the checks, the budget, the other codecs) and `--deadline-s` skips what would start after it; progress is
-printed as it goes and the JSON rewritten after every task.
+Device checks (`--checks`): host syncs per eager `generate` call at B=1 (the input check included), the
+first after patching and the second, each with the Python stack that made it (the patch should add exactly
+one, its end-of-generation data check); a NaN put into one layer's input mid-generation must raise the
+patch's ValueError, eager and from a graph replay; kernel profiles at B=1 (`--profile`: kernels per layer and
+scale, their summed GPU time against the wall time, the top kernels). At `--memcheck-batch` the cache memory
+freed by kv_caching(False) is compared with the patch's accounting. Whether the compiled kernels compute what
+the library does is the compiled test suite's job (`OCTOPUS_AUDIO_TEST_DEVICE=cuda python -m pytest
+tests/test_kernels_encode.py tests/test_cache_fused.py ...`), not this script's. Tasks run in priority order
+(none and octopus in the graph path, the checks, the budget, the other codecs) and `--deadline-s` skips what
+would start after it; progress is printed as it goes and the JSON rewritten after every task. Uses the
+package's public names only (`octopus_audio.CODECS`, `octopus_audio.aar_patch`).
 
-    python benchmarks/bench_patch.py --out benchmarks/results/patch --deadline-s 540  # on a GPU
+    python benchmarks/bench_patch.py --out $OUT/patch --deadline-s 540  # on a GPU
     python benchmarks/bench_patch.py --graphs none,octopus --eager '' --budget '' --checks syncs --out /tmp/p
     python benchmarks/bench_patch.py --small --device cpu --batches 1,2 --out /tmp/p  # CPU smoke test
     python benchmarks/bench_patch.py --count-launches none,octopus --out /tmp/p  # launches per scale, CPU
@@ -38,12 +40,11 @@ from pathlib import Path
 import torch
 from bench_aar import build_pipeline  # the same random-weight model (run from the repository root)
 
-from octopus_audio.aar_patch import AARPipeline, GraphedGenerator, generate, patch_aar
-from octopus_audio.aar_patch.generation import SamplingConfig, check_condition, exponential_draw, run_scales
+from octopus_audio import CODECS
+from octopus_audio.aar_patch import AAR, AARConfig, AARPipeline, GraphedGenerator, generate, patch_aar
 
 GIB = 2.0**30
-CODECS = ("none", "octopus", "octopus-qjl", "turboquant-mse", "turboquant-qjl", "polarquant")
-CHECKS = ("kernels", "syncs", "nan", "profile")
+CHECKS = ("syncs", "nan", "profile")
 
 
 def sync(device: str) -> None:
@@ -135,11 +136,10 @@ def _sync_site(limit: int = 7) -> str:
 
 
 def count_syncs(pipe, batch: int) -> dict:
-    """Host syncs in one eager bf16 scale loop (the fast path of `generate`, without its input check and
-    audio decode), counted by torch.cuda.set_sync_debug_mode("warn"), each attributed to the Python stack
-    that made it: {"count": n, "sites": [{"count": c, "stack": "file:line fn < ..."}]}."""
-    cond = check_condition(pipe, condition(batch))
-    generator = torch.Generator(device=pipe.device).manual_seed(42)
+    """Host syncs in one eager `generate` call on the bf16 fast path (its input check and the audio decode
+    included), counted by torch.cuda.set_sync_debug_mode("warn"), each attributed to the Python stack that
+    made it: {"count": n, "sites": [{"count": c, "stack": "file:line fn < ..."}]}."""
+    cond = condition(batch).to(pipe.device)
     sites: collections.Counter = collections.Counter()
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -151,7 +151,7 @@ def count_syncs(pipe, batch: int) -> dict:
         warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run_scales(pipe, cond, SamplingConfig(), exponential_draw(generator), torch.bfloat16)
+            generate(pipe, cond, cfg=4.0, top_k=200, top_p=0.95, seed=42, fast=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return {"count": sum(sites.values()),
@@ -237,7 +237,7 @@ def count_launches(codec: str, bits: int) -> dict:
     """Kernel launches per scale of one patched attention layer, counted on the CPU (CUDA not needed): the
     Triton kernels run interpreted and are counted per launch, every torch op that would launch a kernel on
     CUDA is counted per op (views and empty allocations are not), the caches defer their checks as on CUDA.
-    One layer of a depth-2 width-128 AAR (2 heads of 64) is driven scale by scale in bf16, as run_scales
+    One layer of a depth-2 width-128 AAR (2 heads of 64) is driven scale by scale in bf16, as generation
     does, twice; the second generation is counted. `codec` "none" is the unpatched layer; "none+patch" codec
     none through the patch. Returns the counts per scale (model ops included: compare with "none") and at
     the end of the generation. Must run before anything imports the kernels (it sets TRITON_INTERPRET)."""
@@ -247,8 +247,6 @@ def count_launches(codec: str, bits: int) -> dict:
     os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import InterpretedFunction
-
-    from octopus_audio.aar_patch.aar import AAR, AARConfig
 
     free = ("aten.empty", "aten.view", "aten.permute", "aten.unbind", "aten.slice", "aten.select",
             "aten.narrow", "aten._unsafe_view", "aten.t.", "aten.expand", "aten.transpose", "aten.unsqueeze",
@@ -316,61 +314,6 @@ def count_launches(codec: str, bits: int) -> dict:
             "scale_1": dict(per_scale[1]), "scale_last": dict(per_scale[-1]), "end": dict(end)}
 
 
-def kernel_check(codecs: list[str], bits: int, device: str = "cuda") -> dict:
-    """Compiled-kernel check on the GPU of what a patched generation runs: the fused unit encode (strided k/v
-    views, written into a store at an offset) against the codec library. Values must be bit for bit the
-    ValueQuantizer's; key rows (all code words) and norms equal to the codec's but for inputs within fp32
-    rounding of a decision boundary (> 99% of rows); nothing written outside the unit; no flag raised."""
-    from octopus_audio import backend
-    from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import PackedKeys, PackedValues, encode_unit
-    from octopus_audio.values import ValueQuantizer
-
-    out = {}
-    dev = torch.device(device)
-    g = torch.Generator().manual_seed(0)
-    b, t, h, d, cap, offset = 2, 37, 16, 64, 50, 7
-    for name in codecs:
-        if name in ("none", "none+patch"):
-            continue
-        codec = get_codec(name, bits, d, seed=3)
-        kc = backend.kernel_codec(codec, h, dev)
-        qkv = torch.randn(b, t, 3, h, d, generator=g).to(torch.bfloat16).to(dev)
-        _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        k = k / k.float().norm(dim=-1, keepdim=True).to(k.dtype)  # unit keys, strided as the model's
-        ref_k, ref_v = codec.encode(k.cpu()), ValueQuantizer(bits, d, 16).encode(v.cpu())
-
-        def buf(like):
-            if like is None:
-                return None
-            return torch.full((b, h, cap, *like.shape[3:]), -7, dtype=like.dtype, device=dev)
-
-        keys = PackedKeys(buf(ref_k.codes), buf(ref_k.gamma), buf(ref_k.signs), buf(ref_k.gamma_r))
-        values = PackedValues(buf(ref_v.codes), buf(ref_v.scale), buf(ref_v.minimum), bits, 16)
-        flags = torch.zeros(2, device=dev)
-        encode_unit(k, v, kc, keys, values, offset, flags)
-
-        def unit(x):
-            return x[:, :, offset:offset + t].cpu()
-
-        def outside_untouched(x):
-            return bool((torch.cat((x[:, :, :offset], x[:, :, offset + t:]), 2) == -7).all())
-
-        values_equal = all(torch.equal(unit(x), want) for x, want in
-                           ((values.codes, ref_v.codes), (values.scale, ref_v.scale),
-                            (values.minimum, ref_v.minimum)))
-        rows_equal = (unit(keys.codes) == ref_k.codes).all(-1).float().mean().item()
-        gamma_equal = (unit(keys.gamma) == ref_k.gamma).float().mean().item()
-        untouched = all(outside_untouched(x) for x in (*vars(keys).values(), values.codes, values.scale,
-                                                        values.minimum) if isinstance(x, torch.Tensor))
-        clean = flags.tolist() == [0.0, 0.0]
-        out[name] = {"values_equal": values_equal, "key_rows_equal": rows_equal, "gamma_equal": gamma_equal,
-                     "outside_untouched": untouched, "flags_clean": clean,
-                     "ok": values_equal and rows_equal > 0.99 and gamma_equal > 0.99 and untouched and clean}
-        print("kernel check", name, out[name], flush=True)
-    return out
-
-
 def nan_checks(pipe, codec: str, bits: int) -> dict:
     """A NaN put into one layer's input at a middle scale must raise the patch's ValueError before any
     result: eager (checked at the end of the generation) and from a graph replay (checked after it)."""
@@ -412,7 +355,7 @@ def nan_checks(pipe, codec: str, bits: int) -> dict:
 
 def cache_memory_check(pipe, handle, batch: int, device: str) -> dict:
     """GPU bytes freed when the caches are emptied at the end of a generation vs the patch's accounting."""
-    attns = [lp.module for lp in handle._layers]
+    attns = [block.attn for block in pipe.aar.blocks]  # the modules the patch found, in order
     marks: dict[str, int] = {}
     first, last = attns[0].kv_caching, attns[-1].kv_caching
 
@@ -483,17 +426,15 @@ def _names(text: str, allowed: tuple[str, ...], what: str, batched: bool = False
 def plan(graphs: list[str], eagers: list[str], budget: list[str], batches: list[int], checks: list[str],
          memcheck: list[str], profile: list[str]) -> list[tuple[str, str, int]]:
     """Tasks (name, what, batch) in priority order, so a deadline cuts the least important work:
-    `none` and `octopus` in the CUDA-graph path at every batch (each codec's compiled-kernel check first),
-    the device checks (host syncs with their stacks, NaN caught, kernel profiles at B=1), the budget codecs'
-    eager rows at the batches above 1 and their largest batch under the budget, the other codecs in the
-    graph path, the remaining eager rows, the cache memory checks."""
+    `none` and `octopus` in the CUDA-graph path at every batch, the device checks (host syncs with their
+    stacks, NaN caught, kernel profiles at B=1), the budget codecs' eager rows at the batches above 1 and
+    their largest batch under the budget, the other codecs in the graph path, the remaining eager rows, the
+    cache memory checks."""
     first = [c for c in ("none", "octopus") if c in graphs]
     out: list[tuple[str, str, int]] = []
 
     def graph_rows(names: list[str]) -> None:
         for n in names:
-            if "kernels" in checks and n not in ("none", "none+patch"):
-                out.append((n, "kernels", 0))
             out.extend((f"{n}@graph", "batches", b) for b in batches)
 
     graph_rows(first)
@@ -530,9 +471,9 @@ def main() -> None:
                    help="codecs whose largest batch under --budget-gib is found (their rows at the batches "
                         "above 1 are measured for the fit); codec@graph: in the CUDA-graph path")
     p.add_argument("--checks", default=",".join(CHECKS),
-                   help=f"device checks to run, from {','.join(CHECKS)}: compiled encode vs reference per "
-                        f"codec, host syncs per generation with their stacks, a NaN caught eager and after "
-                        f"a graph replay, kernel profiles at B=1; '' for none")
+                   help=f"device checks to run, from {','.join(CHECKS)}: host syncs per generation with "
+                        f"their stacks, a NaN caught eager and after a graph replay, kernel profiles at B=1; "
+                        f"'' for none")
     p.add_argument("--profile", default="none,octopus,none@graph,octopus@graph",
                    help="kernel profiles (codec or codec@graph, at B=1 or codec[@graph]:BATCH) when --checks "
                         "has profile; each gives the GPU time of attention and cache kernels, copies and the "
@@ -593,13 +534,11 @@ def main() -> None:
             continue
         print(f"[{elapsed:6.1f}s] {label} ...", flush=True)
         t0 = time.perf_counter()
-        if what in ("kernels", "syncs", "nan", "profile"):
+        if what in CHECKS:
             checks_out = report["checks"].setdefault(what, {})
             key = name  # a profile at a batch above 1 is keyed name:batch (below)
             try:
-                if what == "kernels":
-                    checks_out.update(kernel_check([name], args.bits))
-                elif what == "syncs":
+                if what == "syncs":
                     checks_out.update(sync_checks(pipe, args.bits, sync_codecs))
                 elif what == "nan":
                     checks_out.update(nan_checks(pipe, "octopus", args.bits))
@@ -722,11 +661,9 @@ def markdown(report: dict) -> str:
                          f"{c['k_bits']:.2f} | {c['v_bits']:.2f} |")
     checks = report.get("checks", {})
     lines.append("")
-    for name, c in checks.get("kernels", {}).items():
-        lines.append(f"- compiled encode check {name}: {c}")
     for name, c in checks.get("syncs", {}).items():
         if isinstance(c, dict):
-            lines.append(f"- host syncs per eager generation (B=1, scale loop), {name}: first after patching "
+            lines.append(f"- host syncs per eager generate call (B=1), {name}: first after patching "
                          f"{c['cold']['count']}, second {c['warm']['count']}")
             for when in ("cold", "warm"):
                 lines += [f"  - {when} x{site['count']}: `{site['stack']}`" for site in c[when]["sites"]]

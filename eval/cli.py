@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from octopus_audio.errors import UsageError
+from octopus_audio.outdir import check_out_path
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +32,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", default="all",
                    help="`all` (every codec but none) or a comma list; `none` checks the patched model "
                         "against the reference (default all)")
-    p.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
+    from octopus_audio.codecs import bits_help
+
+    p.add_argument("--bits", default=None,
+                   help=f"comma list of bit widths for the codecs other than none (default {DEFAULT_BITS}; "
+                        f"{bits_help()}); `--codecs none` alone refuses --bits")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
                         "else spectral)")
     p.add_argument("--aar", default=None, help="AAR transformer checkpoint (default: the embedded model)")
     p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with --aar)")
-    p.add_argument("--seed", type=int, default=42, help="sampling seed and clip-choice seed (default 42)")
+    p.add_argument("--seed", type=int, default=42,
+                   help="sampling seed and clip-choice seed, 0 .. 2**64 - 2 (the floor row samples with "
+                        "--seed + 1; default 42)")
     p.add_argument("--cfg", type=float, default=4.0, help="classifier-free guidance (default 4)")
     p.add_argument("--top-k", type=int, default=200, help="top-k sampling (default 200)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
@@ -49,7 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per process (default: torch's own, from OMP_NUM_THREADS or "
                         "the core count); 1 can be faster on CPU when other processes share the cores")
-    p.add_argument("--out", required=True, help="output folder; rerunning into it resumes")
+    p.add_argument("--out", required=True,
+                   help="output folder: new, empty, or an earlier eval's, which a rerun with the same model, "
+                        "conditioner and settings resumes")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a folder holding another run (its settings, rows, references and "
+                        "WAVs are deleted) or write into one holding other files")
     p.add_argument("--cache-dir", default=None,
                    help="embedding cache (default: ~/.cache/octopus-audio/conditioning)")
     p.add_argument("--dataset", default="agkphysics/AudioSet",
@@ -72,6 +84,9 @@ def parse_codecs(text: str) -> tuple[str, ...]:
     if text.strip() == "all":
         return compressed_codecs()
     return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+DEFAULT_BITS = "2,3,4"
 
 
 def parse_bits(text: str) -> tuple[int, ...]:
@@ -118,6 +133,7 @@ def set_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, make_conditioner
+    from octopus_audio.eval.identity import model_identity
     from octopus_audio.eval.runner import (
         AARBackend,
         DistInfo,
@@ -128,7 +144,16 @@ def run(args: argparse.Namespace) -> int:
     )
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
-    config = EvalConfig(codecs=parse_codecs(args.codecs), bits=parse_bits(args.bits), seed=args.seed,
+    check_out_path(args.out)
+    codecs = parse_codecs(args.codecs)
+    from octopus_audio.codecs import DEFAULT_CODEC, compressed_codecs
+
+    if args.bits is not None and codecs and not set(codecs) & set(compressed_codecs()):
+        listed = ",".join(codecs)
+        raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits; drop "
+                         f"--bits {args.bits}, or add a codec that uses it (for example --codecs "
+                         f"{listed},{DEFAULT_CODEC})")
+    config = EvalConfig(codecs=codecs, bits=parse_bits(args.bits or DEFAULT_BITS), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor)
     check_model_paths(args.aar, args.sat)
@@ -144,12 +169,17 @@ def run(args: argparse.Namespace) -> int:
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
 
+    identity = model_identity(args.aar, args.sat)
+
     def make_backend(dev: str) -> LazyBackend:
-        return LazyBackend(lambda: AARBackend(load_model(args.aar, args.sat, dev), config, name, dev), name)
+        def build() -> AARBackend:
+            return AARBackend(load_model(args.aar, args.sat, dev), config, name, dev, identity=identity)
+
+        return LazyBackend(build, name, identity=identity)
 
     meta = {"clips": args.clips or "clips/ (shipped)", "n_requested": args.n}
     results = evaluate(refs, args.out, config, make_backend, conditioner, meta=meta, device=device,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, overwrite=args.overwrite)
     if results is None:
         return 0
     out = Path(args.out)

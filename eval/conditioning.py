@@ -15,6 +15,7 @@ Backends (`--clap SPEC`):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -24,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.errors import UsageError
-from octopus_audio.eval.sources import CLAP_RATE, safe_id
+from octopus_audio.eval.identity import sha256_file
+from octopus_audio.eval.sources import CLAP_RATE, check_folder_or_hub_id, hub_quiet, safe_id
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +75,22 @@ class HFClapConditioner:
     """transformers `ClapModel.get_audio_features` on `ClapFeatureExtractor` input; loaded on first use."""
 
     def __init__(self, source: str, device: str = "cpu") -> None:
+        check_folder_or_hub_id(source, f"--clap hf:{source}")
+        root = Path(source)
+        if root.is_dir() and not ((root / "config.json").is_file()
+                                  and (any(root.glob("*.safetensors")) or any(root.glob("*.bin")))):
+            raise UsageError(f"--clap hf:{source} is a folder without a CLAP model (config.json and "
+                             f"*.safetensors or *.bin weights); pass a folder saved with save_pretrained")
         self.source = source
         self.device = device
         self.name = f"hf:{source}"
-        self.fingerprint = _hf_fingerprint(source)
         self._model = None
         self._features = None
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The weights' identity (cache folder, eval run fingerprint): see `_hf_fingerprint`."""
+        return _hf_fingerprint(self.source)
 
     def _load(self) -> None:
         try:
@@ -87,8 +99,9 @@ class HFClapConditioner:
             raise UsageError("`--clap hf:...` needs transformers: "
                              "pip install 'octopus-audio[clap-hf]'") from e
         try:
-            model = ClapModel.from_pretrained(self.source)
-            features = ClapFeatureExtractor.from_pretrained(self.source)
+            with hub_quiet():
+                model = ClapModel.from_pretrained(self.source)
+                features = ClapFeatureExtractor.from_pretrained(self.source)
         except OSError as e:
             raise UsageError(f"could not load a CLAP model from {self.source!r} ({e}); pass a directory "
                              f"saved with save_pretrained, or a hub id that is reachable or already "
@@ -122,9 +135,12 @@ class LaionClapConditioner:
         self.amodel = amodel
         self.device = device
         self.name = f"laion:{path.name}#{amodel}"
-        st = path.stat()
-        self.fingerprint = "laion-" + _short_hash(f"{self.checkpoint}|{st.st_size}|{st.st_mtime_ns}|{amodel}")
         self._model = None
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The checkpoint's content (sha256) and the audio model: the cache folder, the eval fingerprint."""
+        return "laion-" + _short_hash(f"{sha256_file(self.checkpoint)}|{self.amodel}")
 
     def embed(self, audio_T: np.ndarray) -> np.ndarray:
         if self._model is None:
@@ -147,26 +163,30 @@ def _short_hash(text: str | bytes) -> str:
 
 
 def _hf_fingerprint(source: str) -> str:
-    """A cheap identity of the weights: a local directory's config and weight sizes/mtimes, or the hub id."""
+    """The weights' identity by content: a local directory's config and weight files (sha256), or for a hub id
+    the revision (commit) the local hub cache holds, else the id alone (a hub id is then trusted by name)."""
     root = Path(source)
-    if not root.is_dir():
-        return "hf-id-" + _short_hash(source)
-    parts = []
-    for p in sorted(root.iterdir()):
-        if p.name == "config.json":
-            parts.append(p.read_text())
-        elif p.suffix in (".safetensors", ".bin"):
-            st = p.stat()
-            parts.append(f"{p.name}|{st.st_size}|{st.st_mtime_ns}")
-    return "hf-dir-" + _short_hash("\n".join(parts))
+    if root.is_dir():
+        parts = [f"{p.name}|{sha256_file(p)}" for p in sorted(root.iterdir())
+                 if p.name == "config.json" or p.suffix in (".safetensors", ".bin")]
+        return "hf-dir-" + _short_hash("\n".join(parts))
+    config = _hf_cached_file(source)
+    revision = Path(config).parent.name if config else "uncached"
+    return "hf-id-" + _short_hash(f"{source}@{revision}")
 
 
-def _hf_cached(model_id: str) -> bool:
+def _hf_cached_file(model_id: str) -> str | None:
+    """The local hub cache's `config.json` of `model_id` (inside its snapshot folder, named by revision), or
+    None when it is not cached."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ModuleNotFoundError:
-        return False
-    return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+        return None
+    try:
+        found = try_to_load_from_cache(model_id, "config.json")
+    except ValueError:  # not a valid hub id (a path that does not exist, ...)
+        return None
+    return found if isinstance(found, str) else None
 
 
 def make_conditioner(spec: str, device: str = "cpu"):
@@ -174,7 +194,7 @@ def make_conditioner(spec: str, device: str = "cpu"):
     if spec == "spectral":
         return SpectralConditioner()
     if spec == "auto":
-        if _hf_cached(DEFAULT_HF_CLAP):
+        if _hf_cached_file(DEFAULT_HF_CLAP) is not None:
             return HFClapConditioner(DEFAULT_HF_CLAP, device)
         log.warning("no CLAP weights found (%s is not in the local hub cache): conditioning with the offline "
                     "`spectral` stand-in; pass --clap hf:ID_OR_DIR or laion:FILE for real CLAP embeddings",
@@ -206,6 +226,10 @@ class CachedConditioner:
     @property
     def name(self) -> str:
         return self.inner.name
+
+    @property
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint
 
     def path_for(self, audio_T: np.ndarray) -> Path:
         samples = np.ascontiguousarray(audio_T, dtype=np.float32)

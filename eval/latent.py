@@ -19,9 +19,11 @@ def latent_cosine(fhat, fhat_hat) -> float:
     sampled tokens diverged at some scale. Higher is better.
     """
     a, b = as_pair(fhat, fhat_hat, what="latent")
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
+    # <a,b> / sqrt(<a,a> <b,b>), every sum the same np.dot: identical latents give exactly 1 (the three dots
+    # are one number x, and a correctly rounded sqrt(fl(x * x)) is x), whatever the CPU's summation order
+    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
+    if aa == 0.0 and bb == 0.0:
         return 1.0
-    if na == 0.0 or nb == 0.0:
+    if aa == 0.0 or bb == 0.0:
         return 0.0
-    return float(np.clip(np.dot(a, b) / (na * nb), -1.0, 1.0))
+    return float(np.clip(np.dot(a, b) / np.sqrt(aa * bb), -1.0, 1.0))

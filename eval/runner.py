@@ -27,6 +27,14 @@ Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) 
 distributions are compared with the reference's on the same inputs, free of sampling divergence. The
 reference's tokens are saved with it (`refs/<clip>.npz`), so a resumed run computes them without generating.
 
+Row identity: every row carries `clip_sha256` (the hash of its clip's decoded audio, eval/identity.py) and
+`run` (a digest of the run's fingerprint: the model's and conditioner's weights by sha256, every EvalConfig
+field that changes a number, precision, library version); a rerun reuses a row only when both match, so a
+clip replaced under the same name gets new rows. `settings.json` holds the fingerprint and the clips' hashes;
+a rerun into the same folder with another fingerprint is refused (UsageError, one sentence naming what
+differs) unless `overwrite`, which starts afresh. A folder without our `settings.json` that holds any file is
+refused too (unless `overwrite`): eval never writes beside files it did not write.
+
 The model sits behind a small backend interface (`generate(cond, seed)`, `teacher_forced(cond, tokens)`,
 `compressed(codec, bits)`) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
 `compressed_kv` and `eval.fidelity.teacher_forced_probs` to it.
@@ -44,13 +52,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import compute_metrics
 from octopus_audio.eval.sources import CLAP_RATE, MODEL_RATE, ClipRef, decode, prepare
+from octopus_audio.outdir import refuse_foreign
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
@@ -58,6 +68,9 @@ log = logging.getLogger(__name__)
 ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 SETTINGS_FILE = "settings.json"
+WRITTEN_BY = "octopus-audio eval"  # settings.json's mark: the folder is an eval run's
+CLIPS_KEY = "clip_sha256"  # settings.json: {clip id: sha256 of its decoded audio} of every clip run here
+RUN_STATE = (SETTINGS_FILE, ROWS_DIR, MERGED_ROWS, "refs", "wav")  # what --overwrite deletes to start afresh
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 FLOOR_SEED_OFFSET = 1
@@ -101,6 +114,10 @@ class EvalConfig:
     patch_seed: int = 0
     floor: bool = True
     bf16_floor: bool = False
+    # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
+    # keeps the rows it shares. Every other field is part of each row's identity (`identity()`), so a new
+    # setting that changes a number is one new field above.
+    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor")
 
     def __post_init__(self) -> None:
         known = codec_names()
@@ -112,21 +129,25 @@ class EvalConfig:
         if len(set(self.codecs)) != len(self.codecs):
             raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
         if any(compresses(c) for c in self.codecs):
-            if not self.bits or any(not isinstance(b, int) or not 1 <= b <= 8 for b in self.bits):
-                raise UsageError(f"--bits must be a comma list of integers from 1 to 8, got {self.bits!r}")
+            if not self.bits or any(isinstance(b, bool) or not isinstance(b, int) for b in self.bits):
+                raise UsageError(f"--bits must be a comma list of integers such as 2,3,4, got {self.bits!r}")
             if len(set(self.bits)) != len(self.bits):
                 raise UsageError(f"--bits {self.bits!r} names a width twice")
-            from octopus_audio.codecs import get_codec, supported_bits
+            from octopus_audio.codecs import bits_problem
 
-            for c, b in self.jobs():
-                if b is not None:
-                    try:  # the codec's own validation, before any clip is generated
-                        get_codec(c, b, 64)
-                    except ValueError as e:
-                        raise UsageError(f"{c} does not take --bits {b} "
-                                         f"(it takes {supported_bits(c)})") from e
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise UsageError(f"--seed must be an integer >= 0, got {self.seed!r}")
+            for c in self.codecs:  # each codec's own supported bits, before any clip is generated
+                for b in self.bits if compresses(c) else ():
+                    if bits_problem(c, b):
+                        raise UsageError(bits_problem(c, b))
+        from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
+
+        problem = seed_problem(self.seed, "--seed")
+        if problem:
+            raise UsageError(problem)
+        if self.floor and floor_seed(self.seed) > SEED_MAX:
+            raise UsageError(f"--seed {self.seed} leaves no seed for the sampling-floor row, which samples "
+                             f"with --seed + 1 (torch's generator takes 0 to {SEED_MAX}); pass --seed at "
+                             f"most {SEED_MAX - FLOOR_SEED_OFFSET}, or --no-floor")
         for name in ("floor", "bf16_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -148,10 +169,11 @@ class EvalConfig:
         return out
 
     def identity(self) -> dict:
-        """The settings that must match for a rerun to reuse earlier rows (codecs, bits and the floor may
-        change: a rerun adds the missing rows)."""
+        """The settings that must match for a rerun to reuse earlier rows: every field but JOB_FIELDS
+        (codecs, bits and the floors may change: a rerun adds the missing rows)."""
         d = asdict(self)
-        del d["codecs"], d["bits"], d["floor"], d["bf16_floor"]
+        for name in self.JOB_FIELDS:
+            del d[name]
         return d
 
 
@@ -164,10 +186,12 @@ class Generated(NamedTuple):
 
 
 class Backend(Protocol):
-    """What the runner needs from a model; `name` identifies it in reports."""
+    """What the runner needs from a model; `name` identifies it in reports, `identity` by content (for
+    example {"aar_sha256": ..., "sat_sha256": ...}, eval.identity.model_identity) in the run's fingerprint."""
 
     name: str
     sample_rate: int
+    identity: dict
 
     def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
         """One generation for a (512,) condition."""
@@ -186,11 +210,13 @@ class Backend(Protocol):
 class LazyBackend:
     """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
 
-    def __init__(self, build: Callable[[], Backend], name: str, sample_rate: int = MODEL_RATE) -> None:
+    def __init__(self, build: Callable[[], Backend], name: str, sample_rate: int = MODEL_RATE,
+                 identity: dict | None = None) -> None:
         self._build = build
         self._backend: Backend | None = None
         self.name = name
         self.sample_rate = sample_rate
+        self.identity = dict(identity or {})
 
     @property
     def backend(self) -> Backend:
@@ -227,12 +253,14 @@ class AARBackend:
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
-                 teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None) -> None:
+                 teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
+                 identity: dict | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
         self.pipe = pipe
         self.config = config
         self.name = name
+        self.identity = dict(identity or {})
         self.device = device
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
@@ -305,6 +333,13 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
 
 def row_key(row: dict) -> tuple[str, str, int | None]:
     return row["clip"], row["codec"], row["bits"]
+
+
+def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:
+    """The rows written by this run's fingerprint (`run`) for the clips' current audio (`clip_sha256`): the
+    only rows a rerun may reuse or report. A clip that fails to load has hash None, as its error rows do."""
+    return [r for r in rows if r.get("run") == run_id and r["clip"] in clip_hashes
+            and r.get("clip_sha256") == clip_hashes[r["clip"]]]
 
 
 def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
@@ -388,9 +423,13 @@ def _as_generated(g: Generated) -> Generated:
                      [np.asarray(t, dtype=np.int64).reshape(-1) for t in g.tokens])
 
 
-def _load_reference(path: Path, cond_D: np.ndarray) -> Generated | None:
-    """The saved reference if it was made with this condition and holds its tokens; None (logged) if not."""
+def _load_reference(path: Path, cond_D: np.ndarray, identity: str) -> Generated | None:
+    """The saved reference if it was made for this clip's audio by this run's fingerprint (`identity`, the
+    JSON of the row identity), with this condition, and holds its tokens; None (logged) if not."""
     with np.load(path) as saved:
+        if "identity" not in saved or str(saved["identity"]) != identity:
+            log.warning("%s was made for other audio or by another run; generating the reference again", path)
+            return None
         if saved["cond"].shape != cond_D.shape or not np.array_equal(saved["cond"], cond_D):
             log.warning("%s was made with another condition; generating the reference again", path)
             return None
@@ -401,15 +440,19 @@ def _load_reference(path: Path, cond_D: np.ndarray) -> Generated | None:
         return Generated(saved["audio"], saved["fhat"], tokens)
 
 
-def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int) -> Generated:
-    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it.
+def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int,
+               row_id: dict) -> Generated:
+    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it for the
+    same row identity (`row_id`: the clip's audio hash and the run's fingerprint digest).
 
-    The npz holds audio, fhat, the condition and the tokens (all scales concatenated, with `token_sizes`).
+    The npz holds audio, fhat, the condition, the tokens (all scales concatenated, with `token_sizes`) and the
+    identity (JSON).
     """
     path = out_dir / "refs" / f"{ref.clip_id}.npz"
     wav = out_dir / "wav" / wav_name(ref.clip_id, "reference", None)
+    identity = json.dumps(row_id, sort_keys=True)
     if path.is_file():
-        saved = _load_reference(path, cond_D)
+        saved = _load_reference(path, cond_D, identity)
         if saved is not None:
             if not wav.is_file():
                 write_wav(wav, saved.audio, backend.sample_rate)
@@ -418,15 +461,18 @@ def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, audio=out.audio, fhat=out.fhat, cond=cond_D, tokens=np.concatenate(out.tokens),
-             token_sizes=np.array([t.size for t in out.tokens], dtype=np.int64))
+             token_sizes=np.array([t.size for t in out.tokens], dtype=np.int64), identity=np.array(identity))
     os.replace(tmp, path)
     write_wav(wav, out.audio, backend.sample_rate)
     return out
 
 
 def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path, config: EvalConfig,
-             backend: Backend, conditioner, emit: Callable[[dict], None]) -> None:
+             backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "") -> None:
     """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row.
+
+    Every row carries its identity: `run` (`run_id`, the digest of the run's fingerprint) and `clip_sha256`
+    (the hash of the audio decoded here, None when it fails to load).
 
     An ok row records its wall time (`seconds`, generation + teacher forcing + metrics) and the intra-op
     thread count it ran with (`threads`); neither reaches the report. Every row records the sampling seed of
@@ -437,7 +483,7 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
 
     from octopus_audio.eval.fidelity import fidelity_row
 
-    base = {"clip": ref.clip_id, "origin": ref.origin}
+    base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
 
     def seed_of(codec: str) -> int:
         return floor_seed(config.seed) if codec == FLOOR else config.seed
@@ -451,6 +497,7 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
 
     try:
         clip = decode(ref)
+        base["clip_sha256"] = audio_sha256(clip.audio_T, clip.sample_rate)
         cond_audio = prepare(clip, CLAP_RATE)
         input_audio = prepare(clip, backend.sample_rate)
     except Exception as e:
@@ -459,10 +506,13 @@ def run_clip(ref: ClipRef, todo: Sequence[tuple[str, int | None]], out_dir: Path
     write_wav(out_dir / "wav" / wav_name(ref.clip_id, "input", None), input_audio, backend.sample_rate)
     try:
         cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
+    except UsageError:  # a conditioner that cannot load (--clap): the user's to fix, not this clip's failure
+        raise
     except Exception as e:
         return fail(todo, "condition", e)
     try:
-        reference = _reference(out_dir, ref, cond_D, backend, config.seed)
+        reference = _reference(out_dir, ref, cond_D, backend, config.seed,
+                               {"run": run_id, "clip_sha256": base["clip_sha256"]})
     except Exception as e:
         return fail(todo, "reference", e)
     if (FLOOR, None) in todo:
@@ -584,17 +634,62 @@ class _Group:
             dist.destroy_process_group()
 
 
-def _check_settings(out_dir: Path, settings: dict) -> None:
+def _read_settings(out_dir: Path) -> dict | None:
+    """The folder's settings.json when an eval run wrote it (it carries WRITTEN_BY), else None."""
     path = out_dir / SETTINGS_FILE
-    if path.is_file():
-        old = json.loads(path.read_text())
-        if old != settings:
-            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise UsageError(f"{out_dir} holds a run made with other settings ({', '.join(diff)} differ); "
-                             f"use a new --out, or the same settings to resume it")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return settings if isinstance(settings, dict) and settings.get("written_by") == WRITTEN_BY else None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 24 else text[:20] + '..."'
+
+
+def check_fingerprint(out_dir: Path, fingerprint: dict, old: dict) -> None:
+    """UsageError naming what differs when the run in `out_dir` (settings `old`) has another fingerprint."""
+    keys = (set(old) | set(fingerprint)) - {CLIPS_KEY}
+    diff = sorted(k for k in keys if old.get(k) != fingerprint.get(k))
+    if diff:
+        first = diff[0]
+        raise UsageError(f"{out_dir} holds a run made with other settings ({', '.join(diff)} differ; {first} "
+                         f"was {_short(old.get(first))}, now {_short(fingerprint.get(first))}); rerun with "
+                         f"the same model, conditioner and settings to resume it, pass --overwrite to start "
+                         f"afresh, or choose a new --out")
+
+
+def claim_out_dir(out_dir: Path, fingerprint: dict, clip_hashes: dict[str, str | None],
+                  overwrite: bool = False) -> None:
+    """Rank 0, before any generation: make `out_dir` this run's folder, or refuse with a UsageError.
+
+    New or empty: it becomes this run's. An eval run's folder (settings.json with WRITTEN_BY): resumed when
+    its fingerprint matches, refused otherwise; `overwrite` deletes its RUN_STATE first (other files stay).
+    Any other folder holding files: refused unless `overwrite`. settings.json then records the fingerprint
+    and every clip's audio hash (clips added by this run joined to those already there).
+    """
+    old = _read_settings(out_dir)
+    if old is not None and overwrite:
+        import shutil
+
+        for name in RUN_STATE:
+            target = out_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        old = None
+    if old is None:
+        refuse_foreign(out_dir, set(), "eval", overwrite)
     else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
+        check_fingerprint(out_dir, fingerprint, old)
+    clips = {**(old or {}).get(CLIPS_KEY, {}), **clip_hashes}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{SETTINGS_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**fingerprint, CLIPS_KEY: clips}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, out_dir / SETTINGS_FILE)
 
 
 def precision_settings(device: str) -> dict[str, str]:
@@ -617,14 +712,27 @@ def _warn_thread_change(earlier_rows: Sequence[dict], rank: int) -> None:
                     "(pass --threads %d to match)", rank, now, ", ".join(map(str, before)), before[0])
 
 
+def run_fingerprint(config: EvalConfig, backend: Backend, conditioner, device: str) -> dict:
+    """Everything a row's numbers depend on besides its clip and its job: the settings (EvalConfig.identity),
+    the model (name and `identity`: checkpoint sha256), the conditioner (name and `fingerprint`: its weights'
+    identity), the sample rate, the precision on `device` and the library version."""
+    from octopus_audio import __version__
+
+    return {"written_by": WRITTEN_BY, "version": __version__, **config.identity(), "model": backend.name,
+            **backend.identity, "conditioner": conditioner.name,
+            "conditioner_identity": conditioner.fingerprint,
+            "sample_rate": backend.sample_rate, **precision_settings(device)}
+
+
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
-             device: str = "cpu", progress: bool = True) -> dict | None:
+             device: str = "cpu", progress: bool = True, overwrite: bool = False) -> dict | None:
     """Run this process's shard of `refs`, then (rank 0) merge all rows and write the report.
 
-    make_backend(device) builds the model backend once the device is known; `conditioner` has `name` and
-    `embed(audio_48k_T)`. `meta` is added to the report (clip source, requested n, ...). Returns the report's
-    results on rank 0 and None on the other ranks.
+    make_backend(device) builds the model backend once the device is known; `conditioner` has `name`,
+    `fingerprint` and `embed(audio_48k_T)`. `meta` is added to the report (clip source, requested n, ...).
+    `overwrite` starts afresh in a folder holding another run or other files (`claim_out_dir`). Returns the
+    report's results on rank 0 and None on the other ranks.
     """
     from tqdm import tqdm
 
@@ -633,15 +741,17 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
     group = _Group(info, device)
     try:
         backend = make_backend(device)
-        settings = {**config.identity(), "model": backend.name, "conditioner": conditioner.name,
-                    "sample_rate": backend.sample_rate, **precision_settings(device)}
+        fingerprint = run_fingerprint(config, backend, conditioner, device)
+        run_id = digest(fingerprint)
+        clip_hashes = {r.clip_id: clip_sha256(r) for r in refs}
         if info.rank == 0:
-            _check_settings(out_dir, settings)
+            claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
         group.barrier()
         if info.rank != 0:
-            _check_settings(out_dir, settings)
+            check_fingerprint(out_dir, fingerprint, _read_settings(out_dir) or {})
         jobs = config.jobs()
-        earlier = [r for r in merge_rows(all_rows(out_dir)).values() if r["status"] == "ok"]
+        earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
+                   if r["status"] == "ok"]
         done = {row_key(r) for r in earlier}
         mine = list(refs)[info.rank::info.world]
         total = len(mine) * len(jobs)
@@ -665,30 +775,35 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             for ref in mine:
                 todo = [(c, b) for c, b in jobs if (ref.clip_id, c, b) not in done]
                 if todo:
-                    run_clip(ref, todo, out_dir, config, backend, conditioner, emit)
+                    run_clip(ref, todo, out_dir, config, backend, conditioner, emit, run_id)
         finally:
             bar.close()
             writer.close()
         log.info("rank %d: %d clips, %d rows run, %.1f s with %d intra-op threads", info.rank, len(mine),
                  total - finished, time.perf_counter() - start, torch.get_num_threads())
         group.barrier()
-        results = _finish(out_dir, refs, jobs, settings, meta or {}) if info.rank == 0 else None
+        settings = {k: v for k, v in fingerprint.items() if k != "written_by"}
+        results = (_finish(out_dir, refs, jobs, settings, meta or {}, run_id, clip_hashes)
+                   if info.rank == 0 else None)
         group.barrier()
         return results
     finally:
         group.close()
 
 
-def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: dict) -> dict:
-    """Rank 0: merge every rank's rows (only this run's clips and jobs), write rows.jsonl and the report."""
+def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: dict, run_id: str,
+            clip_hashes: dict[str, str | None]) -> dict:
+    """Rank 0: merge every rank's rows of this run's identity (only this run's clips and jobs; each row's
+    origin is where its clip is now), write rows.jsonl and the report."""
     from octopus_audio.eval import report
 
-    merged = merge_rows(all_rows(out_dir))
+    merged = merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes))
     wanted = [(r.clip_id, c, b) for r in refs for c, b in jobs]
     missing = [k for k in wanted if k not in merged]
     if missing:
         raise RuntimeError(f"{len(missing)} rows are missing after every rank finished (first: {missing[0]})")
-    rows = [merged[k] for k in wanted]
+    origin = {r.clip_id: r.origin for r in refs}
+    rows = [{**merged[k], "origin": origin[k[0]]} for k in wanted]
     tmp = out_dir / f".{MERGED_ROWS}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for row in rows:

@@ -7,6 +7,7 @@ left to the runner so that one unreadable clip becomes a recorded error instead 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import random
@@ -90,14 +91,22 @@ def safe_id(name: str) -> str:
     return cleaned or "clip"
 
 
-def _unique_ids(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
+def unique_ids(names: list[str]) -> list[str]:
+    """One clip id per name, unique in the list: `safe_id(name)`, and for a name whose id is taken, that id
+    with the smallest suffix `-2`, `-3`, ... that no other name's id has either (`a-2`, `a`, `a` become
+    `a-2`, `a`, `a-3`). Ids are compared ignoring case, since they name files (`refs/<id>.npz`) and some
+    file systems do too."""
+    bases = [safe_id(name) for name in names]
+    taken = {b.lower() for b in bases}
+    used: set[str] = set()
     out = []
-    for name in names:
-        base = safe_id(name)
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        out.append(base if count == 0 else f"{base}-{count + 1}")
+    for base in bases:
+        candidate, n = base, 1
+        while candidate.lower() in used or (candidate != base and candidate.lower() in taken):
+            n += 1
+            candidate = f"{base}-{n}"
+        used.add(candidate.lower())
+        out.append(candidate)
     return out
 
 
@@ -125,19 +134,46 @@ def list_folder(folder: str | Path, n: int, seed: int) -> list[ClipRef]:
     chosen = [files[i] for i in seeded_choice(len(files), n, seed)]
     if len(chosen) < n:
         log.info("%s holds %d audio files, fewer than --n %d: using all of them", root, len(chosen), n)
-    ids = _unique_ids([p.relative_to(root).with_suffix("").as_posix() for p in chosen])
+    ids = unique_ids([p.relative_to(root).with_suffix("").as_posix() for p in chosen])
     return [ClipRef(clip_id=i, origin=str(p), path=str(p)) for i, p in zip(ids, chosen, strict=True)]
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def check_folder_or_hub_id(spec: str, what: str) -> None:
+    """UsageError when `spec` is neither an existing folder nor shaped like a hub id (`name` or
+    `namespace/name`): a path that does not exist is named as such, before any network call. `what` names
+    the argument in the message (`--dataset PATH`)."""
+    if not Path(spec).is_dir() and not HUB_ID.fullmatch(spec):
+        raise UsageError(f"{what} is neither a folder nor a hub id (`name` or `namespace/name`); pass an "
+                         f"existing folder or a hub id")
+
+
+@contextlib.contextmanager
+def hub_quiet():
+    """huggingface_hub's own warnings (HTTP retries) held back while a hub call runs whose failure the caller
+    reports in one sentence of its own; errors still show."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def load_stream(spec: DatasetSpec):
     """The streaming split, exactly as for the hub: `load_dataset(path, name, split=..., streaming=True)`."""
+    check_folder_or_hub_id(spec.path, f"--dataset {spec.path}")
     try:
         import datasets
     except ModuleNotFoundError as e:
         raise UsageError("the audioset-20k source needs the `datasets` package: "
                          "pip install 'octopus-audio[eval]'") from e
     try:
-        return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
+        with hub_quiet():
+            return datasets.load_dataset(spec.path, spec.name, split=spec.split, streaming=True)
     except Exception as e:  # no network, unknown config, ...: one sentence for the user
         raise UsageError(f"could not open dataset {spec.path!r} (config {spec.name!r}, split "
                          f"{spec.split!r}): {type(e).__name__}: {e}; it needs the hub or a local copy in "
@@ -172,7 +208,7 @@ def choose_rows(stream, spec: DatasetSpec, n: int, seed: int) -> list[ClipRef]:
                              f"{spec.audio_column!r}")
     if not refs:
         raise UsageError(f"dataset {spec.path!r} split {spec.split!r} yielded no rows")
-    ids = _unique_ids(names)
+    ids = unique_ids(names)
     return [ClipRef(clip_id=i, origin=o, path=p, data=d) for i, (o, p, d) in zip(ids, refs, strict=True)]
 
 

@@ -169,10 +169,11 @@ class CachePlan:
     def encode_keys(self, codec, k: torch.Tensor):
         """k [B, H, T, d] -> KeyState (codec none: k itself, the store copies it)."""
         if self.native:
-            return KeyState(dtype=k.dtype, native=k)
+            return KeyState(dtype=k.dtype, native=k, written_by=codec.state_tag)
         if self.kernel_encode:
             p = self.ops.encode_keys(k, self.kernel)
-            return KeyState(dtype=k.dtype, codes=p.codes, gamma=p.gamma, signs=p.signs, gamma_r=p.gamma_r)
+            return KeyState(dtype=k.dtype, codes=p.codes, gamma=p.gamma, signs=p.signs, gamma_r=p.gamma_r,
+                            written_by=codec.state_tag)
         return codec.encode_unchecked(k)
 
     def encode_values(self, quantizer, v: torch.Tensor):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import torch
 
@@ -31,7 +32,7 @@ def _present(state) -> list[tuple[str, int, torch.Tensor]]:
 def _narrow(state, length: int):
     """Tokens [0, length) of every field of `state` (views)."""
     fields = {name: t.narrow(axis, 0, length) for name, axis, t in _present(state)}
-    return type(state)(dtype=state.dtype, **fields)
+    return dataclasses.replace(state, **fields)
 
 
 @dataclasses.dataclass
@@ -361,6 +362,9 @@ class CompressedKVCache:
         if k.ndim != 4 or k.shape != v.shape or k.shape[-1] != self.head_dim:
             raise ValueError(f"append takes k and v of one shape [B, H, T_unit, {self.head_dim}], "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.numel() == 0:
+            raise ValueError(f"append takes one unit of at least one token: k and v [B, H, T_unit, "
+                             f"{self.head_dim}] with B, H, T_unit >= 1, got {tuple(k.shape)}")
         if k.dtype != v.dtype or k.device != v.device:
             raise ValueError(f"k and v must share dtype and device, got {k.dtype}/{v.dtype}, "
                              f"{k.device}/{v.device}")
@@ -407,7 +411,7 @@ class CompressedKVCache:
         if layout is None:
             self._check_first(k, v)
         elif (k.shape != v.shape or k.ndim != 4 or k.shape[0] != layout[0] or k.shape[1] != layout[1]
-              or k.shape[3] != self.head_dim or k.dtype != layout[2] or v.dtype != layout[2]
+              or not k.shape[2] or k.shape[3] != self.head_dim or k.dtype != layout[2] or v.dtype != layout[2]
               or k.device != layout[3] or v.device != layout[3]):
             self._check_first(k, v)  # raises the precise error
         if layout is None:
@@ -452,8 +456,8 @@ class CompressedKVCache:
         def buf(*tail, dtype, fill=False):
             return (torch.zeros if fill else torch.empty)(B, H, capacity, *tail, dtype=dtype, device=k.device)
 
-        keys = KeyState(dtype=k.dtype, **{name: buf(*tail, dtype=dtype)
-                                          for name, (tail, dtype) in self.codec.layout.fields().items()})
+        fields = {name: buf(*tail, dtype=dtype) for name, (tail, dtype) in self.codec.layout.fields().items()}
+        keys = KeyState(dtype=k.dtype, written_by=self.codec.state_tag, **fields)
         words = -(-d * quant.bits // 32)
         # the padding bits of a value row's last word are never written by the kernel: zero them once
         padded = (d * quant.bits) % 32 != 0
@@ -498,9 +502,12 @@ class CompressedKVCache:
         store.rebind(keys.with_capacity(cap), values.with_capacity(cap))
 
     # ---- attend ----
-    def _check_query(self, q: torch.Tensor) -> int:
+    def _check_query(self, q: torch.Tensor, scale: float) -> int:
         if self._layout is None:
             raise ValueError("attend called on an empty cache: append a unit first")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
+            raise ValueError(f"attend takes a finite positive scale (the softmax temperature, usually "
+                             f"1/sqrt(head_dim)), got {scale!r}")
         B, H = self._layout[:2]
         if q.ndim != 4 or q.shape[0] != B or q.shape[-1] != self.head_dim or q.shape[1] % H:
             raise ValueError(f"attend takes q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}, "
@@ -509,11 +516,13 @@ class CompressedKVCache:
 
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype."""
-        self._check_query(q)
+        self._check_query(q, scale)
         return self._plan.attention(self, q, scale)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """All held K, V [B, H, T, d] in `dtype`: the decoded store, then the window (runs `check()`)."""
+        if self._layout is None:
+            raise ValueError("decoded_kv called on an empty cache: append a unit first")
         self.check()
         return self._decoded_kv(dtype)
 
@@ -549,7 +558,7 @@ class CompressedKVCache:
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
-        self._check_query(q)
+        self._check_query(q, scale)
         if self.value_quantizer is None:
             k_all, v_all = self._native_kv(q.dtype)
             q_c = q

@@ -116,14 +116,14 @@ def test_wrong_condition_shape_exits_2_with_expected_shape(tmp_path, capsys, sha
 
 
 def test_missing_inputs_exit_2(tmp_path, capsys):
-    assert main(["generate", "--clip", str(tmp_path / "a.wav"), "--out", str(tmp_path)]) == 2
+    assert main(["generate", "--clip", str(tmp_path / "a.wav"), "--out", str(tmp_path / "o")]) == 2
     assert "a.wav does not exist" in capsys.readouterr().err
     (tmp_path / "junk.wav").write_text("not audio")
-    assert main(["generate", "--clip", str(tmp_path / "junk.wav"), "--out", str(tmp_path)]) == 2
+    assert main(["generate", "--clip", str(tmp_path / "junk.wav"), "--out", str(tmp_path / "o")]) == 2
     assert "could not read the clip" in capsys.readouterr().err
-    assert main(["generate", "--out", str(tmp_path)]) == 2
+    assert main(["generate", "--out", str(tmp_path / "o")]) == 2
     assert "pass --cond FILE.npy" in capsys.readouterr().err
-    assert main(["generate", "--cond", str(tmp_path / "none.npy"), "--out", str(tmp_path)]) == 2
+    assert main(["generate", "--cond", str(tmp_path / "none.npy"), "--out", str(tmp_path / "o")]) == 2
     assert "none.npy does not exist" in capsys.readouterr().err
 
 

@@ -74,7 +74,12 @@ def test_laion_missing_checkpoint_is_one_sentence(tmp_path):
 def test_hf_missing_directory_is_a_usage_error(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    c = make_conditioner(f"hf:{tmp_path / 'no-such-model'}")
+    with pytest.raises(UsageError, match="no-such-model is neither a folder nor a hub id"):
+        make_conditioner(f"hf:{tmp_path / 'no-such-model'}")  # refused before any loading
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="is a folder without a CLAP model"):
+        make_conditioner(f"hf:{tmp_path / 'empty'}")
+    c = make_conditioner("hf:nobody/no-such-model")  # a hub id: found out when it is loaded
     with pytest.raises(UsageError, match="could not load a CLAP model"):
         c.embed(clip48(0))
 

@@ -106,6 +106,7 @@ def fake_compressed_kv(pipe, codec, bits, window, v_group, seed):
 
 class FakeConditioner:
     name = "fake-cond"
+    fingerprint = "fake-cond-v1"
 
     def embed(self, audio_T):
         v = np.random.default_rng(int(abs(audio_T).sum() * 1000) % 2**32).standard_normal(512)
@@ -255,7 +256,7 @@ def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
     rows.write_text("\n".join(kept) + "\n")
     path = tmp_path / "out" / "refs" / "clip1.npz"
     with np.load(path) as saved:
-        np.savez(path, **{k: saved[k] for k in ("audio", "fhat", "cond")})
+        np.savez(path, **{k: saved[k] for k in ("audio", "fhat", "cond", "identity")})
     before = report_files(tmp_path / "out")
     pipe = FakePipe()
     with caplog.at_level("WARNING"):
@@ -376,3 +377,113 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     per_rank = [len((tmp_path / "two" / "rows" / s).read_text().splitlines()) for s in shards]
     assert per_rank == [3 * 6, 2 * 6]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1 (6 rows: floor + 5 jobs)
     assert report_files(tmp_path / "two") == report_files(tmp_path / "one")
+
+
+def tone(path: Path, freq: float, seconds: float = 0.5, rate: int = 24000) -> Path:
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(path, 0.3 * np.sin(2 * np.pi * freq * t), rate)
+    return path
+
+
+def test_colliding_file_names_give_distinct_clips_with_their_own_rows(tmp_path):
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    freqs = {"a-2.flac": 220.0, "a.flac": 330.0, "a.wav": 440.0}
+    for name, freq in freqs.items():
+        tone(clips / name, freq)
+    cfg = config(codecs=("octopus",), bits=(2, 3))  # three rows per clip: the floor, b=2, b=3
+    results = run_fake(clips, tmp_path / "out", cfg=cfg)
+    refs = list_folder(clips, n=10, seed=0)
+    assert [(r.clip_id, Path(r.origin).name) for r in refs] == [("a-2", "a-2.flac"), ("a", "a.flac"),
+                                                                ("a-3", "a.wav")]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert sorted((r["clip"], r["codec"], r["bits"]) for r in rows) == sorted(
+        (c, j, b) for c in ("a-2", "a", "a-3") for j, b in ((FLOOR, None), ("octopus", 2), ("octopus", 3)))
+    assert all(g["clips_ok"] == 3 and g["clips_failed"] == 0 for g in results["groups"])
+    # each clip's saved reference was made from its own file: the condition is that file's embedding
+    from octopus_audio.eval.sources import CLAP_RATE, decode, prepare
+
+    for ref in refs:
+        with np.load(tmp_path / "out" / "refs" / f"{ref.clip_id}.npz") as saved:
+            cond = FakeConditioner().embed(prepare(decode(ref), CLAP_RATE))
+            np.testing.assert_array_equal(saved["cond"], cond)
+    assert len({r["clip_sha256"] for r in rows}) == 3
+
+
+def test_a_clip_replaced_under_the_same_name_never_reuses_its_rows(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=2)
+    run_fake(clips, tmp_path / "out")
+    tone(clips / "clip0.wav", 1234.0)  # new content, same name
+    pipe = FakePipe()
+    run_fake(clips, tmp_path / "out", pipe=pipe)
+    assert pipe.calls == 7  # clip0 again: reference, floor, five jobs; clip1 reused
+    run_fake(clips, tmp_path / "fresh")  # what a run that never saw the old clip0 reports
+    assert report_files(tmp_path / "out") == report_files(tmp_path / "fresh")
+    settings = json.loads((tmp_path / "out" / "settings.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert {r["clip_sha256"] for r in rows if r["clip"] == "clip0"} == {settings["clip_sha256"]["clip0"]}
+
+    # a rerun from another folder: a file of the same name with other audio gets new rows, one with the
+    # same audio reuses them under its new path
+    other = tmp_path / "other"
+    other.mkdir()
+    tone(other / "clip0.wav", 555.0)
+    (other / "clip1.wav").write_bytes((clips / "clip1.wav").read_bytes())
+    pipe = FakePipe()
+    run_fake(other, tmp_path / "out", pipe=pipe)
+    assert pipe.calls == 7
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert {r["origin"] for r in rows} == {str(other / "clip0.wav"), str(other / "clip1.wav")}
+
+
+def test_a_folder_of_other_files_is_left_alone_and_overwrite_starts_afresh(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = {"index.html": b"<p>my page</p>", "table.md": b"| mine |", "results.json": b'{"mine": 1}'}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    with pytest.raises(UsageError, match="holds files that `octopus-audio eval` did not write"):
+        run_fake(clips, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == mine
+
+    run_fake(clips, tmp_path / "run", cfg=config(codecs=("octopus",), bits=(2,)))
+    (tmp_path / "run" / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="seed differ"):
+        run_fake(clips, tmp_path / "run", cfg=EvalConfig(codecs=("octopus",), bits=(2,), seed=4))
+    refs = list_folder(clips, n=1, seed=0)
+    pipe = FakePipe()
+    cfg = EvalConfig(codecs=("octopus",), bits=(2,), seed=4)
+    backend = AARBackend(pipe, cfg, "fake-aar", "cpu", generate_fn=fake_generate,
+                         compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced)
+    evaluate(refs, tmp_path / "run", cfg, lambda device: backend, FakeConditioner(), progress=False,
+             overwrite=True)
+    assert pipe.calls == 3  # everything again: reference, floor, octopus b=2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rows" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [5, 4]  # only the new run's rows (the floor samples with seed + 1)
+    assert (tmp_path / "run" / "notes.txt").read_text() == "keep me"
+
+
+def test_another_checkpoint_under_the_same_name_is_refused(tmp_path):
+    from octopus_audio.eval.identity import model_identity
+
+    clips = make_clips(tmp_path / "clips", n=1)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"w": torch.ones(3)}, ckpt / "aar.pth")
+    torch.save({"w": torch.zeros(3)}, ckpt / "sat.pth")
+    cfg = config(codecs=("octopus",), bits=(2,))
+
+    def run(**kw):
+        identity = model_identity(ckpt / "aar.pth", ckpt / "sat.pth")
+        backend = AARBackend(FakePipe(), cfg, "aar.pth+sat.pth", "cpu", generate_fn=fake_generate,
+                             compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced,
+                             identity=identity)
+        return evaluate(list_folder(clips, n=1, seed=0), tmp_path / "out", cfg, lambda device: backend,
+                        FakeConditioner(), progress=False, **kw)
+
+    run()
+    torch.save({"w": torch.full((3,), 2.0)}, ckpt / "aar.pth")
+    with pytest.raises(UsageError, match=r"aar_sha256 differ"):
+        run()
+    run(overwrite=True)

@@ -11,6 +11,7 @@ import torch
 from helpers import SHARED
 
 from octopus_audio.cli import main
+from octopus_audio.outdir import MANIFEST, add_to_manifest, read_manifest
 
 GOLDEN = SHARED / "aar_reference" / "golden"
 
@@ -36,8 +37,9 @@ def test_compare_writes_the_reference_beside_and_prints_metrics(cond, tmp_path, 
     assert main(argv(cond, tmp_path / "o", "--codec", "octopus", "--bits", "2", "--compare",
                      "--save-latents", str(latents))) == 0
     out = capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["c_000_seed42_none.wav",
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [MANIFEST, "c_000_seed42_none.wav",
                                                                    "c_000_seed42_octopus-b2.wav"]
+    assert read_manifest(tmp_path / "o") == {MANIFEST, "c_000_seed42_none.wav", "c_000_seed42_octopus-b2.wav"}
     header = r"kv cache \[octopus b=2 W=1, 2 layers, 455 tokens \(75 native\)\]: "
     assert re.search(header + r".* 1\.98x \(4\.74x on the store\)", out), out
     m = re.search(r"compare octopus b=2 vs uncompressed \(1 row\): LSD (\S+) dB, SNR (\S+) dB, "
@@ -55,7 +57,7 @@ def test_codec_none_prints_its_accounting(cond, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--codec", "zip", "--bits", "2"], "unknown --codec 'zip'; allowed: none, "),
-    (["--codec", "octopus", "--bits", "9"], "--bits 9: codec 'octopus' does not support bits=9"),
+    (["--codec", "octopus", "--bits", "9"], "octopus does not take --bits 9 (it takes 1..7)"),
     (["--codec", "none", "--compare"], "--compare compares a compressed cache"),
 ], ids=["unknown-codec", "bits-out-of-range", "compare-none"])
 def test_bad_codec_arguments_exit_2(cond, tmp_path, capsys, extra, message):
@@ -66,7 +68,7 @@ def test_bad_codec_arguments_exit_2(cond, tmp_path, capsys, extra, message):
 
 def test_compare_refuses_to_overwrite_the_reference(cond, tmp_path, capsys):
     out = tmp_path / "o"
-    out.mkdir()
+    add_to_manifest(out, [out / "c_000_seed42_none.wav"])  # as an earlier generate leaves it
     (out / "c_000_seed42_none.wav").write_bytes(b"")
     assert main(argv(cond, out, "--codec", "octopus", "--bits", "3", "--compare")) == 2
     assert "c_000_seed42_none.wav already exists" in capsys.readouterr().err

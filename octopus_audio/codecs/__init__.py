@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import importlib
 
-from octopus_audio.codecs.base import KeyCodec, KeyLayout, KeyState, RotationCodec
+from octopus_audio.codecs.base import KeyCodec, KeyLayout, KeyState, RotationCodec, describe_bits
 from octopus_audio.codecs.registry import (
     CODECS,
+    SUPPORTED_BITS,
+    bits_help,
+    bits_problem,
     codec_class,
     compressed_codecs,
     get_codec,
     kernel_codecs,
     register,
-    supported_bits,
     unregister,
 )
 
@@ -32,6 +34,7 @@ from octopus_audio.codecs.turboquant import TurboQuantMSE, TurboQuantQJL  # noqa
 DEFAULT_CODEC = Octopus.name  # what `patch_aar` and `compressed_kv` apply unless told otherwise
 UNCOMPRESSED = NoneCodec.name  # the native cache: the reference every codec is measured against
 
-__all__ = ["CODECS", "DEFAULT_CODEC", "UNCOMPRESSED", "KeyCodec", "KeyLayout", "KeyState", "RotationCodec",
-           "codec_class", "compressed_codecs", "get_codec", "kernel_codecs", "register", "supported_bits",
-           "unregister", "NoneCodec", "TurboQuantMSE", "TurboQuantQJL", "PolarQuant", "Octopus", "OctopusQJL"]
+__all__ = ["CODECS", "DEFAULT_CODEC", "SUPPORTED_BITS", "UNCOMPRESSED", "KeyCodec", "KeyLayout", "KeyState",
+           "RotationCodec", "bits_help", "bits_problem", "codec_class", "compressed_codecs", "describe_bits",
+           "get_codec", "kernel_codecs", "register", "unregister", "NoneCodec", "TurboQuantMSE",
+           "TurboQuantQJL", "PolarQuant", "Octopus", "OctopusQJL"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import ClassVar
 
 import torch
@@ -27,6 +28,8 @@ class KeyState(TensorState):
     gamma_r bf16  [..., H, T]      QJL residual norm ||r||
     native  input dtype [..., H, T, d]  (codec `none` only)
     dtype   the dtype of the encoded keys (decode returns it)
+    written_by  the writing codec's `state_tag` (decode and scores refuse a state another codec, bit width
+            or seed wrote); None for a state assembled by hand, whose fields alone are then checked
     """
 
     codes: torch.Tensor | None = tensor_field(T_LAST2)
@@ -34,6 +37,7 @@ class KeyState(TensorState):
     signs: torch.Tensor | None = tensor_field(T_LAST2)
     gamma_r: torch.Tensor | None = tensor_field(T_LAST1)
     native: torch.Tensor | None = tensor_field(T_LAST2)
+    written_by: str | None = None
 
 
 def to_dtype(x_fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -44,11 +48,19 @@ def to_dtype(x_fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x_fp32.to(dtype)
 
 
-def check_bits(name: str, bits: int, allowed: tuple[int, ...]) -> None:
+def describe_bits(allowed: tuple[int, ...]) -> str:
+    """How accepted bit widths read in a message: `1..7`, `2, 4`, or `any (ignored)` when there are none."""
+    if not allowed:
+        return "any (ignored)"
+    if list(allowed) == list(range(allowed[0], allowed[-1] + 1)):
+        return f"{allowed[0]}..{allowed[-1]}"
+    return ", ".join(map(str, allowed))
+
+
+def check_bits(name: str, bits: int, allowed: tuple[int, ...], note: str = "") -> None:
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in allowed:
-        raise ValueError(
-            f"codec {name!r} does not support bits={bits!r}: allowed {allowed[0]}..{allowed[-1]}"
-        )
+        raise ValueError(f"codec {name!r} does not support bits={bits!r}: "
+                         f"allowed {describe_bits(allowed)}{note}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,26 +100,20 @@ class KeyCodec(abc.ABC):
 
     Concrete codecs are frozen dataclasses with fields `bits`, `head_dim`, `seed` (+ options), registered with
     `octopus_audio.codecs.register`. What the rest of the package reads from a codec class (its declaration):
-    `name` (as the CLI and reports spell it), `supported_bits` (the nominal bits it accepts) and `bits_note`
-    (what else limits them, for messages), `compressed` (False: keys and values stay native, no value
-    quantizer, bits ignored) and `kernel_decode` (the section of kernels/codec_decode.py that decodes its keys
-    inside the fused attention; None: the cache runs the PyTorch reference for it).
+    `name` (as the CLI and reports spell it), `supported_bits` (the nominal bit widths it takes with its
+    default options; empty: bits are ignored; every message about a codec's bits reads this), `compressed`
+    (False: keys and values stay native, no value quantizer) and `kernel_decode` (the section of
+    kernels/codec_decode.py that decodes its keys inside the fused attention; None: the cache runs the
+    PyTorch reference for it).
     """
 
-    name: str = ""
-    compressed: bool = True
-    supported_bits: tuple[int, ...] = ()
-    bits_note: str = ""
-    kernel_decode: str | None = None
+    name: ClassVar[str] = ""
+    supported_bits: ClassVar[tuple[int, ...]] = ()
+    compressed: ClassVar[bool] = True
+    kernel_decode: ClassVar[str | None] = None
     bits: int
     head_dim: int
     seed: int
-
-    @classmethod
-    def bits_help(cls) -> str:
-        """The nominal bits this codec accepts, in words."""
-        bits = cls.supported_bits
-        return f"{bits[0]}..{bits[-1]}" + (f" ({cls.bits_note})" if cls.bits_note else "")
 
     @property
     @abc.abstractmethod
@@ -127,6 +133,39 @@ class KeyCodec(abc.ABC):
 
     @abc.abstractmethod
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor: ...
+
+    @functools.cached_property
+    def state_tag(self) -> str:
+        """Who writes this codec's states: its name and every field that changes how a state decodes (fields
+        with metadata `format=False`, such as octopus's rounding, do not), e.g. `turboquant-mse(bits=2,
+        head_dim=64, seed=0)`."""
+        fields = [f for f in dataclasses.fields(self) if f.metadata.get("format", True)]
+        return f"{self.name}(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
+
+    def _state_fields(self) -> frozenset[str]:
+        """The KeyState fields this codec writes."""
+        return frozenset({"native"})
+
+    def check_state(self, state: KeyState) -> None:
+        """ValueError unless `state` is one this codec writes: the same `state_tag` when the state carries
+        one, and the fields (and code words per key) of this codec's format."""
+        if not isinstance(state, KeyState):
+            raise ValueError(f"{self.name} decodes a KeyState, got {type(state).__name__}")
+        if state.written_by is not None and state.written_by != self.state_tag:
+            raise ValueError(f"this key state was written by {state.written_by}; {self.state_tag} decodes "
+                             f"only the states it writes (use the codec, bit width and seed that encoded it)")
+        present = frozenset(state.tensors())
+        if present != self._state_fields():
+            raise ValueError(f"{self.state_tag} decodes a state with the fields "
+                             f"{', '.join(sorted(self._state_fields()))}; this one holds "
+                             f"{', '.join(sorted(present)) or 'no fields'} (written by another codec)")
+
+    def check_heads(self, q: torch.Tensor, state: KeyState) -> None:
+        """ValueError unless q [..., H, Tq, d] has the state's leading dims [..., H] (batch and heads)."""
+        lead = state.gamma.shape[:-1] if state.gamma is not None else state.native.shape[:-2]
+        if tuple(q.shape[:-2]) != tuple(lead):
+            raise ValueError(f"scores takes queries [..., H, Tq, {self.head_dim}] with the state's batch and "
+                             f"heads {tuple(lead)} in front; got queries {tuple(q.shape)}")
 
     def check_keys(self, x: torch.Tensor, what: str = "keys") -> None:
         """Shape and dtype checks shared by encode and scores (no data-dependent checks, no host sync)."""
@@ -163,9 +202,12 @@ class RotationCodec(KeyCodec):
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)
-        check_bits(self.name, self.bits, self.supported_bits)
+        self._check_bits()
         self._validate()
         object.__setattr__(self, "_device_cache", {})
+
+    def _check_bits(self) -> None:  # overridden where options change the widths a codec takes
+        check_bits(self.name, self.bits, self.supported_bits)
 
     def _validate(self) -> None:  # overridden by codecs with options
         pass
@@ -252,7 +294,16 @@ class RotationCodec(KeyCodec):
         if self.qjl:
             r = u - self._dequantize(codes)
             fields["signs"], fields["gamma_r"] = qjl.encode(r, self._qjl_signs(k))
-        return KeyState(dtype=k.dtype, **fields)
+        return KeyState(dtype=k.dtype, written_by=self.state_tag, **fields)
+
+    def _state_fields(self) -> frozenset[str]:
+        return frozenset({"codes", "gamma", "signs", "gamma_r"} if self.qjl else {"codes", "gamma"})
+
+    def check_state(self, state: KeyState) -> None:
+        super().check_state(state)
+        if state.codes.shape[-1] != self.code_words:
+            raise ValueError(f"{self.state_tag} decodes {self.code_words} code words per key; this state has "
+                             f"{state.codes.shape[-1]} (written by another codec or bit width)")
 
     def _qjl_signs(self, x: torch.Tensor) -> torch.Tensor:
         return self.signs(rotation.num_heads_of(x), x.device, stream=qjl.QJL_STREAM)
@@ -268,7 +319,9 @@ class RotationCodec(KeyCodec):
         """KeyState -> k_hat = gamma R^T u_est [..., H, T, d] in `dtype` (default: the encoded keys' dtype).
 
         Computed in fp32; for the QJL codecs this is the score estimator as a vector, so q.decode == scores.
+        A state another codec, bit width or seed wrote is a ValueError (`check_state`).
         """
+        self.check_state(state)
         u_est = self.rotated_estimate(state)
         k_hat = rotation.unrotate(u_est, self.signs(rotation.num_heads_of(u_est), u_est.device))
         return to_dtype(k_hat * state.gamma.float()[..., None], dtype or state.dtype)
@@ -276,6 +329,8 @@ class RotationCodec(KeyCodec):
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor:
         """The codec's score estimator q.k_hat: q [..., H, Tq, d] -> fp32 [..., H, Tq, T] (rotated frame)."""
         self.check_keys(q, "queries")
+        self.check_state(state)
+        self.check_heads(q, state)
         q_rot = self.rotate_query(q)
         s = q_rot @ self._dequantize(state.codes).mT
         if self.qjl:

@@ -16,16 +16,11 @@ from octopus_audio.codecs.registry import register
 class NoneCodec(KeyCodec):
     """Stores k as is. `bits` is accepted and ignored (nominally 16); bits_per_key counts a 16-bit key."""
 
-    bits: int = 16
+    bits: int = dataclasses.field(default=16, metadata={"format": False})
     head_dim: int = 64
-    seed: int = 0
+    seed: int = dataclasses.field(default=0, metadata={"format": False})
     name = "none"
     compressed = False
-    supported_bits = (16,)
-
-    @classmethod
-    def bits_help(cls) -> str:
-        return "any (ignored)"
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)
@@ -40,13 +35,16 @@ class NoneCodec(KeyCodec):
         return self.encode_unchecked(k)
 
     def encode_unchecked(self, k: torch.Tensor) -> KeyState:
-        return KeyState(dtype=k.dtype, native=k.contiguous().clone())
+        return KeyState(dtype=k.dtype, native=k.contiguous().clone(), written_by=self.state_tag)
 
     def decode(self, state: KeyState, dtype: torch.dtype | None = None) -> torch.Tensor:
+        self.check_state(state)
         return state.native if dtype is None else state.native.to(dtype)
 
     def scores(self, q: torch.Tensor, state: KeyState) -> torch.Tensor:
         self.check_keys(q, "queries")
+        self.check_state(state)
+        self.check_heads(q, state)
         return q.to(torch.float32) @ state.native.to(torch.float32).mT
 
     def __repr__(self) -> str:

@@ -6,12 +6,14 @@ import dataclasses
 
 import torch
 
-from octopus_audio.codecs.base import RotationCodec
+from octopus_audio.codecs.base import RotationCodec, check_bits
 from octopus_audio.codecs.registry import register
 from octopus_audio.packing import pack, unpack
 
 DIR_BITS = tuple(range(1, 9))
 RHO_BITS = tuple(range(0, 9))
+OCTOPUS_BITS = tuple(range(1, 9))  # nominal bits with explicit dir_bits / rho_bits
+DEFAULT_SPLIT_BITS = tuple(range(1, DIR_BITS[-1]))  # the default dir_bits = b + 1 must stay in DIR_BITS
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 
 
@@ -22,20 +24,25 @@ class Octopus(RotationCodec):
 
     A code has 2 dir_bits + rho_bits bits.
 
-    bits: nominal b (1..8); dir_bits defaults to b+1 (1..8), rho_bits to b-1 (0..8); rounding is the joint
-    rounding of DESIGN section 2 ("scalar", "local3x3" (default) or "full").
+    bits: nominal b (1..7 with the default split, 1..8 with an explicit dir_bits); dir_bits defaults to b+1
+    (1..8), rho_bits to b-1 (0..8); rounding is the joint rounding of DESIGN section 2 ("scalar", "local3x3"
+    (default) or "full"; it changes only the encode, so a state's writer is named without it).
     """
 
     dir_bits: int | None = None
     rho_bits: int | None = None
-    rounding: str = "local3x3"
+    rounding: str = dataclasses.field(default="local3x3", metadata={"format": False})
     name = "octopus"
-    supported_bits = tuple(range(1, 9))
+    supported_bits = DEFAULT_SPLIT_BITS
     kernel_decode = "triplet"
 
-    @classmethod
-    def bits_help(cls) -> str:
-        return "1..7 (dir_bits 1..8, rho_bits 0..8; b = 8 with both given)"
+    def _check_bits(self) -> None:
+        if self.dir_bits is None:
+            check_bits(self.name, self.bits, self.supported_bits,
+                       f" with the default split (dir_bits = b+1 <= {DIR_BITS[-1]}); with an explicit "
+                       f"dir_bits, {OCTOPUS_BITS[0]}..{OCTOPUS_BITS[-1]}")
+        else:
+            check_bits(self.name, self.bits, OCTOPUS_BITS)
 
     def _validate(self) -> None:
         if self.dir_bits is None:

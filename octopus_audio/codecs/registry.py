@@ -14,7 +14,7 @@ behaviour elsewhere follows a codec's declared properties, never its name. A cod
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 _REGISTRY: dict[str, type] = {}
 
@@ -22,8 +22,8 @@ _REGISTRY: dict[str, type] = {}
 def register(cls: type) -> type:
     """Add a codec class to the registry (usable as a class decorator); returns the class.
 
-    The class must be a `KeyCodec` dataclass with a non-empty `name` that no registered codec uses, and a
-    non-empty `supported_bits`. ValueError otherwise."""
+    The class must be a `KeyCodec` dataclass with a non-empty `name` that no registered codec uses.
+    ValueError otherwise."""
     from octopus_audio.codecs.base import KeyCodec
 
     if not (isinstance(cls, type) and issubclass(cls, KeyCodec) and dataclasses.is_dataclass(cls)):
@@ -33,8 +33,6 @@ def register(cls: type) -> type:
         raise ValueError(f"codec class {cls.__name__} needs a non-empty `name`")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise ValueError(f"codec name {name!r} is taken by {_REGISTRY[name].__name__}")
-    if not cls.supported_bits:
-        raise ValueError(f"codec class {cls.__name__} needs `supported_bits` (the nominal bits it accepts)")
     _REGISTRY[name] = cls
     return cls
 
@@ -80,16 +78,50 @@ def kernel_codecs() -> tuple[str, ...]:
     return tuple(n for n, cls in _REGISTRY.items() if cls.kernel_decode is not None)
 
 
-def supported_bits(name: str) -> str:
-    """The nominal bits codec `name` accepts, in words (for messages)."""
-    return codec_class(name).bits_help()
+class SupportedBits(Mapping):
+    """Codec name -> the nominal bit widths it takes with its default options (its class's `supported_bits`;
+    empty: bits are ignored), a live view of the registry."""
+
+    def __getitem__(self, name):
+        return codec_class(name).supported_bits
+
+    def __iter__(self):
+        return iter(tuple(_REGISTRY))
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+
+SUPPORTED_BITS = SupportedBits()
+
+
+def bits_help() -> str:
+    """The bit widths each codec takes, grouped, for `--help`: `octopus, octopus-qjl 1..7; ...`."""
+    from octopus_audio.codecs.base import describe_bits
+
+    groups: dict[str, list[str]] = {}
+    for name, allowed in SUPPORTED_BITS.items():
+        if allowed:
+            groups.setdefault(describe_bits(allowed), []).append(name)
+    return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
+
+
+def bits_problem(name: str, bits: int) -> str | None:
+    """The sentence for a command line whose `--bits` codec `name` does not take (with its default options),
+    or None when it takes it. The accepted widths come from the codec's own `supported_bits`."""
+    from octopus_audio.codecs.base import describe_bits
+
+    allowed = SUPPORTED_BITS[name]
+    if not allowed or (isinstance(bits, int) and not isinstance(bits, bool) and bits in allowed):
+        return None
+    return f"{name} does not take --bits {bits} (it takes {describe_bits(allowed)})"
 
 
 def get_codec(name: str, bits: int, head_dim: int, seed: int = 0, **options):
     """The key codec `name` with `bits` per coordinate (nominal) for keys of dimension `head_dim`.
 
     Options are the codec's own dataclass fields beyond bits, head_dim and seed (octopus: `dir_bits`,
-    `rho_bits`, `rounding`). Supported bits: `supported_bits(name)`; head_dim: a power of two in 8..1024.
+    `rho_bits`, `rounding`). Supported bits: SUPPORTED_BITS[name]; head_dim: a power of two in 8..1024.
     Errors name what is allowed."""
     cls = codec_class(name)
     allowed = {f.name for f in dataclasses.fields(cls)} - {"bits", "head_dim", "seed"}

@@ -75,7 +75,6 @@ class TurboQuantQJL(TurboQuantMSE):
     """gamma + (b-1)-bit turboquant-mse indices + QJL signs of the residual + its norm (b = 1..8)."""
 
     name = "turboquant-qjl"
-    bits_note = "b-1 bits for the MSE stage; 0 at b=1"
     qjl = True
 
     @property
