@@ -48,29 +48,38 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import compute_metrics
+from octopus_audio.eval.rows import (
+    MERGED_ROWS,
+    ROWS_DIR,
+    RowWriter,
+    all_rows,
+    current_rows,
+    merge_rows,
+    row_key,
+)
+from octopus_audio.eval.run_folder import (
+    check_fingerprint,
+    claim_out_dir,
+    read_settings,
+    run_fingerprint,
+    warn_thread_change,
+)
 from octopus_audio.eval.sources import CLAP_RATE, MODEL_RATE, ClipRef, decode, prepare
-from octopus_audio.outdir import refuse_foreign
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-ROWS_DIR = "rows"
-MERGED_ROWS = "rows.jsonl"
-SETTINGS_FILE = "settings.json"
-WRITTEN_BY = "octopus-audio eval"  # settings.json's mark: the folder is an eval run's
-CLIPS_KEY = "clip_sha256"  # settings.json: {clip id: sha256 of its decoded audio} of every clip run here
-RUN_STATE = (SETTINGS_FILE, ROWS_DIR, MERGED_ROWS, "refs", "wav")  # what --overwrite deletes to start afresh
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 FLOOR_SEED_OFFSET = 1
@@ -79,13 +88,6 @@ FLOOR_SEED_OFFSET = 1
 def floor_seed(seed: int) -> int:
     """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
     return seed + FLOOR_SEED_OFFSET
-
-
-def codec_names() -> tuple[str, ...]:
-    """The registered codecs (octopus_audio.CODECS)."""
-    from octopus_audio.codecs import CODECS
-
-    return tuple(CODECS)
 
 
 def compresses(codec: str) -> bool:
@@ -120,7 +122,9 @@ class EvalConfig:
     JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor")
 
     def __post_init__(self) -> None:
-        known = codec_names()
+        from octopus_audio.codecs import CODECS
+
+        known = tuple(CODECS)
         if not self.codecs:
             raise UsageError(f"no codecs to evaluate; accepted: all or a comma list of {', '.join(known)}")
         for c in self.codecs:
@@ -329,19 +333,6 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
     return out
 
 
-# rows ------------------------------------------------------------------------------------------------------
-
-def row_key(row: dict) -> tuple[str, str, int | None]:
-    return row["clip"], row["codec"], row["bits"]
-
-
-def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:
-    """The rows written by this run's fingerprint (`run`) for the clips' current audio (`clip_sha256`): the
-    only rows a rerun may reuse or report. A clip that fails to load has hash None, as its error rows do."""
-    return [r for r in rows if r.get("run") == run_id and r["clip"] in clip_hashes
-            and r.get("clip_sha256") == clip_hashes[r["clip"]]]
-
-
 def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav`: sorting together."""
@@ -352,64 +343,6 @@ def wav_name(clip_id: str, codec: str, bits: int | None) -> str:
     if codec == KV_FLOOR:
         return f"{clip_id}__00_reference_bf16_kv.wav"
     return f"{clip_id}__{codec}.wav" if bits is None else f"{clip_id}__{codec}_b{bits}.wav"
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The rows of one JSONL file; a torn last line (a killed writer) or any unparseable line is skipped."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s line %d is not a complete JSON row (an interrupted write); ignoring it",
-                            path, n)
-    return rows
-
-
-def all_rows(out_dir: Path) -> list[dict]:
-    rows = []
-    for path in sorted((out_dir / ROWS_DIR).glob("*.jsonl")):
-        rows.extend(read_rows(path))
-    return rows
-
-
-def merge_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
-    """One row per key: an `ok` row wins over an error; otherwise the later row wins."""
-    merged: dict[tuple, dict] = {}
-    for row in rows:
-        key = row_key(row)
-        old = merged.get(key)
-        if old is None or row["status"] == "ok" or old["status"] != "ok":
-            merged[key] = row
-    return merged
-
-
-class RowWriter:
-    """Appends rows to this rank's JSONL file, one write + flush + fsync per row; repairs a torn last line."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                keep = data.rfind(b"\n") + 1
-                log.warning("%s ends in a torn row (an interrupted write); dropping its last %d bytes",
-                            path, len(data) - keep)
-                with open(path, "r+b") as f:
-                    f.truncate(keep)
-        self.path = path
-        self._f = open(path, "a", encoding="utf-8")
-
-    def write(self, row: dict) -> None:
-        self._f.write(json.dumps(row, sort_keys=True) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
 
 
 # per clip ------------------------------------------------------------------------------------------------
@@ -574,156 +507,6 @@ def _floor(ref: ClipRef, out_dir: Path, config: EvalConfig, backend: Backend, co
     return None
 
 
-# distributed ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int
-    world: int
-    local_rank: int
-
-    @classmethod
-    def from_env(cls) -> DistInfo:
-        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def resolve_device(spec: str, local_rank: int) -> str:
-    """`auto` is cuda:<local rank> when a GPU is visible, else cpu; `cuda` gets the local rank's index."""
-    import torch
-
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cuda":
-        return f"cuda:{local_rank}"
-    if spec != "cpu" and not spec.startswith("cuda:"):
-        raise UsageError(f"unknown --device {spec!r}; accepted: auto, cpu, cuda, cuda:N")
-    return spec
-
-
-class _Group:
-    """The process group when WORLD_SIZE > 1 (gloo on CPU, nccl on GPUs); a no-op otherwise."""
-
-    def __init__(self, info: DistInfo, device: str) -> None:
-        self.info = info
-        self.device = device
-        if info.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            use_nccl = device.startswith("cuda")
-            if use_nccl:
-                torch.cuda.set_device(torch.device(device))
-            # long shards: a rank may wait at the barrier for hours while another finishes its clips
-            dist.init_process_group("nccl" if use_nccl else "gloo", timeout=timedelta(days=2))
-
-    def barrier(self) -> None:
-        if self.info.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            if self.device.startswith("cuda"):
-                dist.barrier(device_ids=[torch.device(self.device).index])
-            else:
-                dist.barrier()
-
-    def close(self) -> None:
-        if self.info.world > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _read_settings(out_dir: Path) -> dict | None:
-    """The folder's settings.json when an eval run wrote it (it carries WRITTEN_BY), else None."""
-    path = out_dir / SETTINGS_FILE
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return settings if isinstance(settings, dict) and settings.get("written_by") == WRITTEN_BY else None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 24 else text[:20] + '..."'
-
-
-def check_fingerprint(out_dir: Path, fingerprint: dict, old: dict) -> None:
-    """UsageError naming what differs when the run in `out_dir` (settings `old`) has another fingerprint."""
-    keys = (set(old) | set(fingerprint)) - {CLIPS_KEY}
-    diff = sorted(k for k in keys if old.get(k) != fingerprint.get(k))
-    if diff:
-        first = diff[0]
-        raise UsageError(f"{out_dir} holds a run made with other settings ({', '.join(diff)} differ; {first} "
-                         f"was {_short(old.get(first))}, now {_short(fingerprint.get(first))}); rerun with "
-                         f"the same model, conditioner and settings to resume it, pass --overwrite to start "
-                         f"afresh, or choose a new --out")
-
-
-def claim_out_dir(out_dir: Path, fingerprint: dict, clip_hashes: dict[str, str | None],
-                  overwrite: bool = False) -> None:
-    """Rank 0, before any generation: make `out_dir` this run's folder, or refuse with a UsageError.
-
-    New or empty: it becomes this run's. An eval run's folder (settings.json with WRITTEN_BY): resumed when
-    its fingerprint matches, refused otherwise; `overwrite` deletes its RUN_STATE first (other files stay).
-    Any other folder holding files: refused unless `overwrite`. settings.json then records the fingerprint
-    and every clip's audio hash (clips added by this run joined to those already there).
-    """
-    old = _read_settings(out_dir)
-    if old is not None and overwrite:
-        import shutil
-
-        for name in RUN_STATE:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        old = None
-    if old is None:
-        refuse_foreign(out_dir, set(), "eval", overwrite)
-    else:
-        check_fingerprint(out_dir, fingerprint, old)
-    clips = {**(old or {}).get(CLIPS_KEY, {}), **clip_hashes}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{SETTINGS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**fingerprint, CLIPS_KEY: clips}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out_dir / SETTINGS_FILE)
-
-
-def precision_settings(device: str) -> dict[str, str]:
-    """How each number is computed on `device`: generation at `aar_patch.generate`'s default precision for
-    the device (bf16-autocast blocks on CUDA, fp32 elsewhere), teacher forcing always in fp32."""
-    return {"generation_precision": "bf16-autocast" if device.startswith("cuda") else "fp32",
-            "teacher_forced_precision": "fp32"}
-
-
-def _warn_thread_change(earlier_rows: Sequence[dict], rank: int) -> None:
-    """Resuming with another intra-op thread count is allowed but changes float rounding (the tokenizer's
-    decoder always; the codecs' attention sometimes, and a near-tie then flips a sampled token)."""
-    import torch
-
-    before = sorted({r["threads"] for r in earlier_rows if r.get("threads") is not None})
-    now = torch.get_num_threads()
-    if before and before != [now]:
-        log.warning("rank %d resumes with %d intra-op threads; earlier rows ran with %s: float rounding "
-                    "differs between thread counts, so rows may differ slightly from an uninterrupted run "
-                    "(pass --threads %d to match)", rank, now, ", ".join(map(str, before)), before[0])
-
-
-def run_fingerprint(config: EvalConfig, backend: Backend, conditioner, device: str) -> dict:
-    """Everything a row's numbers depend on besides its clip and its job: the settings (EvalConfig.identity),
-    the model (name and `identity`: checkpoint sha256), the conditioner (name and `fingerprint`: its weights'
-    identity), the sample rate, the precision on `device` and the library version."""
-    from octopus_audio import __version__
-
-    return {"written_by": WRITTEN_BY, "version": __version__, **config.identity(), "model": backend.name,
-            **backend.identity, "conditioner": conditioner.name,
-            "conditioner_identity": conditioner.fingerprint,
-            "sample_rate": backend.sample_rate, **precision_settings(device)}
-
-
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
              device: str = "cpu", progress: bool = True, overwrite: bool = False) -> dict | None:
@@ -738,7 +521,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
 
     out_dir = Path(out_dir)
     info = DistInfo.from_env()
-    group = _Group(info, device)
+    group = ProcessGroup(info, device)
     try:
         backend = make_backend(device)
         fingerprint = run_fingerprint(config, backend, conditioner, device)
@@ -748,7 +531,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
         group.barrier()
         if info.rank != 0:
-            check_fingerprint(out_dir, fingerprint, _read_settings(out_dir) or {})
+            check_fingerprint(out_dir, fingerprint, read_settings(out_dir) or {})
         jobs = config.jobs()
         earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
                    if r["status"] == "ok"]
@@ -757,7 +540,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         total = len(mine) * len(jobs)
         finished = sum((r.clip_id, c, b) in done for r in mine for c, b in jobs)
         if finished < total:
-            _warn_thread_change(earlier, info.rank)
+            warn_thread_change(earlier, info.rank)
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
         bar = tqdm(total=total, initial=finished, desc=f"eval rank {info.rank}/{info.world}", unit="row",
                    position=info.rank, disable=not progress, dynamic_ncols=True)

@@ -177,6 +177,7 @@ def test_the_patched_model_and_an_eval_row_run_it(toy, tmp_path):
 
     class Conditioner:
         name = "fixed"
+        fingerprint = "one fixed condition"
 
         def embed(self, audio_T):
             return cond[0].numpy()
@@ -210,3 +211,8 @@ def test_each_codec_name_is_written_in_its_codec_file_only():
         home = codec_class(name).__module__.replace("octopus_audio.", "octopus_audio/").replace(".", "/")
         assert where.get(name) == {f"{home}.py"}, (name, where.get(name))
 
+
+
+def test_no_product_file_is_over_600_lines():
+    lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _product_files()}
+    assert not {name: n for name, n in lines.items() if n > 600}
