@@ -22,14 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from octopus_audio.codecs import CODECS, bits_help
+    from octopus_audio.codecs import CODECS, UNCOMPRESSED, bits_help
 
-    parser.add_argument("--codec", default="none",
-                        help=f"KV-cache codec: {', '.join(CODECS)} (default: none, uncompressed)")
+    parser.add_argument("--codec", default=UNCOMPRESSED,
+                        help=f"KV-cache codec: {', '.join(CODECS)} (default: {UNCOMPRESSED}, uncompressed)")
     parser.add_argument("--bits", type=int, default=None,
-                        help=f"bits per key and value coordinate, for a codec other than none "
-                             f"({bits_help()}); --codec none keeps the cache uncompressed and takes no "
-                             f"--bits")
+                        help=f"bits per key and value coordinate, for a codec other than {UNCOMPRESSED} "
+                             f"({bits_help()}); --codec {UNCOMPRESSED} keeps the cache uncompressed and "
+                             f"takes no --bits")
     parser.add_argument("--k-bits", type=int, default=None, help="the keys' bits (default: --bits)")
     parser.add_argument("--v-bits", type=int, default=None,
                         help="the values' bits, 1..8 (default: --bits; b-bit groups of 16 channels)")
@@ -71,9 +71,12 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     device = _device(args.device)
     cond_BE, stem = _load_condition(args, device)
-    tag = "none" if args.codec == "none" else f"{args.codec}-{_bits_tag(args)}"
+    from octopus_audio.codecs import UNCOMPRESSED, codec_class
+
+    tag = f"{args.codec}-{_bits_tag(args)}" if codec_class(args.codec).compressed else args.codec
     wavs = [args.out / f"{stem}_{i:03d}_seed{args.seed}_{tag}.wav" for i in range(cond_BE.shape[0])]
-    ref_wavs = [w.with_name(w.name.replace(f"_{tag}.wav", "_none.wav")) for w in wavs] if args.compare else []
+    ref_wavs = ([w.with_name(w.name.replace(f"_{tag}.wav", f"_{UNCOMPRESSED}.wav")) for w in wavs]
+                if args.compare else [])
     outputs = wavs + ref_wavs + ([args.save_latents] if args.save_latents else [])
     _refuse_existing(outputs, args.overwrite)
 
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument check that needs no model and no audio decoding, before any work."""
-    from octopus_audio.codecs import CODECS, bits_problem
+    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, bits_problem, codec_class
     from octopus_audio.values import VALUE_BITS
 
     from .generation import SamplingConfig, seed_problem
@@ -121,26 +124,27 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
     if args.codec not in CODECS:
         raise UsageError(f"unknown --codec {args.codec!r}; allowed: {', '.join(CODECS)}")
+    compressed = codec_class(args.codec).compressed
     given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
                                                      ("--v-bits", args.v_bits)) if value is not None]
-    if args.codec == "none" and given:
-        raise UsageError(f"--codec none keeps the KV cache uncompressed and takes no --bits, --k-bits or "
-                         f"--v-bits; drop {' '.join(given)}, or pass a codec that uses them (for example "
-                         f"--codec octopus)")
+    if not compressed and given:
+        raise UsageError(f"--codec {args.codec} keeps the KV cache uncompressed and takes no --bits, "
+                         f"--k-bits or --v-bits; drop {' '.join(given)}, or pass a codec that uses them (for "
+                         f"example --codec {DEFAULT_CODEC})")
     args.k_bits = args.bits if args.k_bits is None else args.k_bits
     args.v_bits = args.bits if args.v_bits is None else args.v_bits
-    if args.codec != "none" and (args.k_bits is None or args.v_bits is None):
+    if compressed and (args.k_bits is None or args.v_bits is None):
         raise UsageError(f"--codec {args.codec} needs --bits (for example --bits 2), or both --k-bits and "
                          f"--v-bits")
-    if args.codec != "none" and bits_problem(args.codec, args.k_bits):
+    if compressed and bits_problem(args.codec, args.k_bits):
         flag = "--bits" if args.k_bits == args.bits else "--k-bits"
         raise UsageError(bits_problem(args.codec, args.k_bits).replace("--bits", flag))
-    if args.codec != "none" and args.v_bits not in VALUE_BITS:
+    if compressed and args.v_bits not in VALUE_BITS:
         flag = "--bits" if args.v_bits == args.bits else "--v-bits"
         raise UsageError(f"{flag} {args.v_bits}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
-    if args.compare and args.codec == "none":
-        raise UsageError("--compare compares a compressed cache with the uncompressed reference; pass a "
-                         "--codec other than none (for example --codec octopus --bits 2)")
+    if args.compare and not compressed:
+        raise UsageError(f"--compare compares a compressed cache with the uncompressed reference; pass a "
+                         f"--codec other than {args.codec} (for example --codec {DEFAULT_CODEC} --bits 2)")
     problem = seed_problem(args.seed, "--seed")
     if problem:
         raise UsageError(problem)
@@ -251,10 +255,12 @@ def _apply_codec(pipe, args: argparse.Namespace):
     `--codec none` goes through the patch too (bit-identical to the model's own cache), so the cache
     accounting line is printed for every codec.
     """
+    from octopus_audio.codecs import codec_class
+
     from .patch import patch_aar
 
-    if args.codec == "none":
-        return patch_aar(pipe, "none", 16)
+    if not codec_class(args.codec).compressed:
+        return patch_aar(pipe, args.codec, 16)
     try:
         return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits)
     except ValueError as e:

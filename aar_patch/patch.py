@@ -43,6 +43,7 @@ from torch import nn
 
 import octopus_audio
 from octopus_audio.cache import check_caches, check_flags
+from octopus_audio.codecs import DEFAULT_CODEC
 from octopus_audio.rotation import layer_seed
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class PatchConfig:
     """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
     bits), native window (units), value group, base seed."""
 
-    codec: str = "octopus"
+    codec: str = DEFAULT_CODEC
     bits: int = 2
     window: int = 1
     v_group: int = 16
@@ -422,7 +423,7 @@ class PatchHandle:
                 f"seed={c.seed}, layers={self.num_layers}, backend={self.backend}, {state})")
 
 
-def patch_aar(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
+def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
               seed: int = 0, v_bits: int | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
@@ -488,8 +489,8 @@ def unpatch(model: object) -> None:
 
 
 @contextlib.contextmanager
-def compressed_kv(model: object, codec: str = "octopus", bits: int = 2, window: int = 1, v_group: int = 16,
-                  seed: int = 0, v_bits: int | None = None) -> Iterator[PatchHandle]:
+def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
+                  v_group: int = 16, seed: int = 0, v_bits: int | None = None) -> Iterator[PatchHandle]:
     """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
     (`v_bits`: the values' width, None for `bits`)."""
     with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits) as handle:

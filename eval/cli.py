@@ -88,10 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_codecs(text: str) -> tuple[str, ...]:
-    from octopus_audio.eval.runner import codec_names
+    from octopus_audio.codecs import compressed_codecs
 
     if text.strip() == "all":
-        return tuple(c for c in codec_names() if c != "none")
+        return compressed_codecs()
     return tuple(c.strip() for c in text.split(",") if c.strip())
 
 
@@ -148,26 +148,22 @@ def set_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
+    from octopus_audio.eval.distributed import DistInfo, resolve_device
     from octopus_audio.eval.identity import model_identity
-    from octopus_audio.eval.runner import (
-        AARBackend,
-        DistInfo,
-        EvalConfig,
-        LazyBackend,
-        evaluate,
-        require_patch,
-        resolve_device,
-    )
+    from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
     check_out_path(args.out)
     codecs = parse_codecs(args.codecs)
+    from octopus_audio.codecs import DEFAULT_CODEC, compressed_codecs
+
     given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
                                                      ("--v-bits", args.v_bits)) if value is not None]
-    if codecs == ("none",) and given:
-        raise UsageError(f"--codecs none keeps the KV cache uncompressed and takes no --bits, --k-bits or "
-                         f"--v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
-                         f"--codecs none,octopus)")
+    if given and codecs and not set(codecs) & set(compressed_codecs()):
+        listed = ",".join(codecs)
+        raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits, --k-bits "
+                         f"or --v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
+                         f"--codecs {listed},{DEFAULT_CODEC})")
     config = EvalConfig(codecs=codecs, bits=parse_bits(args.bits or DEFAULT_BITS), seed=args.seed,
                         cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
@@ -185,10 +181,6 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
-
-    import octopus_audio.aar_patch as aar_patch
-
-    require_patch(config, getattr(aar_patch, "compressed_kv", None))
 
     identity = model_identity(args.aar, args.sat)
 

@@ -48,31 +48,38 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import compute_metrics
+from octopus_audio.eval.rows import (
+    MERGED_ROWS,
+    ROWS_DIR,
+    RowWriter,
+    all_rows,
+    current_rows,
+    merge_rows,
+    row_key,
+)
+from octopus_audio.eval.run_folder import (
+    check_fingerprint,
+    claim_out_dir,
+    read_settings,
+    run_fingerprint,
+    warn_thread_change,
+)
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, MODEL_RATE, ClipRef, decode, prepare
-from octopus_audio.outdir import refuse_foreign
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-# The codec names of DESIGN section 2, used only while octopus_audio.CODECS is not importable.
-DESIGN_CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
-ROWS_DIR = "rows"
-MERGED_ROWS = "rows.jsonl"
-SETTINGS_FILE = "settings.json"
-WRITTEN_BY = "octopus-audio eval"  # settings.json's mark: the folder is an eval run's
-CLIPS_KEY = "clip_sha256"  # settings.json: {clip id: sha256 of its decoded audio} of every clip run here
-RUN_STATE = (SETTINGS_FILE, ROWS_DIR, MERGED_ROWS, "refs", "wav")  # what --overwrite deletes to start afresh
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 FLOOR_SEED_OFFSET = 1
@@ -83,17 +90,17 @@ def floor_seed(seed: int) -> int:
     return seed + FLOOR_SEED_OFFSET
 
 
-def codec_names() -> tuple[str, ...]:
-    try:
-        from octopus_audio import CODECS
-    except ImportError:
-        return DESIGN_CODECS
-    return tuple(CODECS)
+def compresses(codec: str) -> bool:
+    """Whether a registered codec compresses (the native one gets a single row, without bits)."""
+    from octopus_audio.codecs import codec_class
+
+    return codec_class(codec).compressed
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What is generated for each clip. `codecs` may include `none` (one row, no bits: checks the patch);
+    """What is generated for each clip. `codecs` may include the native codec (one row, no bits: it checks the
+    patch);
     `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
     the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
     turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
@@ -121,7 +128,9 @@ class EvalConfig:
     JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits")
 
     def __post_init__(self) -> None:
-        known = codec_names()
+        from octopus_audio.codecs import CODECS
+
+        known = tuple(CODECS)
         if not self.codecs:
             raise UsageError(f"no codecs to evaluate; accepted: all or a comma list of {', '.join(known)}")
         for c in self.codecs:
@@ -129,7 +138,7 @@ class EvalConfig:
                 raise UsageError(f"unknown codec {c!r}; accepted: all or a comma list of {', '.join(known)}")
         if len(set(self.codecs)) != len(self.codecs):
             raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
-        if any(c != "none" for c in self.codecs):
+        if any(compresses(c) for c in self.codecs):
             for flag, widths in (("--bits", self.bits), ("--k-bits", self.k_bits), ("--v-bits", self.v_bits)):
                 if widths is None and flag != "--bits":
                     continue
@@ -142,7 +151,7 @@ class EvalConfig:
 
             flag = "--bits" if self.k_bits is None else "--k-bits"
             for c in self.codecs:  # each codec's own supported bits, before any clip is generated
-                for b in (self.k_bits or self.bits) if c != "none" else ():
+                for b in (self.k_bits or self.bits) if compresses(c) else ():
                     if bits_problem(c, b):
                         raise UsageError(bits_problem(c, b).replace("--bits", flag))
             flag = "--bits" if self.v_bits is None else "--v-bits"
@@ -176,12 +185,12 @@ class EvalConfig:
 
     def jobs(self) -> list[Job]:
         """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
-        each bit pair; the floors and `none` get bits None."""
+        each bit pair; the floors and a codec that does not compress get bits None."""
         out = [Job(FLOOR)] if self.floor else []
         if self.bf16_floor:
             out.append(Job(KV_FLOOR))
         for c in self.codecs:
-            out.extend([Job(c)] if c == "none" else [Job(c, k, v) for k, v in self.bit_pairs()])
+            out.extend([Job(c, k, v) for k, v in self.bit_pairs()] if compresses(c) else [Job(c)])
         return out
 
     def identity(self) -> dict:
@@ -234,14 +243,6 @@ class Backend(Protocol):
         and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
 
 
-def require_patch(config: EvalConfig, compressed_kv_fn: Callable | None) -> None:
-    """Fail before any work when a codec other than `none` is asked for and the patch is missing."""
-    needs_patch = [c for c in config.codecs if c != "none"]
-    if needs_patch and compressed_kv_fn is None:
-        raise RuntimeError(f"codec {needs_patch[0]} needs octopus_audio.aar_patch.compressed_kv, which "
-                           f"this build does not have yet; only --codecs none can run")
-
-
 class LazyBackend:
     """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
 
@@ -276,13 +277,6 @@ class LazyBackend:
         return self.backend.bf16_kv()
 
 
-class _Unpatched:
-    """The handle for codec `none` while the patch does not exist: the plain model, no cache accounting."""
-
-    def stats(self) -> dict:
-        return {}
-
-
 class AARBackend:
     """`octopus_audio.aar_patch` behind the runner's interface.
 
@@ -306,14 +300,13 @@ class AARBackend:
         self.device = device
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
-        self._compressed_kv = compressed_kv_fn or getattr(aar_patch, "compressed_kv", None)
+        self._compressed_kv = compressed_kv_fn or aar_patch.compressed_kv
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
         if rounded_kv_fn is None:
             from octopus_audio.eval.kv_rounding import rounded_kv_cache as rounded_kv_fn
         self._rounded_kv = rounded_kv_fn
-        require_patch(config, self._compressed_kv)
 
     def _cond(self, cond_D: np.ndarray):
         import torch
@@ -340,8 +333,6 @@ class AARBackend:
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         c = self.config
-        if self._compressed_kv is None and codec == "none":
-            return contextlib.nullcontext(_Unpatched())
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
                                    v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
 
@@ -374,20 +365,6 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
     return out
 
 
-# rows ------------------------------------------------------------------------------------------------------
-
-def row_key(row: dict) -> tuple[str, str, int | None, int | None]:
-    """(clip, codec, key bits, value bits); a row written before value bits were recorded had both equal."""
-    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"])
-
-
-def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:
-    """The rows written by this run's fingerprint (`run`) for the clips' current audio (`clip_sha256`): the
-    only rows a rerun may reuse or report. A clip that fails to load has hash None, as its error rows do."""
-    return [r for r in rows if r.get("run") == run_id and r["clip"] in clip_hashes
-            and r.get("clip_sha256") == clip_hashes[r["clip"]]]
-
-
 def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
@@ -406,64 +383,6 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
 def bits_tag(bits: int, v_bits: int | None) -> str:
     """`b2` when keys and values share the width (v_bits None or equal), else `k2v4`."""
     return f"b{bits}" if v_bits in (None, bits) else f"k{bits}v{v_bits}"
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The rows of one JSONL file; a torn last line (a killed writer) or any unparseable line is skipped."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s line %d is not a complete JSON row (an interrupted write); ignoring it",
-                            path, n)
-    return rows
-
-
-def all_rows(out_dir: Path) -> list[dict]:
-    rows = []
-    for path in sorted((out_dir / ROWS_DIR).glob("*.jsonl")):
-        rows.extend(read_rows(path))
-    return rows
-
-
-def merge_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
-    """One row per key: an `ok` row wins over an error; otherwise the later row wins."""
-    merged: dict[tuple, dict] = {}
-    for row in rows:
-        key = row_key(row)
-        old = merged.get(key)
-        if old is None or row["status"] == "ok" or old["status"] != "ok":
-            merged[key] = row
-    return merged
-
-
-class RowWriter:
-    """Appends rows to this rank's JSONL file, one write + flush + fsync per row; repairs a torn last line."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                keep = data.rfind(b"\n") + 1
-                log.warning("%s ends in a torn row (an interrupted write); dropping its last %d bytes",
-                            path, len(data) - keep)
-                with open(path, "r+b") as f:
-                    f.truncate(keep)
-        self.path = path
-        self._f = open(path, "a", encoding="utf-8")
-
-    def write(self, row: dict) -> None:
-        self._f.write(json.dumps(row, sort_keys=True) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
 
 
 # per clip ------------------------------------------------------------------------------------------------
@@ -634,156 +553,6 @@ def _floor(ref: ClipRef, out_dir: Path, config: EvalConfig, backend: Backend, co
     return None
 
 
-# distributed ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int
-    world: int
-    local_rank: int
-
-    @classmethod
-    def from_env(cls) -> DistInfo:
-        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def resolve_device(spec: str, local_rank: int) -> str:
-    """`auto` is cuda:<local rank> when a GPU is visible, else cpu; `cuda` gets the local rank's index."""
-    import torch
-
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cuda":
-        return f"cuda:{local_rank}"
-    if spec != "cpu" and not spec.startswith("cuda:"):
-        raise UsageError(f"unknown --device {spec!r}; accepted: auto, cpu, cuda, cuda:N")
-    return spec
-
-
-class _Group:
-    """The process group when WORLD_SIZE > 1 (gloo on CPU, nccl on GPUs); a no-op otherwise."""
-
-    def __init__(self, info: DistInfo, device: str) -> None:
-        self.info = info
-        self.device = device
-        if info.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            use_nccl = device.startswith("cuda")
-            if use_nccl:
-                torch.cuda.set_device(torch.device(device))
-            # long shards: a rank may wait at the barrier for hours while another finishes its clips
-            dist.init_process_group("nccl" if use_nccl else "gloo", timeout=timedelta(days=2))
-
-    def barrier(self) -> None:
-        if self.info.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            if self.device.startswith("cuda"):
-                dist.barrier(device_ids=[torch.device(self.device).index])
-            else:
-                dist.barrier()
-
-    def close(self) -> None:
-        if self.info.world > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _read_settings(out_dir: Path) -> dict | None:
-    """The folder's settings.json when an eval run wrote it (it carries WRITTEN_BY), else None."""
-    path = out_dir / SETTINGS_FILE
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return settings if isinstance(settings, dict) and settings.get("written_by") == WRITTEN_BY else None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 24 else text[:20] + '..."'
-
-
-def check_fingerprint(out_dir: Path, fingerprint: dict, old: dict) -> None:
-    """UsageError naming what differs when the run in `out_dir` (settings `old`) has another fingerprint."""
-    keys = (set(old) | set(fingerprint)) - {CLIPS_KEY}
-    diff = sorted(k for k in keys if old.get(k) != fingerprint.get(k))
-    if diff:
-        first = diff[0]
-        raise UsageError(f"{out_dir} holds a run made with other settings ({', '.join(diff)} differ; {first} "
-                         f"was {_short(old.get(first))}, now {_short(fingerprint.get(first))}); rerun with "
-                         f"the same model, conditioner and settings to resume it, pass --overwrite to start "
-                         f"afresh, or choose a new --out")
-
-
-def claim_out_dir(out_dir: Path, fingerprint: dict, clip_hashes: dict[str, str | None],
-                  overwrite: bool = False) -> None:
-    """Rank 0, before any generation: make `out_dir` this run's folder, or refuse with a UsageError.
-
-    New or empty: it becomes this run's. An eval run's folder (settings.json with WRITTEN_BY): resumed when
-    its fingerprint matches, refused otherwise; `overwrite` deletes its RUN_STATE first (other files stay).
-    Any other folder holding files: refused unless `overwrite`. settings.json then records the fingerprint
-    and every clip's audio hash (clips added by this run joined to those already there).
-    """
-    old = _read_settings(out_dir)
-    if old is not None and overwrite:
-        import shutil
-
-        for name in RUN_STATE:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        old = None
-    if old is None:
-        refuse_foreign(out_dir, set(), "eval", overwrite)
-    else:
-        check_fingerprint(out_dir, fingerprint, old)
-    clips = {**(old or {}).get(CLIPS_KEY, {}), **clip_hashes}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{SETTINGS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**fingerprint, CLIPS_KEY: clips}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out_dir / SETTINGS_FILE)
-
-
-def precision_settings(device: str) -> dict[str, str]:
-    """How each number is computed on `device`: generation at `aar_patch.generate`'s default precision for
-    the device (bf16-autocast blocks on CUDA, fp32 elsewhere), teacher forcing always in fp32."""
-    return {"generation_precision": "bf16-autocast" if device.startswith("cuda") else "fp32",
-            "teacher_forced_precision": "fp32"}
-
-
-def _warn_thread_change(earlier_rows: Sequence[dict], rank: int) -> None:
-    """Resuming with another intra-op thread count is allowed but changes float rounding (the tokenizer's
-    decoder always; the codecs' attention sometimes, and a near-tie then flips a sampled token)."""
-    import torch
-
-    before = sorted({r["threads"] for r in earlier_rows if r.get("threads") is not None})
-    now = torch.get_num_threads()
-    if before and before != [now]:
-        log.warning("rank %d resumes with %d intra-op threads; earlier rows ran with %s: float rounding "
-                    "differs between thread counts, so rows may differ slightly from an uninterrupted run "
-                    "(pass --threads %d to match)", rank, now, ", ".join(map(str, before)), before[0])
-
-
-def run_fingerprint(config: EvalConfig, backend: Backend, conditioner, device: str) -> dict:
-    """Everything a row's numbers depend on besides its clip and its job: the settings (EvalConfig.identity),
-    the model (name and `identity`: checkpoint sha256), the conditioner (name and `fingerprint`: its weights'
-    identity), the sample rate, the precision on `device` and the library version."""
-    from octopus_audio import __version__
-
-    return {"written_by": WRITTEN_BY, "version": __version__, **config.identity(), "model": backend.name,
-            **backend.identity, "conditioner": conditioner.name,
-            "conditioner_identity": conditioner.fingerprint,
-            "sample_rate": backend.sample_rate, **precision_settings(device)}
-
-
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
              device: str = "cpu", progress: bool = True, overwrite: bool = False) -> dict | None:
@@ -798,7 +567,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
 
     out_dir = Path(out_dir)
     info = DistInfo.from_env()
-    group = _Group(info, device)
+    group = ProcessGroup(info, device)
     try:
         backend = make_backend(device)
         fingerprint = run_fingerprint(config, backend, conditioner, device)
@@ -808,7 +577,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
         group.barrier()
         if info.rank != 0:
-            check_fingerprint(out_dir, fingerprint, _read_settings(out_dir) or {})
+            check_fingerprint(out_dir, fingerprint, read_settings(out_dir) or {})
         jobs = config.jobs()
         earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
                    if r["status"] == "ok"]
@@ -817,7 +586,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         total = len(mine) * len(jobs)
         finished = sum((r.clip_id, *job) in done for r in mine for job in jobs)
         if finished < total:
-            _warn_thread_change(earlier, info.rank)
+            warn_thread_change(earlier, info.rank)
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
         bar = tqdm(total=total, initial=finished, desc=f"eval rank {info.rank}/{info.world}", unit="row",
                    position=info.rank, disable=not progress, dynamic_ncols=True)

@@ -1,7 +1,17 @@
-"""Triton kernels shared by every codec: encode, and fused attention over the compressed K/V cache."""
+"""Triton kernels shared by every codec: encode, and fused attention over the compressed K/V cache.
 
-from .ops import AttnConfig, EncodeConfig, attention, encode_keys, encode_values
-from .spec import KERNEL_CODECS, KernelCodec, PackedKeys, PackedValues
+One file per op, kernels beside their launcher: `flash.py` (attention by split-K flash decoding),
+`score_tables.py` (one query row per KV head by per-query score tables), `encode.py` (keys, and the fused
+unit encode of keys and values into a store), `value_encode.py` (values). The per-codec @triton.jit sections:
+`codec_decode.py` (keys, one section per kind of decode), `value_decode.py`, `codec_encode.py`; shared bit
+helpers in `bits.py`, launch helpers in `launch.py`, what the kernels take in `spec.py`.
+"""
 
-__all__ = ["KERNEL_CODECS", "AttnConfig", "EncodeConfig", "KernelCodec", "PackedKeys", "PackedValues",
-           "attention", "encode_keys", "encode_values"]
+from .encode import encode_keys, encode_unit
+from .flash import AttnConfig, attention
+from .launch import EncodeConfig
+from .spec import KernelCodec, PackedKeys, PackedValues
+from .value_encode import encode_values
+
+__all__ = ["AttnConfig", "EncodeConfig", "KernelCodec", "PackedKeys", "PackedValues", "attention",
+           "encode_keys", "encode_unit", "encode_values"]

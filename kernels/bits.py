@@ -1,4 +1,5 @@
-"""Bit-field helpers: read and write n-bit codes in the little-endian int32 word streams (formats.md)."""
+"""Bit-field helpers shared by the kernels: read and write n-bit codes in the little-endian int32 word streams
+(formats.md), masked loads, and fp32 -> bf16 rounding as the GPU does it."""
 
 import triton
 import triton.language as tl
@@ -60,6 +61,32 @@ def cut_codes(words, j, N_BITS: tl.constexpr):
 
 
 @triton.jit
+def row_codes(rows_ptr, row_ok, j, N_BITS: tl.constexpr, N_WORDS: tl.constexpr, WP: tl.constexpr,
+           TILE: tl.constexpr):
+    """Codes j [1, S] of each row: from one contiguous word tile cut in registers (TILE), or one gathered load
+    per code."""
+    if TILE:
+        return cut_codes(load_words(rows_ptr, row_ok, N_WORDS, WP), j, N_BITS)
+    else:
+        return unpack_codes(rows_ptr, j, row_ok, N_BITS)
+
+
+@triton.jit
+def masked_load(ptr, ok, other, MASKED: tl.constexpr, CG: tl.constexpr = False):
+    """tl.load with the mask only where MASKED (the tail step); CG: through L2 only (.cg)."""
+    if MASKED:
+        if CG:
+            return tl.load(ptr, mask=ok, other=other, cache_modifier=".cg")
+        else:
+            return tl.load(ptr, mask=ok, other=other)
+    else:
+        if CG:
+            return tl.load(ptr, cache_modifier=".cg")
+        else:
+            return tl.load(ptr)
+
+
+@triton.jit
 def pack_codes(codes, J0: tl.constexpr, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr,
                KP: tl.constexpr):
     """Words [BT, WP] (int32) holding the bits of codes [BT, CP] placed at code numbers J0 .. J0+L-1.
@@ -85,6 +112,63 @@ def pack_codes(codes, J0: tl.constexpr, L: tl.constexpr, N_BITS: tl.constexpr, W
     part = tl.where(ok[None, :, :], part, 0)
     # the parts are disjoint bit fields, so their sum is their OR (and a plain sum is fast in the interpreter)
     return tl.sum(part, 2).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def pack_whole(codes, N_BITS: tl.constexpr):
+    """Codes [BT, L] of N_BITS bits, N_BITS dividing 32 and L * N_BITS a multiple of 32 -> words
+    [BT, L * N_BITS / 32] (int32): codes per word are whole, so a reshape, shifts and a sum (no gather)."""
+    BT: tl.constexpr = codes.shape[0]
+    L: tl.constexpr = codes.shape[1]
+    PER: tl.constexpr = 32 // N_BITS
+    sh = (tl.arange(0, PER) * N_BITS).to(tl.uint32)
+    c3 = tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, L // PER, PER))
+    # disjoint bit fields: the sum is their OR
+    return tl.sum(c3 << sh[None, None, :], 2).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def pack_period_sums(codes, N_BITS: tl.constexpr):
+    """Codes [BT, CP] of N_BITS bits, N_BITS odd or twice odd and at most 7, CP a multiple of P -> (words,
+    their word numbers in the stream [1, W], -1 for padding). The stream repeats every P = 32 / gcd(N, 32)
+    codes (Q = P N / 32 words): per period, codes paired (c_2i | c_2i+1 << N), and word k the sum of the
+    pairs' pieces that fall in it (shifted left, or right for a pair that began in word k - 1)."""
+    BT: tl.constexpr = codes.shape[0]
+    CP: tl.constexpr = codes.shape[1]
+    P: tl.constexpr = 32 if N_BITS % 2 == 1 else 16
+    Q: tl.constexpr = N_BITS * P // 32
+    QP: tl.constexpr = 4 if Q <= 4 else 8
+    NPER: tl.constexpr = CP // P
+    c0, c1 = tl.split(tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, CP // 2, 2)))
+    v = tl.reshape(c0 | (c1 << N_BITS), (BT, NPER, P // 2))
+    off = (tl.arange(0, P // 2) * (2 * N_BITS))[None, None, :]
+    kk = tl.arange(0, QP)[None, None, :]
+    out = tl.zeros((BT, NPER, QP), tl.uint32)
+    for k in tl.static_range(Q):
+        sh = off - 32 * k
+        lo = v << tl.minimum(tl.maximum(sh, 0), 31).to(tl.uint32)
+        hi = v >> tl.minimum(tl.maximum(-sh, 0), 31).to(tl.uint32)
+        piece = tl.where((sh >= 0) & (sh < 32), lo, tl.where((sh < 0) & (sh > -2 * N_BITS), hi, 0))
+        out = tl.where(kk == k, tl.sum(piece, 2)[:, :, None], out)  # disjoint bit fields: sum = OR
+    q = tl.arange(0, QP)[None, :]
+    wmap = tl.where(q < Q, tl.arange(0, NPER)[:, None] * Q + q, -1)
+    return tl.reshape(out, (BT, NPER * QP)).to(tl.int32, bitcast=True), tl.reshape(wmap, (1, NPER * QP))
+
+
+@triton.jit
+def pack_tile(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+          SUM: tl.constexpr = True):
+    """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
+    where unused): `pack_whole` when the codes per word are whole and fill the padded row,
+    `pack_period_sums` for 3, 5, 6 and 7 bits over whole periods (with SUM), else `pack_codes` (a register
+    gather)."""
+    CP: tl.constexpr = codes.shape[1]
+    if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
+        return pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
+    elif SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
+        return pack_period_sums(codes, N_BITS)
+    else:
+        return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]
 
 
 @triton.jit
@@ -114,12 +198,8 @@ def bf16_value(x):
 
 
 @triton.jit
-def search_sorted(x, bnd_ptr, N_BITS: tl.constexpr):
-    """Index #{i : x > beta_i} against the 2**N_BITS - 1 ascending boundaries at bnd_ptr (formats.md: a value
-    exactly on a boundary goes to the lower index). Binary search: N_BITS table reads per element."""
-    idx = tl.zeros(x.shape, dtype=tl.int32)
-    for level in tl.static_range(N_BITS):
-        step = 1 << (N_BITS - 1 - level)
-        beta = tl.load(bnd_ptr + idx + (step - 1))
-        idx = tl.where(x > beta, idx + step, idx)
-    return idx
+def store_rounded(ptr, o, mask):
+    """Store fp32 o in ptr's dtype, bf16 rounded to nearest even (the CPU interpreter's cast truncates)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        o = bf16_value(o)
+    tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)

@@ -1,279 +1,28 @@
-"""Encode kernels: K (any codec) and V (group-16) in any float dtype -> the packed state of formats.md."""
+"""Key encode: K of every codec with a kernel encode (scalar, polar, triplet sections) in any float dtype into
+the packed state of formats.md, and the fused unit encode (keys and values of one unit written into a store in
+one launch); the kernels and their launchers `encode_keys` and `encode_unit`."""
 
+from __future__ import annotations
+
+import math
+
+import torch
 import triton
 import triton.language as tl
 
-from .bits import bf16_bits, pack_codes, round_half_even
-from .codec_decode import OCTOPUS, OCTOPUS_QJL, POLAR
-
-LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
-PACK_SUM = tl.constexpr(True)  # `_pack`: the period sums for 3, 5, 6, 7 bits
-NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
-
-
-@triton.jit
-def _cat(a, b):
-    """[BT, S] ++ [BT, S] -> [BT, 2S] along the last axis, in registers."""
-    BT: tl.constexpr = a.shape[0]
-    S: tl.constexpr = a.shape[1]
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (BT, 2 * S))
-
-
-@triton.jit
-def _div_row(a, b, inv_b):
-    """RN(a / b) for b > 0 broadcast over a, given inv_b = RN(1 / b) (one division per row): q = RN(a * inv_b)
-    corrected once by its exact fma residual (Markstein), the correctly rounded quotient but in cases
-    within one ulp of a rounding boundary."""
-    q = a * inv_b
-    return tl.fma(tl.fma(q, -b, a), inv_b, q)
-
-
-@triton.jit
-def _dot_pm1(a, b, SPLIT: tl.constexpr):
-    """a [M, K] fp32 @ b [K, N] with entries in {-1, 0, 1}, as fp32. SPLIT: a is the exact sum of three
-    bfloat16 parts (hi, mid, lo), each product by +-1 exact, accumulated in fp32 on the tensor cores;
-    otherwise an IEEE fp32 dot (the interpreter)."""
-    if SPLIT:
-        bb = b.to(tl.bfloat16)
-        hi = a.to(tl.bfloat16)
-        r1 = a - hi.to(tl.float32)
-        mid = r1.to(tl.bfloat16)
-        lo = (r1 - mid.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(hi, bb, out_dtype=tl.float32)
-        acc = tl.dot(mid, bb, acc, out_dtype=tl.float32)
-        return tl.dot(lo, bb, acc, out_dtype=tl.float32)
-    else:
-        return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _rotate(x, had, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr):
-    """x @ had for x [BT, D] (the key times its signs): native 16-bit x (+-1 products exact, fp32
-    accumulation), or fp32 x through `_dot_pm1`."""
-    if DOT_NATIVE:
-        return tl.dot(x, had.to(x.dtype), out_dtype=tl.float32)
-    else:
-        return _dot_pm1(x, had, SPLIT)
-
-
-@triton.jit
-def _table(ptrs, ASM: tl.constexpr):
-    """fp32 table reads at ptrs (any shape) that keep the layout of the computation around them (ASM, compiled
-    kernels: one inline read-only load per element). A tl.load of scattered addresses gets a layout of its own
-    from Triton's coalescing, and conversions through shared memory around it."""
-    if ASM:
-        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=f,l", [ptrs], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
-def _search(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
-    """#{i : x > beta_i} against 2**N_BITS - 1 ascending boundaries: a binary search, N_BITS table reads."""
-    idx = tl.zeros(x.shape, dtype=tl.int32)
-    for level in tl.static_range(N_BITS):
-        step = 1 << (N_BITS - 1 - level)
-        idx = tl.where(x > _table(bnd_ptr + idx + (step - 1), ASM), idx + step, idx)
-    return idx
-
-
-@triton.jit
-def _count_above(x, bnd_ptr, NB: tl.constexpr):
-    """#{i < NB : x > beta_i} (int32) against NB boundaries read as scalars: each compare a 0/1 float
-    (one FSET) summed in fp32, exact up to 2**24."""
-    acc = tl.zeros(x.shape, tl.float32)
-    for i in tl.static_range(NB):
-        acc += tl.where(x > tl.load(bnd_ptr + i), 1.0, 0.0)
-    return acc.to(tl.int32)
-
-
-@triton.jit
-def _index(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr, SYM: tl.constexpr = False):
-    """#{i : x > beta_i} against the 2**N_BITS - 1 ascending boundaries at bnd_ptr (a value on a boundary
-    goes to the lower index): compares in registers up to LINEAR_BITS bits, a binary search of N_BITS table
-    reads (one cache line for up to 31 fp32 boundaries) beyond; SYM: boundaries symmetric about 0
-    (`_index_sym`, from 3 bits)."""
-    if SYM and N_BITS >= 3:
-        return _index_sym(x, bnd_ptr, N_BITS, ASM)
-    elif N_BITS <= LINEAR_BITS:
-        return _count_above(x, bnd_ptr, (1 << N_BITS) - 1)
-    else:
-        return _search(x, bnd_ptr, N_BITS, ASM)
-
-
-@triton.jit
-def _index_sym(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
-    """`_index` for boundaries symmetric about 0 (beta_{h-1} = 0 and beta_{h-1+j} = -beta_{h-1-j}, h =
-    2**(N_BITS-1): the coordinate and xi codebooks, tests/test_kernels_encode.py checks every one): x > 0 is
-    h + #{positive beta < x}; x <= 0 is h - 1 - #{positive beta <= |x|}, where beta <= |x| is beta < |x|
-    nudged up one ulp. Half the compares."""
-    H: tl.constexpr = 1 << (N_BITS - 1)
-    pos = x > 0
-    ax = (tl.abs(x).to(tl.int32, bitcast=True) + tl.where(pos, 0, 1)).to(tl.float32, bitcast=True)
-    if N_BITS - 1 <= LINEAR_BITS:
-        cnt = _count_above(ax, bnd_ptr + H, H - 1)
-    else:
-        cnt = _search(ax, bnd_ptr + H, N_BITS - 1, ASM)
-    return tl.where(pos, H + cnt, (H - 1) - cnt)
-
-
-@triton.jit
-def _pack_whole(codes, N_BITS: tl.constexpr):
-    """Codes [BT, L] of N_BITS bits, N_BITS dividing 32 and L * N_BITS a multiple of 32 -> words
-    [BT, L * N_BITS / 32] (int32): codes per word are whole, so a reshape, shifts and a sum (no gather)."""
-    BT: tl.constexpr = codes.shape[0]
-    L: tl.constexpr = codes.shape[1]
-    PER: tl.constexpr = 32 // N_BITS
-    sh = (tl.arange(0, PER) * N_BITS).to(tl.uint32)
-    c3 = tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, L // PER, PER))
-    # disjoint bit fields: the sum is their OR
-    return tl.sum(c3 << sh[None, None, :], 2).to(tl.int32, bitcast=True)
-
-
-@triton.jit
-def _pack_sum(codes, N_BITS: tl.constexpr):
-    """Codes [BT, CP] of N_BITS bits, N_BITS odd or twice odd and at most 7, CP a multiple of P -> (words,
-    their word numbers in the stream [1, W], -1 for padding). The stream repeats every P = 32 / gcd(N, 32)
-    codes (Q = P N / 32 words): per period, codes paired (c_2i | c_2i+1 << N), and word k the sum of the
-    pairs' pieces that fall in it (shifted left, or right for a pair that began in word k - 1)."""
-    BT: tl.constexpr = codes.shape[0]
-    CP: tl.constexpr = codes.shape[1]
-    P: tl.constexpr = 32 if N_BITS % 2 == 1 else 16
-    Q: tl.constexpr = N_BITS * P // 32
-    QP: tl.constexpr = 4 if Q <= 4 else 8
-    NPER: tl.constexpr = CP // P
-    c0, c1 = tl.split(tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, CP // 2, 2)))
-    v = tl.reshape(c0 | (c1 << N_BITS), (BT, NPER, P // 2))
-    off = (tl.arange(0, P // 2) * (2 * N_BITS))[None, None, :]
-    kk = tl.arange(0, QP)[None, None, :]
-    out = tl.zeros((BT, NPER, QP), tl.uint32)
-    for k in tl.static_range(Q):
-        sh = off - 32 * k
-        lo = v << tl.minimum(tl.maximum(sh, 0), 31).to(tl.uint32)
-        hi = v >> tl.minimum(tl.maximum(-sh, 0), 31).to(tl.uint32)
-        piece = tl.where((sh >= 0) & (sh < 32), lo, tl.where((sh < 0) & (sh > -2 * N_BITS), hi, 0))
-        out = tl.where(kk == k, tl.sum(piece, 2)[:, :, None], out)  # disjoint bit fields: sum = OR
-    q = tl.arange(0, QP)[None, :]
-    wmap = tl.where(q < Q, tl.arange(0, NPER)[:, None] * Q + q, -1)
-    return tl.reshape(out, (BT, NPER * QP)).to(tl.int32, bitcast=True), tl.reshape(wmap, (1, NPER * QP))
-
-
-@triton.jit
-def _pack(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-          SUM: tl.constexpr = True):
-    """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
-    where unused): `_pack_whole` when the codes per word are whole and fill the padded row, `_pack_sum` for
-    3, 5, 6 and 7 bits over whole periods (with SUM), else `pack_codes` (a register gather)."""
-    CP: tl.constexpr = codes.shape[1]
-    if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
-        return _pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
-    elif SUM and PACK_SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
-        return _pack_sum(codes, N_BITS)
-    else:
-        return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]
-
-
-@triton.jit
-def _cross_count(bq, aq, c_ptr, s_ptr, N: tl.constexpr, ASM: tl.constexpr):
-    """#{k < 2**N - 1 : bq c_k - aq s_k > 0} for tables c, s whose test holds on a prefix of k (boundaries in
-    increasing angle): compares in registers up to 7, a binary search of N table reads beyond."""
-    if N <= 3:
-        acc = tl.zeros(bq.shape, tl.float32)
-        for k in tl.static_range((1 << N) - 1):
-            acc += tl.where(tl.fma(bq, tl.load(c_ptr + k), -(aq * tl.load(s_ptr + k))) > 0, 1.0, 0.0)
-        return acc.to(tl.int32)
-    else:
-        idx = tl.zeros(bq.shape, tl.int32)
-        for level in tl.static_range(N):
-            step = 1 << (N - 1 - level)
-            j = idx + (step - 1)
-            hit = tl.fma(bq, _table(c_ptr + j, ASM), -(aq * _table(s_ptr + j, ASM))) > 0
-            idx = tl.where(hit, idx + step, idx)
-        return idx
-
-
-@triton.jit
-def _polar_radii(r2, trig_ptr, BT: tl.constexpr, LVL: tl.constexpr, S: tl.constexpr, LEVELS: tl.constexpr,
-                 N_BITS: tl.constexpr, ASM: tl.constexpr):
-    """Angle codes of levels LVL >= 1 from the squared radii r2 [BT, 2S] of the level below, concatenated
-    level by level in stream order and padded with one zero code: [BT, 2S]. psi = atan2(r_odd, r_even) lies in
-    [0, pi/2] like the boundaries, so psi > beta exactly when r2_odd cos^2 beta > r2_even sin^2 beta: no
-    angle and no square root (trig_ptr: rows cos^2, sin^2 of each level's boundaries)."""
-    NB: tl.constexpr = (1 << N_BITS) - 1
-    e, o = tl.split(tl.reshape(r2, (BT, S, 2)))
-    codes = _cross_count(o, e, trig_ptr + LVL * NB, trig_ptr + (LEVELS + LVL) * NB, N_BITS, ASM)
-    if S == 1:
-        rest = tl.zeros((BT, 1), tl.int32)
-    else:
-        rest = _polar_radii(e + o, trig_ptr, BT, LVL + 1, S // 2, LEVELS, N_BITS, ASM)
-    return _cat(codes, rest)
-
-
-@triton.jit
-def _polar_codes(y, trig_ptr, BT: tl.constexpr, D: tl.constexpr, LEVELS: tl.constexpr, N_BITS: tl.constexpr,
-                 ASM: tl.constexpr):
-    """polarquant codes [BT, D] (D - 1 and a zero pad) of rotated rows y [BT, D] scaled by any positive
-    per-row factor (the angles do not depend on it). Level 1, pair (a, b): psi = atan2(b, a) in [0, 2 pi)
-    against the uniform boundaries beta_k, k < 2^N - 1; beta_{h-1} (h = 2^(N-1)) is pi within rounding, the
-    h - 1 below it lie in (0, pi) and the upper half repeats them shifted by pi. So for b >= 0 the code counts
-    the lower boundaries with b cos beta - a sin beta > 0; for b < 0 it is h plus the same count for the
-    reflected pair (-a, -b) (one rounding apart from the upper boundaries themselves); the middle boundary is
-    tested on its own (trig row 0 holds cos, sin of level 1's boundaries; its sine's sign says on which side
-    of pi it was rounded). From 3 bits, pairs exactly on an axis or a diagonal (one in 1e5 with 16-bit keys)
-    take the reference's own code for that angle. Levels >= 2: `_polar_radii`."""
-    NB: tl.constexpr = (1 << N_BITS) - 1
-    H: tl.constexpr = 1 << (N_BITS - 1)
-    a, b = tl.split(tl.reshape(y, (BT, D // 2, 2)))
-    neg = b < 0
-    ar = tl.where(neg, -a, a)
-    br = tl.abs(b)
-    c_ptr = trig_ptr
-    s_ptr = trig_ptr + LEVELS * NB
-    if N_BITS > 1:
-        lower = _cross_count(br, ar, c_ptr, s_ptr, N_BITS - 1, ASM)
-    else:
-        lower = tl.zeros(a.shape, tl.int32)
-    s_mid = tl.load(s_ptr + (H - 1))
-    cross = tl.fma(b, tl.load(c_ptr + (H - 1)), -(a * s_mid)) > 0
-    below_pi = (tl.zeros(b.shape, tl.float32) + s_mid) > 0
-    mid = tl.where(neg, below_pi | cross, below_pi & cross)
-    codes = tl.where(neg, H - 1, 0) + lower + mid.to(tl.int32)
-    if N_BITS >= 3:
-        # (a, b) on an axis or a diagonal lies exactly on a boundary from 3 bits (the cross products get the
-        # axes of 1 and 2 bits right): the reference's code there is whatever its atan2 rounds to, read from
-        # the table (9 cases after the trig rows)
-        sa = (a.to(tl.int32, bitcast=True) >> 31) & 1
-        sb = (b.to(tl.int32, bitcast=True) >> 31) & 1
-        bz = b == 0
-        az = a == 0
-        k = tl.where(bz, sa * (4 + 4 * sb), tl.where(az, 2 + 4 * sb, 1 + 2 * (2 * sb + (sa ^ sb))))
-        tie = bz | az | (tl.abs(a) == tl.abs(b))
-        codes = tl.where(tie, _table(trig_ptr + 2 * LEVELS * NB + k, ASM).to(tl.int32), codes)
-    rest = _polar_radii(tl.fma(a, a, b * b), trig_ptr, BT, 1, D // 4, LEVELS, N_BITS, ASM)
-    return _cat(codes, rest)
-
-
-@triton.jit
-def _mark_bad(flag_ptr):
-    """Record a bad input in the one-element flag at flag_ptr: +inf in a float32 flag (the cache's deferred
-    record, where anything not finite reads as bad), 1 in an int32 flag. Every program that sees a bad value
-    stores the same thing, so no atomic is needed."""
-    if flag_ptr.dtype.element_ty == tl.float32:
-        tl.store(flag_ptr, float("inf"))
-    else:
-        tl.store(flag_ptr, 1)
-
-
-@triton.jit
-def _unit_rows(rows, T, H, T_OUT, OFFSET, stride_b, stride_h, stride_t):
-    """Row r of a unit [B, H, T, .] (r = (b * H + h) * T + t) -> (element offset of its first channel in the
-    input, whose strides are given, its row in a store [B, H, T_OUT, .] at token OFFSET + t, its head)."""
-    bh = rows // T
-    t = rows - bh * T
-    head = bh % H
-    src = (bh // H) * stride_b + head * stride_h + t * stride_t
-    return src, bh * T_OUT + OFFSET + t, head
+from .bits import bf16_bits, pack_tile
+from .codec_decode import SECTIONS
+from .codec_encode import encode_codes
+from .launch import (
+    EncodeConfig,
+    _interpreting,
+    _outside_autocast,
+    _sm_count,
+    pack_shape,
+    unused_buffer,
+)
+from .spec import KernelCodec, PackedKeys, PackedValues
+from .value_encode import _CHUNK_DTYPES, encode_value_groups, mark_bad
 
 
 @triton.jit
@@ -323,245 +72,14 @@ def _key_norm(xf):
 
 
 @triton.jit
-def _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D: tl.constexpr):
-    """u = RN(RN(y / sqrt(d)) / gmax) of the rotated rows y [BT, S] (gmax, inv_g = RN(1/gmax) [BT, 1]): where
-    1/sqrt(d) is a power of two, y/sqrt(d) is exact and u = RN(y / (gmax sqrt(d))), one `_div_row`."""
-    if LOG2D % 2 == 0:
-        return _div_row(y, gmax * (1 << (LOG2D // 2)), inv_g * inv_sqrt_d)
-    else:
-        return _div_row(y * inv_sqrt_d, gmax, inv_g)
-
-
-@triton.jit
-def _rcp(x, ASM: tl.constexpr):
-    """1 / x to about an ulp (ASM: one MUFU.RCP, denormals flushed), for decisions that tolerate it."""
-    if ASM:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return 1.0 / x
-
-
-@triton.jit
-def _sign_of(x, s):
-    """x with its sign flipped where s is negative (s never +-0 here): one bit operation."""
-    sb = s.to(tl.int32, bitcast=True) & -2147483648
-    return (x.to(tl.int32, bitcast=True) ^ sb).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _try_direction(best, second, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
-    """One local3x3 candidate: the grid point (xi, eta) = (sa A, sb B) unfolds to v = (sa X, sb Y, w),
-    w = 1 - A - B, (X, Y) = (A, B) on the upper half and (1 - B, 1 - A) where w < 0; its score
-    s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K,
-    and the runner-up's score (equal to the best's on a tie)."""
-    w = oA - B
-    lower = w < 0
-    X = tl.where(lower, oB, A)
-    Y = tl.where(lower, oA, B)
-    dot = tl.fma(txs, X, tl.fma(tys, Y, tz * w))
-    s = dot * tl.math.rsqrt(tl.fma(X, X, tl.fma(Y, Y, w * w)))
-    better = s > best
-    # the largest score below or equal to the best, the best's own value once (a repeat at the grid's edge
-    # scores NaN: `_xi_triples`)
-    second = tl.where(better, best, tl.where(s <= best, tl.maximum(second, s), second))
-    return tl.where(better, s, best), second, tl.where(better, K, best_k)
-
-
-@triton.jit
-def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
-    """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
-    its score s = t.n_hat, the runner-up's score, the seeds i_xi, i_eta).
-
-    The reference keeps the candidate of least cost rho^2 - 2 c(s) s + c(s)^2 with c(s) the rho centroid
-    nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
-    codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The candidate
-    directions are unfolded in registers from the xi centroids (3 per coordinate from `aux_ptr`, rows
-    (C[i-1], C[i], C[i+1], 0) clamped) instead of read from the direction table; their s differ from the
-    table's by float rounding only, as do the seeds, computed from t / ||t||_1 (one reciprocal). Candidates
-    run in increasing flat index and a tie keeps the first: the reference's lowest-index rule."""
-    M: tl.constexpr = 1 << B_DIR
-    l1 = tl.abs(tx) + tl.abs(ty) + tl.abs(tz)
-    inv = _rcp(tl.where(l1 > 0, l1, 1.0), ASM)  # approximate: it places the seeds only
-    px = tx * inv
-    py = ty * inv
-    lower = tz < 0
-    xi = tl.where(lower, tl.where(px < 0, tl.abs(py) - 1.0, 1.0 - tl.abs(py)), px)
-    eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
-    i_xi = _index(xi, xib_ptr, B_DIR, ASM, True)
-    i_eta = _index(eta, xib_ptr, B_DIR, ASM, True)
-    rx = aux_ptr + i_xi * 4
-    ry = aux_ptr + i_eta * 4
-    b0 = _table(ry, ASM)
-    b1 = _table(ry + 1, ASM)
-    b2 = _table(ry + 2, ASM)
-    B0 = tl.abs(b0)
-    B1 = tl.abs(b1)
-    B2 = tl.abs(b2)
-    oB0 = 1.0 - B0
-    oB1 = 1.0 - B1
-    oB2 = 1.0 - B2
-    t0 = _sign_of(ty, b0)
-    t1 = _sign_of(ty, b1)
-    t2 = _sign_of(ty, b2)
-    best = tl.full(tx.shape, float("-inf"), tl.float32)
-    second = best
-    best_k = tl.zeros(tx.shape, tl.int32)
-    for dx in tl.static_range(3):
-        a = _table(rx + dx, ASM)
-        A = tl.abs(a)
-        oA = 1.0 - A
-        txs = _sign_of(tx, a)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx, tz, txs, A, oA, t0, B0, oB0)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 1, tz, txs, A, oA, t1, B1, oB1)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 2, tz, txs, A, oA, t2, B2, oB2)
-    kx = (best_k * 11) >> 5  # best_k // 3 for best_k < 9
-    fx = tl.minimum(tl.maximum(i_xi + kx - 1, 0), M - 1)
-    fy = tl.minimum(tl.maximum(i_eta + (best_k - 3 * kx) - 1, 0), M - 1)
-    return fx * M + fy, best, second, i_xi, i_eta
-
-
-@triton.jit
-def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
-                   B_RHO: tl.constexpr, ASM: tl.constexpr):
-    """The reference's local3x3 in its own arithmetic -> the flat direction index: per candidate (increasing
-    flat index) its direction from the table, s = t.n_hat, the rho index of s, cost (rho^2 - 2 c s) + c^2;
-    the least cost, the first on a tie."""
-    M: tl.constexpr = 1 << B_DIR
-    rho2 = (tx * tx + ty * ty) + tz * tz
-    best = tl.full(tx.shape, float("inf"), tl.float32)
-    flat = tl.zeros(tx.shape, tl.int32)
-    for dx in tl.static_range(3):
-        cx = tl.minimum(tl.maximum(i_xi + (dx - 1), 0), M - 1) * M
-        for dy in tl.static_range(3):
-            f = cx + tl.minimum(tl.maximum(i_eta + (dy - 1), 0), M - 1)
-            s = (tx * _table(dir_ptr + f, ASM) + ty * _table(dir_ptr + M * M + f, ASM)) \
-                + tz * _table(dir_ptr + 2 * M * M + f, ASM)
-            rh = _table(cent_ptr + _index(s, bnd_ptr, B_RHO, ASM), ASM)
-            cost = (rho2 - 2.0 * rh * s) + rh * rh
-            better = cost < best
-            best = tl.where(better, cost, best)
-            flat = tl.where(better, f, flat)
-    return flat
-
-
-@triton.jit
-def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
-                  B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
-    """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
-    indices and, with DIR_TABLE, the chosen directions from the table (else zeros): `_octopus_search`, then
-    the rho index of the winner's score (against the table's direction with DIR_TABLE). Where the search's
-    two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
-    the reference's (as may an exact tie off the symmetry planes): EXACT 0, a program holding such a triplet
-    reruns every triplet's choice in the
-    reference's arithmetic (`_octopus_exact`; rare); 1, the choice stays the search's and the last value
-    returned says whether the tile holds one (a second launch with EXACT 2 redoes such programs); 2, every
-    choice in the reference's arithmetic. A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
-    differs from the reference's sum of squares only where those underflow, |t| < 4e-23) keeps the
-    placeholder direction's seeds and the rho index of s = 0."""
-    M: tl.constexpr = 1 << B_DIR
-    flat, s, second, i_xi, i_eta = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
-    # a zero triplet keeps its seeds (their direction feeds the -qjl residual); its s = 0 on either path
-    zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
-    # exact mirror images score alike in both arithmetics (t on a symmetry plane: tx or ty 0, |tx| = |ty|);
-    # any other pair of scores within NEAR may be ordered unlike the reference's
-    sym = (tx == 0) | (ty == 0) | (tl.abs(tx) == tl.abs(ty))
-    near = tl.max(tl.max((valid & ~sym & (s - second <= NEAR * tl.abs(s))).to(tl.int32), 1), 0)
-    if (EXACT == 2) or ((EXACT == 0) and (near > 0)):
-        flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
-        flat = tl.where(zero, i_xi * M + i_eta, flat)
-        ddx = _table(dir_ptr + flat, ASM)
-        ddy = _table(dir_ptr + M * M + flat, ASM)
-        ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
-        s = (tx * ddx + ty * ddy) + tz * ddz
-    else:
-        flat = tl.where(zero, i_xi * M + i_eta, flat)
-        if DIR_TABLE:
-            ddx = _table(dir_ptr + flat, ASM)
-            ddy = _table(dir_ptr + M * M + flat, ASM)
-            ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
-            s = (tx * ddx + ty * ddy) + tz * ddz
-        else:
-            ddx = tl.zeros(tx.shape, tl.float32)
-            ddy = ddx
-            ddz = ddx
-    i_rho = _index(s, bnd_ptr, B_RHO, ASM)
-    return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz, near
-
-
-@triton.jit
-def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.constexpr, ASM: tl.constexpr):
-    """r = t - C_rho[i_rho] * direction per component, 0 for coordinates coord + c >= D (u's zero padding
-    is not part of the residual)."""
-    rh = _table(cent_ptr + i_rho, ASM)
-    rx = tl.where(coord < D, tx - rh * ddx, 0.0)
-    ry = tl.where(coord + 1 < D, ty - rh * ddy, 0.0)
-    rz = tl.where(coord + 2 < D, tz - rh * ddz, 0.0)
-    return rx, ry, rz
-
-
-@triton.jit
-def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
-                   inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
-                   LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
-                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
-                   HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
-    """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
-    three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
-    code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
-    [BT, WP] in order), for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
-    otherwise), and `_octopus_tile`'s near-tie flag."""
-    BT: tl.constexpr = xsg.shape[0]
-    hrow = tl.arange(0, D)[:, None]
-    lcol = tl.arange(0, W)[None, :]
-    cols = hrow * LP + J0 + lcol
-    tx = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), DOT_NATIVE, SPLIT), gmax, inv_g, inv_sqrt_d,
-                      LOG2D)
-    ty = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
-                      inv_sqrt_d, LOG2D)
-    tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
-                      inv_sqrt_d, LOG2D)
-    j = J0 + lcol
-    code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, DIR_TABLE, EXACT, SPLIT)
-    if J0 == 0 and W >= K_CODES:
-        # (the period sums lift octopus-qjl b=2 to 255 registers and spills; its gather pack does not)
-        words, wmap = _pack(code, K_CODES, K_BITS, WP, KP, not HAS_QJL)
-    else:
-        N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
-        words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
-        wmap = tl.arange(0, WP)[None, :]
-    acc = tl.zeros((BT, D), tl.float32)
-    res2 = tl.zeros((BT,), tl.float32)
-    if HAS_QJL:
-        rx, ry, rz = _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, 3 * j, D, SPLIT)
-        res2 = tl.sum((rx * rx + ry * ry) + rz * rz, 1)
-        dcol = tl.arange(0, D)[None, :]
-        jr = J0 + tl.arange(0, W)[:, None]
-        # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
-        for comp in tl.static_range(3):
-            if comp == 0:
-                rc = rx
-            elif comp == 1:
-                rc = ry
-            else:
-                rc = rz
-            jc = 3 * j + comp
-            qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
-            ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
-            acc += _dot_pm1(rc * qsg, ht, SPLIT)
-    return words, wmap, acc, res2, near
-
-
-@triton.jit
 def _encode_keys_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr, near_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -579,7 +97,7 @@ def _encode_keys_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
 
@@ -589,9 +107,9 @@ def _encode_key_rows(
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -599,18 +117,17 @@ def _encode_key_rows(
     """Rows [BLOCK_T] (block `pid`) of a unit K [B, H, T, D] (row r is token r % T of head (r // T) % H; the
     input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to rows
     (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
-    plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`_mark_bad`).
+    plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`mark_bad`).
 
     gamma = ||k|| (fp32, `_key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
-    rotation a matmul with the +-1 Hadamard matrix (`_rotate`; the signs s_h and the matrices had_ptr /
-    hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32), the per-row divisions as `_div_row`. Then
-    per codec: codebook search against boundaries (turboquant, `_index`), recursive polar angles by cross
-    products against the boundaries' cos and sin (polarquant, `_polar_codes`; `aux_ptr` the trig table),
-    octahedral seeds + local3x3 joint rounding (octopus, `_octopus_words`: the triplet coordinates come
-    straight out of three matmuls with the Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP], in two
-    tiles from d = 128; `_octopus_search` with `aux_ptr` the xi neighbour table; the winner's rho index from
-    its score against the direction table `dir_ptr` [3, 4^b_dir] (DIR_TABLE, always for -qjl) or from the
-    search's own score); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    rotation a matmul with the +-1 Hadamard matrix (codec_encode: the signs s_h and the matrices had_ptr /
+    hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32). Then the section's codes
+    (codec_encode.encode_codes): codebook search against boundaries (scalar), recursive polar angles by cross
+    products against the boundaries' cos and sin (polar; `aux_ptr` the trig table), octahedral seeds and
+    local3x3 joint rounding (triplet: the triplet coordinates come straight out of three matmuls with the
+    Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `aux_ptr` the xi neighbour table; the winner's
+    rho index from its score against the direction table `dir_ptr` [3, 4^b_dir]); the -qjl codecs add
+    sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `_pack`'s word map.
     """
     ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
@@ -620,7 +137,7 @@ def _encode_key_rows(
     xf = x.to(tl.float32)
     if CHECK:
         if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
-            _mark_bad(flag_ptr)
+            mark_bad(flag_ptr)
     gamma, rscale = _key_norm(xf)
     tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
     gmax = tl.maximum(gamma, 1e-30)[:, None]
@@ -630,148 +147,18 @@ def _encode_key_rows(
         xsg = x * sgn  # +-1 in the input dtype: exact
     else:
         xsg = xf * sgn
-    hrow = tl.arange(0, D)[:, None]
-
-    if (CODEC == OCTOPUS) or (CODEC == OCTOPUS_QJL):
-        if D >= 128:
-            # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
-            # instead of the D/2 of one power-of-two tile
-            words, wmap, acc, res2, near = _octopus_words(
-                xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
-                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
-            words_b, _, acc_b, res2_b, near_b = _octopus_words(
-                xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-                dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE,
-                HAS_QJL, DOT_NATIVE, SPLIT, EXACT)
-            words = words | words_b
-            acc += acc_b
-            res2 += res2_b
-            near = tl.maximum(near, near_b)
-        else:
-            words, wmap, acc, res2, near = _octopus_words(
-                xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-                bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, DIR_TABLE, HAS_QJL,
-                DOT_NATIVE, SPLIT, EXACT)
-        if EXACT == 1:
-            tl.store(near_ptr + pid, near)
-        if HAS_QJL:
-            proj = acc
-            gamma_r = tl.sqrt_rn(res2)
-    else:
-        y = _rotate(xsg, tl.load(had_ptr + hrow * D + dcol), DOT_NATIVE, SPLIT)
-        if CODEC == POLAR:
-            # the angles need no division by gamma, only a scale that keeps the squares finite
-            codes = _polar_codes(y * rscale[:, None], aux_ptr, BLOCK_T, D, LOG2D, K_BITS, SPLIT)
-            words, wmap = _pack(codes, K_CODES, K_BITS, WP, KP)
-        else:
-            u = _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
-            if K_BITS > 0:
-                i_u = _index(u, bnd_ptr, K_BITS, SPLIT, True)
-                words, wmap = _pack(i_u, K_CODES, K_BITS, WP, KP)
-                if HAS_QJL:
-                    u_hat = _table(cent_ptr + i_u, SPLIT)
-            else:
-                u_hat = tl.zeros((BLOCK_T, D), tl.float32)
-        if HAS_QJL:
-            res = u - u_hat
-            gamma_r = tl.sqrt_rn(tl.sum(res * res, 1))
-            qsg = tl.load(qs_ptr + hoff + dcol)
-            proj = _dot_pm1(res * qsg, tl.load(had_ptr + hrow * D + dcol).to(tl.float32), SPLIT)
+    words, wmap, proj, gamma_r = encode_codes(
+        xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
+        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, LP,
+        HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
     if K_WORDS > 0:
         tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
                  mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
     if HAS_QJL:
         tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
-        sbits, _ = _pack((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
+        sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
         scol = tl.arange(0, S_WP)[None, :]
         tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
-
-
-@triton.jit
-def _round_code(a, s, inv_s, MAXC: tl.constexpr):
-    """clamp(round_half_even(RN(a / s)), 0, MAXC) for s > 0 (an fp16 value) and |a| < 2**17, without a
-    division per element. q0 = a * inv_s is within a few ulps of a / s (inv_s ~ 1/s), so the code is k or k+1,
-    k = floor(clamp(q0)), split at y = k + 1/2. RN(a/s) > y exactly when a/s > y + ulp(y)/2 (a tie there goes
-    to y, whose last bit is 0), i.e. a - y*s > s*ulp(y)/2; y*s is exact (<= 9 + 11 bits) and the fma rounds
-    a - y*s once, exactly wherever the comparison is close (Sterbenz), so the test is exact. RN(a/s) == y
-    (a tie, to even) adds 1 when k is odd (then y is not a power of two: the lower threshold is the same)."""
-    q0 = tl.minimum(tl.maximum(a * inv_s, 0.0), MAXC * 1.0)
-    k = tl.floor(q0)
-    y = k + 0.5
-    d1 = tl.fma(y, -s, a)
-    half_ulp = ((y.to(tl.int32, bitcast=True) & 0x7F800000) - (24 << 23)).to(tl.float32, bitcast=True)
-    thr = half_ulp * s
-    ki = k.to(tl.int32)
-    up = (d1 > thr) | (((ki & 1) != 0) & (d1 >= -thr))
-    return tl.minimum(ki + up.to(tl.int32), MAXC)
-
-
-@triton.jit(do_not_specialize=["n_groups", "T", "OFFSET"])
-def _encode_values_kernel(v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr, min_ptr, flag_ptr,
-                          n_groups, T, H, T_OUT, OFFSET,
-                          D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ROW_UNITS: tl.constexpr,
-                          BLOCK_G: tl.constexpr, CHECK: tl.constexpr):
-    """Values in groups of GROUP >= 8 channels, BLOCK_G groups per program (`_encode_value_groups`)."""
-    _encode_value_groups(tl.program_id(0), v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr,
-                         min_ptr, flag_ptr, n_groups, T, H, T_OUT, OFFSET, D, GROUP, BITS, ROW_UNITS, BLOCK_G,
-                         CHECK)
-
-
-@triton.jit
-def _encode_value_groups(pid, v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, scale_ptr, min_ptr, flag_ptr,
-                         n_groups, T, H, T_OUT, OFFSET,
-                         D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, ROW_UNITS: tl.constexpr,
-                         BLOCK_G: tl.constexpr, CHECK: tl.constexpr):
-    """Groups [BLOCK_G] (block `pid`) of GROUP (>= 8) channels of a unit V [B, H, T, D] (group g is channels
-    [(g % (D / GROUP)) * GROUP, +GROUP) of row g // (D / GROUP), rows as in `_unit_rows`; strides given, unit
-    stride along D) -> mn = fp16(min), scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
-    code = clamp(round((v - mn) / scale), 0, 2^b - 1) as in fp32 with ties to even (`_round_code`), written
-    to rows (b * H + h) * T_OUT + OFFSET + t of the outputs. A group is HC chunks of 8 channels; chunk i's
-    8 codes are 8*BITS bits = BITS bytes of the little-endian stream, written with one store per chunk
-    (codes_ptr typed uint8, int16, int32, int64 for BITS = 1, 2, 4, 8; otherwise uint8 and byte by byte);
-    rows start ROW_UNITS elements of codes_ptr apart. CHECK: any |v| > 65504 or NaN sets the flag
-    (`_mark_bad`)."""
-    HC: tl.constexpr = GROUP // 8
-    GPR: tl.constexpr = D // GROUP
-    MAXC: tl.constexpr = (1 << BITS) - 1
-    g = pid * BLOCK_G + tl.arange(0, BLOCK_G)
-    ok = g < n_groups
-    row = g // GPR
-    j = g - row * GPR  # the group's index within its row
-    src, dst, _ = _unit_rows(row, T, H, T_OUT, OFFSET, stride_vb, stride_vh, stride_vt)
-    h = tl.arange(0, HC)[None, :, None]
-    c = tl.arange(0, 8)[None, None, :]
-    v = tl.load(v_ptr + (src + j * GROUP)[:, None, None] + h * 8 + c, mask=ok[:, None, None], other=0.0)
-    v = v.to(tl.float32)
-    if CHECK:
-        if tl.max(tl.max(tl.max((~(tl.abs(v) <= 65504.0)).to(tl.int32), 2), 1), 0) > 0:
-            _mark_bad(flag_ptr)
-    mx = tl.max(tl.max(v, 2), 1)
-    mn = tl.min(tl.min(v, 2), 1)
-    mn16 = mn.to(tl.float16)
-    sc16 = tl.minimum(tl.math.div_rn(mx - mn, MAXC * 1.0), 65504.0).to(tl.float16)
-    sc16 = tl.where(sc16 == 0, 1.0, sc16.to(tl.float32)).to(tl.float16)
-    tl.store(scale_ptr + dst * GPR + j, sc16, mask=ok)
-    tl.store(min_ptr + dst * GPR + j, mn16, mask=ok)
-    s = sc16.to(tl.float32)[:, None, None]
-    a = v - mn16.to(tl.float32)[:, None, None]
-    code = _round_code(a, s, 1.0 / s, MAXC)
-    if (BITS == 1) or (BITS == 2) or (BITS == 4):
-        val = tl.sum(code << (c * BITS), 2)
-    else:
-        val = tl.sum(code.to(tl.int64) << (c * BITS).to(tl.int64), 2)
-    chunk = j[:, None] * HC + tl.arange(0, HC)[None, :]
-    okc = ok[:, None]
-    if (BITS == 1) or (BITS == 2) or (BITS == 4) or (BITS == 8):
-        # codes_ptr has the element type of one chunk (BITS bytes): one store per chunk
-        tl.store(codes_ptr + dst[:, None] * ROW_UNITS + chunk, val.to(codes_ptr.dtype.element_ty),
-                 mask=okc)
-    else:
-        p = tl.arange(0, 8)[None, None, :]
-        piece = ((val[:, :, None] >> (p * 8)) & 255).to(tl.uint8)
-        byte = dst[:, None] * ROW_UNITS + chunk * BITS
-        tl.store(codes_ptr + byte[:, :, None] + p, piece, mask=okc[:, :, None] & (p < BITS))
 
 
 @triton.jit(do_not_specialize=["n_rows", "T", "OFFSET", "key_programs", "n_groups"])
@@ -781,9 +168,9 @@ def _encode_unit_kernel(
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
-    CODEC: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr, DIR_TABLE: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr,
@@ -791,7 +178,7 @@ def _encode_unit_kernel(
 ):
     """One unit's keys and values in one launch, straight into a store [B, H, T_OUT, .] at token OFFSET:
     programs [0, key_programs) encode BLOCK_T key rows each (`_encode_key_rows`), the rest BLOCK_G value
-    groups each (`_encode_value_groups`). CHECK: flag_ptr[0] is set for a non-finite key, flag_ptr[1] for a
+    groups each (`encode_value_groups`). CHECK: flag_ptr[0] is set for a non-finite key, flag_ptr[1] for a
     value that is NaN or beyond the fp16 range."""
     pid = tl.program_id(0)
     if pid < key_programs:
@@ -799,37 +186,288 @@ def _encode_unit_kernel(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            CODEC, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, DIR_TABLE, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
-        _encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
+        encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
                              scale_ptr, min_ptr, flag_ptr + 1, n_groups, T, H, T_OUT, OFFSET, D, GROUP,
                              V_BITS, ROW_UNITS, BLOCK_G, CHECK)
 
 
-@triton.jit
-def _encode_values_any_group_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
-                          D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
-                          WP: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr):
-    """(Groups of fewer than 8 channels.) Rows of V [n_rows, D] -> per group of GROUP channels:
-    mn = fp16(min), scale = fp16(min((max-min)/(2^b-1), 65504)) (1 where that is 0),
-    code = clamp(round((v - mn) / scale), 0, 2^b - 1) in fp32, ties to even."""
-    G: tl.constexpr = D // GROUP
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = rows < n_rows
-    dcol = tl.arange(0, D)[None, :]
-    v = tl.load(v_ptr + rows[:, None] * D + dcol, mask=ok[:, None], other=0.0).to(tl.float32)
-    g = tl.reshape(v, (BLOCK_T, G, GROUP))
-    mx = tl.max(g, 2)
-    mn = tl.min(g, 2)
-    mn16 = mn.to(tl.float16)
-    sc16 = tl.minimum(tl.math.div_rn(mx - mn, (1 << BITS) - 1.0), 65504.0).to(tl.float16)
-    sc16 = tl.where(sc16 == 0, 1.0, sc16.to(tl.float32)).to(tl.float16)
-    q = tl.math.div_rn(g - mn16.to(tl.float32)[:, :, None], sc16.to(tl.float32)[:, :, None])
-    code = tl.minimum(tl.maximum(round_half_even(q), 0.0), (1 << BITS) - 1.0).to(tl.int32)
-    words = pack_codes(tl.reshape(code, (BLOCK_T, D)), 0, D, BITS, WP, KP)
-    wcol = tl.arange(0, WP)[None, :]
-    tl.store(codes_ptr + rows[:, None] * WORDS + wcol, words, mask=ok[:, None] & (wcol < WORDS))
-    gcol = rows[:, None] * G + tl.arange(0, G)[None, :]
-    tl.store(scale_ptr + gcol, sc16, mask=ok[:, None])
-    tl.store(min_ptr + gcol, mn16, mask=ok[:, None])
+def _triplet_hadamard(codec: KernelCodec) -> torch.Tensor:
+    """[3, d, lp] fp32: slice c holds the Hadamard columns 3j + c (j < lp; zero where 3j + c >= d), so that
+    x @ slice c is coordinate c of every triplet of x @ H_d."""
+    had, d, lp, device = codec.hadamard, codec.head_dim, codec.triplet_lanes, codec.hadamard.device
+    out = torch.zeros(3, d, lp, device=device)
+    for c in range(3):
+        cols = torch.arange(c, d, 3, device=device)
+        out[c, :, : cols.numel()] = had[:, cols]
+    return out
+
+
+def _xi_triples(codec: KernelCodec) -> torch.Tensor:
+    """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0), the xi values of a seed's three
+    local3x3 neighbours (one row read per seed); NaN off the grid, where the reference's clamped index
+    repeats a neighbour (a NaN candidate never wins and never counts as the runner-up)."""
+    c = codec.table("xi_centroids")
+    m = c.numel()
+    i = torch.arange(m, device=c.device)
+    nan = torch.full_like(c, float("nan"))
+    cols = [torch.where((i + k >= 0) & (i + k < m), c[(i + k).clamp(0, m - 1)], nan) for k in (-1, 0, 1)]
+    return torch.stack(cols + [torch.zeros_like(c)], 1).contiguous()
+
+
+def _polar_trig(codec: KernelCodec) -> torch.Tensor:
+    """fp32, flat: [2, levels, 2^b - 1] from the fp32 polarquant boundaries, in float64: level 1 (row 0) cos
+    and sin of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii); then 9 level-1
+    codes as the reference computes them, in fp32 on the codec's device (its atan2 decides where the angle
+    lies exactly on a boundary), of the pairs (a, b) at angles k pi/4, k < 8, and (-1, -0)."""
+    boundaries = codec.table("boundaries")
+    beta = boundaries.double()
+    c, s = torch.cos(beta), torch.sin(beta)
+    c[1:], s[1:] = c[1:] ** 2, s[1:] ** 2
+    k = torch.arange(9, device=beta.device, dtype=torch.float64)
+    a = torch.where(k == 8, -1.0, torch.round(torch.cos(k * (math.pi / 4)))).float()
+    b = torch.round(torch.sin(k * (math.pi / 4))).float()
+    b = torch.where(k == 8, -torch.zeros_like(b), b)
+    psi = torch.atan2(b, a)
+    psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
+    ties = torch.searchsorted(boundaries[0].contiguous(), psi.contiguous(), right=False)
+    return torch.cat([torch.stack([c, s]).float().reshape(-1), ties.float()])
+
+
+def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
+    device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
+    16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
+    table as its three coordinate rows [3, 4^b_dir]. Built from the codec's device tensors (no host copy).
+    Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
+    have none."""
+    cache = codec.__dict__.setdefault("_encode_tables", {})
+    key = (dev, dtype)
+    if key not in cache:
+        octo = codec.decode == "triplet"
+        boundaries = codec.tables.get("boundaries")
+        cache[key] = (
+            codec.hadamard.to(dtype),
+            _triplet_hadamard(codec).to(dtype) if octo else dummy,
+            codec.rotation_signs.to(dtype).contiguous(),
+            codec.qjl_signs if codec.has_qjl else dummy,
+            codec.tables.get("centroids", dummy),
+            boundaries if boundaries is not None and boundaries.numel() else dummy,
+            codec.table("xi_boundaries") if octo else dummy,
+            _xi_triples(codec) if octo else _polar_trig(codec) if codec.decode == "polar" else dummy,
+            codec.table("directions").t().contiguous() if octo else dummy)
+    return cache[key]
+
+
+
+# (rows per program, warps, register cap or None) of the key kernel per (decode section, QJL side-car): the
+# H200 sweep of the encode launches (each row checked against the library on the GPU) where the kernel has not
+# changed since (scalar, polar), else the fewest SASS instructions per key without spills
+# (benchmarks/count_sass_encode.py; the triplet section since its near-tie flags). Head dims above 64 take
+# the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
+# launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
+# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
+KEY_LAUNCH = {
+    64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
+         ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
+    128: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 8, None),
+          ("triplet", False): (64, 8, 128), ("triplet", True): (16, 4, None)},
+}
+
+KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
+                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", False, 10): (64, 4, 128),
+                   (64, "triplet", False, 13): (64, 4, 128), (64, "triplet", True, 7): (128, 8, 128)}
+
+SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
+
+
+def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_rows: int | None = None,
+                   device: torch.device | None = None) -> tuple[int, dict]:
+    """(rows per program, launch options) of the key kernel for `codec`: KEY_LAUNCH (KEY_LAUNCH_BITS for the
+    codec's code width; its register cap only where the config leaves rows and warps to it), its rows halved
+    (to SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than two programs per SM (a decode
+    step's unit: B x H rows). The CPU interpreter pays per op, not per element, so it takes 128 rows."""
+    cfg = config or EncodeConfig()
+    dk = 64 if d <= 64 else 128
+    kind = (codec.decode, codec.has_qjl)
+    rows, warps, cap = KEY_LAUNCH_BITS.get((dk, *kind, codec.code_bits), KEY_LAUNCH[dk][kind])
+    if d > 128:
+        rows = max(SMALL_BLOCK, rows // 2)
+    if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
+        while rows > SMALL_BLOCK and -(-n_rows // rows) < 2 * _sm_count(device):
+            rows, warps = rows // 2, min(warps, 4)
+    block_t = cfg.block_t or (128 if _interpreting() else rows)
+    launch = {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
+              "enable_fp_fusion": False}
+    if cfg.block_t is None and cfg.num_warps is None and cap is not None:  # the table's cap goes with its own
+        launch["maxnreg"] = cap  # rows and warps
+    return block_t, launch
+
+
+def _key_constants(codec: KernelCodec, native: bool, split: bool, config: EncodeConfig | None,
+                   n_rows: int | None = None, device: torch.device | None = None) -> tuple[dict, int, dict]:
+    """(the key kernel's compile-time arguments but CHECK and ALIGNED, rows per program, launch options) for
+    `codec`: native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter); a
+    launch of n_rows rows on `device` (`_encode_launch`)."""
+    d = codec.head_dim
+    n_bits, n_codes = codec.code_bits, codec.num_codes
+    words, wp, kp = pack_shape(max(n_bits, 1), n_codes)
+    s_words, s_wp, s_kp = pack_shape(1, d)
+    octo = codec.decode == "triplet"
+    block_t, launch = _encode_launch(d, config, codec, n_rows, device)
+    consts = dict(DECODE=SECTIONS[codec.decode].id, D=d, LOG2D=int(math.log2(d)),
+                  K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
+                  B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
+                  LP=codec.triplet_lanes if octo else 16,
+                  HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
+                  DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
+    return consts, block_t, launch
+
+
+@_outside_autocast
+def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
+    """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
+    bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
+    rounding of a decision boundary.
+
+    >>> keys = encode_keys(torch.randn(1, 2, 455, 64, device="cuda"), codec)  # doctest: +SKIP
+    """
+    d = codec.head_dim
+    if k.shape[-1] != d or k.ndim < 2:
+        raise ValueError(f"keys must be [..., H, T, {d}], got {tuple(k.shape)}")
+    if k.ndim == 2:
+        k = k[None]
+    h, t = k.shape[-3], k.shape[-2]
+    if h != codec.num_heads:
+        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
+    if k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"keys must be float32, float16 or bfloat16, got {k.dtype}")
+    dev = k.device
+    codec = codec.to(dev)
+    kc = k.contiguous()
+    lead = k.shape[:-1]
+    n_rows = kc.numel() // d
+    native = k.dtype != torch.float32 and not _interpreting()
+    consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, dev)
+    words = consts["K_WORDS"]
+    codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
+    gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)
+    signs = torch.empty(*lead, consts["S_WORDS"], device=dev, dtype=torch.int32) if codec.has_qjl else None
+    gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
+    dummy = unused_buffer(dev)
+    programs = triton.cdiv(n_rows, block_t)
+    octo = codec.decode == "triplet"
+    # octopus: a second launch redoes the blocks the first flags (near ties, encode._octopus_tile)
+    near = torch.empty(programs, device=dev, dtype=torch.int32) if octo and programs else dummy
+    gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
+    for exact in (1, 2) if octo else (0,):
+        _encode_keys_kernel[(programs,)](
+            kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
+            signs if signs is not None else dummy, gamma_r16,
+            dummy, near, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
+            n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, EXACT=exact,
+            **consts, **launch,
+        )
+    return PackedKeys(codes, gamma, signs, gamma_r)
+
+
+def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, config: EncodeConfig | None,
+                    n_rows: int, device: torch.device) -> tuple[int, int, dict, torch.dtype]:
+    """(key rows per program, value groups per program, the unit kernel's compile-time arguments, the value
+    codes' chunk dtype), cached on the codec per value format, operand mode, launch configuration and the
+    key rows per program a launch of n_rows rows takes (`_encode_launch`)."""
+    cache = codec.__dict__.setdefault("_unit_constants", {})
+    rows = _encode_launch(codec.head_dim, config, codec, n_rows, device)[0]
+    key = (bits, group, native, config, rows)
+    if key not in cache:
+        d = codec.head_dim
+        keys, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, device)
+        # values: 64 rows of d=64 (256 groups of 16) per program; with 128 rows (the values kernel's own
+        # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
+        # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
+        block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
+        unit = _CHUNK_DTYPES.get(bits, torch.uint8)
+        v_words = -(-d * bits // 32)
+        consts = dict(keys, GROUP=group, V_BITS=bits, ROW_UNITS=v_words * 4 // unit.itemsize, BLOCK_G=block_g,
+                      **launch)
+        cache[key] = (block_t, block_g, consts, unit)
+    return cache[key]
+
+
+def _expect(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+        got = None if t is None else (tuple(t.shape), t.dtype, "strided" if not t.is_contiguous() else "")
+        raise ValueError(f"{name} must be a contiguous {dtype} buffer of shape {shape} (formats.md), "
+                         f"got {got}")
+
+
+def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: PackedKeys,
+                values_out: PackedValues, offset: int, flags: torch.Tensor | None = None,
+                config: EncodeConfig | None = None) -> None:
+    """Encode one unit's keys and values straight into a compressed store, in one launch.
+
+    k, v: [B, H, T, d] (float32, float16 or bfloat16, one dtype; any strides with unit stride along d, e.g.
+    views of a fused qkv projection). keys_out / values_out: the store's buffers [B, H, Tcap, ...]
+    (formats.md, contiguous); tokens [offset, offset + T) are written, bit for bit what
+    `encode_keys(k, codec)` and `encode_values(v, values_out.bits, values_out.group)` return (value groups
+    of at least 8 channels). flags: None, or a float32 tensor of two elements on the device whose element 0
+    is set to +inf when a key is NaN or infinite and element 1 when a value is NaN or beyond the fp16 range
+    (|v| > 65504); nothing is read back (no host sync).
+
+    >>> encode_unit(k, v, codec, store_keys, store_values, offset=455, flags=row)  # doctest: +SKIP
+    """
+    d = codec.head_dim
+    if k.ndim != 4 or k.shape != v.shape or k.shape[-1] != d:
+        raise ValueError(f"k and v must both be [B, H, T, {d}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, h, t, _ = k.shape
+    if h != codec.num_heads:
+        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
+    if k.dtype != v.dtype or k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"k and v must share one dtype of float32, float16, bfloat16; "
+                         f"got {k.dtype}, {v.dtype}")
+    bits, group = values_out.bits, values_out.group
+    if group < 8 or group & (group - 1) or d % group or not 1 <= bits <= 8:
+        raise ValueError(f"encode_unit needs a power-of-two value group >= 8 dividing d and bits in 1..8, "
+                         f"got d={d}, group={group}, bits={bits} (encode_values takes smaller groups)")
+    cap = keys_out.gamma.shape[2] if keys_out.gamma is not None and keys_out.gamma.ndim == 3 else -1
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= cap - t:
+        raise ValueError(f"offset {offset!r} + {t} tokens must fit the store's {cap} tokens")
+    _expect("keys_out.codes", keys_out.codes, (b, h, cap, codec.code_words), torch.int32)
+    _expect("keys_out.gamma", keys_out.gamma, (b, h, cap), torch.bfloat16)
+    if codec.has_qjl:
+        _expect("keys_out.signs", keys_out.signs, (b, h, cap, -(-d // 32)), torch.int32)
+        _expect("keys_out.gamma_r", keys_out.gamma_r, (b, h, cap), torch.bfloat16)
+    _expect("values_out.codes", values_out.codes, (b, h, cap, -(-d * bits // 32)), torch.int32)
+    _expect("values_out.scale", values_out.scale, (b, h, cap, d // group), torch.float16)
+    _expect("values_out.minimum", values_out.minimum, (b, h, cap, d // group), torch.float16)
+    dev = k.device
+    if flags is not None and (flags.dtype != torch.float32 or flags.numel() != 2 or flags.device != dev
+                              or (flags.ndim and flags.stride(-1) != 1)):
+        raise ValueError("flags must be a float32 tensor of two consecutive elements on the keys' device")
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    codec = codec.to(dev)
+    dummy = unused_buffer(dev)
+    native = k.dtype != torch.float32 and not _interpreting()
+    n_rows = b * h * t
+    block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config, n_rows, dev)
+    n_groups = n_rows * (d // group)
+    key_programs = -(-n_rows // block_t)
+    if n_rows == 0:
+        return
+    _encode_unit_kernel[(key_programs + -(-n_groups // block_g),)](
+        k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2),
+        keys_out.codes if codec.code_words else dummy, keys_out.gamma.view(torch.int16),
+        keys_out.signs if codec.has_qjl else dummy,
+        keys_out.gamma_r.view(torch.int16) if codec.has_qjl else dummy,
+        values_out.codes.view(unit), values_out.scale, values_out.minimum,
+        flags if flags is not None else dummy,
+        *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
+        n_rows, t, h, cap, offset, 1.0 / math.sqrt(d), key_programs, n_groups,
+        CHECK=flags is not None, ALIGNED=t % block_t == 0, **consts,
+    )

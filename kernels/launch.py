@@ -1,15 +1,14 @@
-"""What the launchers share: the autocast guard, power-of-two checks, the Hadamard matrix, device facts."""
+"""What the launchers share: the autocast guard, power-of-two checks, split-K and packing shapes, device
+facts, the encode launch configuration."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
 import torch
 import triton.language as tl
-
-from .naive import hadamard
-from .spec import KernelCodec
 
 
 def _outside_autocast(fn):
@@ -34,25 +33,14 @@ def _check_pow2(name: str, value: int | None, low: int, high: int) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _hadamard(d: int, device: torch.device) -> torch.Tensor:
-    return hadamard(d, device)
-
-
-@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
 
-def _octopus_lp(codec: KernelCodec) -> int:
-    return codec.triplet_lanes
-
-
-
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 
 def _interpreter_16bit_dot() -> None:
@@ -101,3 +89,40 @@ def split_chunk(length: int, splits: int, step: int) -> tuple[int, int]:
     chunk = _cdiv(_cdiv(max(length, 1), max(1, splits)), step) * step
     return max(1, _cdiv(length, chunk)), chunk
 
+
+@dataclasses.dataclass(frozen=True)
+class EncodeConfig:
+    """Launch configuration of the encode kernels (None: the heuristic): rows per program (block_t), warps,
+    stages."""
+
+    block_t: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_pow2("block_t", self.block_t, 16, 512)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+
+
+def pack_shape(n: int, length: int) -> tuple[int, int, int]:
+    """(W, WP, KP) of a field of `length` codes of n bits: words, words padded to a power of two, and the
+    power-of-two bound on the number of codes that meet one word."""
+    words = -(-length * n // 32)
+    most = 1
+    for w in range(words):
+        first, last = (32 * w) // n, min(length - 1, (32 * w + 31) // n)
+        most = max(most, last - first + 1)
+    return words, _pow2(max(words, 1)), _pow2(most)
+
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
+def unused_buffer(device: torch.device) -> torch.Tensor:
+    """A one-element fp32 tensor on `device` for the pointer arguments a launch never reads (made once per
+    device: a fresh torch.zeros per call is a memset a CUDA graph replays)."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.zeros(1, device=device, dtype=torch.float32)
+    return t

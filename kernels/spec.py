@@ -2,166 +2,134 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-KERNEL_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
-CODEC_IDS = {name: i for i, name in enumerate(KERNEL_CODECS)}  # the kernels' tl.constexpr CODEC
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # the fused kernels' range (formats.md allows 8..1024 for the reference)
 V_GROUP = 16
-_TENSOR_FIELDS = ("rotation_signs", "qjl_signs", "centroids", "boundaries", "xi_boundaries", "xi_centroids",
-                  "directions")
 
 
-def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().to(torch.float32).contiguous()
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float32).contiguous()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelCodec:
-    """A key codec as the kernels see it: name, bit widths, rotation sign vectors and codebook tables.
+    """A key codec as the kernels see it, built from the codec's declaration (octopus_audio.backend):
 
-    Tables (float32): `centroids`/`boundaries` are the coordinate codebook (turboquant-*), the per-level angle
-    codebooks `[levels, 2**bits]`/`[levels, 2**bits - 1]` (polarquant, level 1 first), or the norm codebook
-    C_rho (octopus*). Octopus also carries C_xi (`xi_centroids`, `xi_boundaries`) and the decoded-direction
-    table `directions` `[4**b_dir, 3]` (row i_xi * 2**b_dir + i_eta).
-    `rotation_signs`/`qjl_signs` are `[H, d]` +-1 vectors, one per KV head (formats.md, streams 0 and 1).
+    decode: the section of codec_decode.py that decodes its keys (its id is the kernels' tl.constexpr DECODE);
+    head_dim d; the `codes` field: num_codes codes of code_bits bits per key (little-endian int32 words);
+    rotation_signs / qjl_signs: [H, d] +-1 vectors, one per KV head (formats.md, streams 0 and 1; qjl_signs
+    None for codecs without the QJL side-car); hadamard: the Sylvester matrix H_d [d, d]; tables: the float32
+    tables the section reads, by name (codec_decode.SECTIONS says which, with their shapes); params: the
+    section's integer parameters (triplet: b_dir, b_rho); name: the library codec's, for messages.
     """
 
-    name: str
+    decode: str
     head_dim: int
-    bits: int
+    code_bits: int
+    num_codes: int
     rotation_signs: torch.Tensor
+    hadamard: torch.Tensor
     qjl_signs: torch.Tensor | None = None
-    centroids: torch.Tensor | None = None
-    boundaries: torch.Tensor | None = None
-    xi_boundaries: torch.Tensor | None = None
-    xi_centroids: torch.Tensor | None = None
-    directions: torch.Tensor | None = None
-    b_dir: int = 0
-    b_rho: int = 0
+    tables: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)
+    name: str = ""
 
     def __post_init__(self) -> None:
-        if self.name not in KERNEL_CODECS:
-            raise ValueError(f"kernel codec {self.name!r} is not one of {', '.join(KERNEL_CODECS)}")
+        from .codec_decode import SECTIONS
+
+        label = self.name or self.decode
+        if self.decode not in SECTIONS:
+            raise ValueError(f"{label}: no kernel decode section {self.decode!r}; "
+                             f"the kernels have {', '.join(SECTIONS)}")
         d = self.head_dim
         if d & (d - 1) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise ValueError(f"the fused kernels take head_dim a power of two in "
                              f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
-        if not 1 <= self.bits <= 8:
-            raise ValueError(f"bits must be in 1..8, got {self.bits}")
+        if not 0 <= self.code_bits <= 16 or self.num_codes < 1:
+            raise ValueError(f"{label}: codes of 0..16 bits, at least one a key, got {self.num_codes} of "
+                             f"{self.code_bits} bits")
         if self.rotation_signs.ndim != 2 or self.rotation_signs.shape[1] != d:
             raise ValueError(f"rotation_signs must be [H, {d}], got {tuple(self.rotation_signs.shape)}")
-        if self.has_qjl and (self.qjl_signs is None or self.qjl_signs.shape != self.rotation_signs.shape):
-            raise ValueError(f"{self.name} needs qjl_signs shaped like rotation_signs")
-        if self.name.startswith("octopus"):
-            if self.b_dir < 1 or self.b_rho < 0:
-                raise ValueError(f"octopus needs b_dir >= 1 and b_rho >= 0, got {self.b_dir}, {self.b_rho}")
-            self._check("directions", (4**self.b_dir, 3))
-            self._check("xi_boundaries", (2**self.b_dir - 1,))
-            self._check("xi_centroids", (2**self.b_dir,))
-            self._check("centroids", (2**self.b_rho,))
-            self._check("boundaries", (2**self.b_rho - 1,))
-        elif self.name == "polarquant":
-            levels = int(math.log2(d))
-            self._check("centroids", (levels, 2**self.bits))
-            self._check("boundaries", (levels, 2**self.bits - 1))
-        elif self.key_code_bits > 0:
-            self._check("centroids", (2**self.key_code_bits,))
-            self._check("boundaries", (2**self.key_code_bits - 1,))
-        for field in _TENSOR_FIELDS:
-            object.__setattr__(self, field, _fp32(getattr(self, field)))
+        if tuple(self.hadamard.shape) != (d, d):
+            raise ValueError(f"hadamard must be [{d}, {d}], got {tuple(self.hadamard.shape)}")
+        if self.qjl_signs is not None and self.qjl_signs.shape != self.rotation_signs.shape:
+            raise ValueError(f"{label}: qjl_signs must be shaped like rotation_signs")
+        for name, shape in SECTIONS[self.decode].tables(self).items():
+            t = self.tables.get(name)
+            if t is None or tuple(t.shape) != shape:
+                got = None if t is None else tuple(t.shape)
+                raise ValueError(f"{label}: table {name} must have shape {shape}, got {got}")
+        object.__setattr__(self, "tables", {k: _fp32(t) for k, t in self.tables.items()})
+        object.__setattr__(self, "rotation_signs", _fp32(self.rotation_signs))
+        object.__setattr__(self, "hadamard", _fp32(self.hadamard))
+        if self.qjl_signs is not None:
+            object.__setattr__(self, "qjl_signs", _fp32(self.qjl_signs))
 
-    def _check(self, field: str, shape: tuple[int, ...]) -> None:
-        t = getattr(self, field)
-        if t is None or tuple(t.shape) != shape:
-            got = None if t is None else tuple(t.shape)
-            raise ValueError(f"{self.name} b={self.bits}: {field} must have shape {shape}, got {got}")
+    def table(self, name: str) -> torch.Tensor:
+        """The table `name` (ValueError naming the tables present when it is absent)."""
+        if name not in self.tables:
+            raise ValueError(f"{self.name or self.decode} has no table {name!r}; it has "
+                             f"{', '.join(self.tables) or 'no tables'}")
+        return self.tables[name]
+
+    def param(self, name: str) -> int:
+        """The section parameter `name`, 0 when the codec has none of that name."""
+        return self.params.get(name, 0)
 
     @property
     def has_qjl(self) -> bool:
-        return self.name.endswith("-qjl")
+        return self.qjl_signs is not None
 
     @property
     def num_heads(self) -> int:
         return self.rotation_signs.shape[0]
 
     @property
-    def key_code_bits(self) -> int:
-        """n: bits per code of the `codes` field."""
-        if self.name.startswith("octopus"):
-            return 2 * self.b_dir + self.b_rho
-        return self.bits - 1 if self.name == "turboquant-qjl" else self.bits
-
-    @property
-    def key_codes(self) -> int:
-        """L: codes per key."""
-        if self.name.startswith("octopus"):
-            return -(-self.head_dim // 3)
-        return self.head_dim - 1 if self.name == "polarquant" else self.head_dim
-
-    @property
-    def key_words(self) -> int:
+    def code_words(self) -> int:
         """W: int32 words per key of the `codes` field."""
-        return -(-self.key_codes * self.key_code_bits // 32)
+        return -(-self.num_codes * self.code_bits // 32)
 
     @property
     def triplet_lanes(self) -> int:
-        """LP: the octopus triplet count padded to a power of two >= 16 (the kernels' tile width)."""
-        return max(16, 1 << max(0, (self.key_codes - 1).bit_length()))
+        """LP: the triplet count padded to a power of two >= 16 (the kernels' tile width)."""
+        return max(16, 1 << max(0, (self.num_codes - 1).bit_length()))
 
     def query_map(self, dtype: torch.dtype) -> torch.Tensor:
         """[H, d, NP] integer matrices (exact in every float dtype) that take a query row q to the layouts
         the attention kernel scores with: q @ M_h = [sqrt(d) R q | d R' R q] (formats.md; the QJL block only
-        for -qjl codecs), where octopus reorders the R q block into its triplet components, x | y | z
-        (column c * LP + i holds coordinate 3i + c, zero past d). Built once per codec and dtype, cached."""
+        with the side-car), the R q block in the section's column layout (codec_decode.Section.query_block;
+        triplet: its components x | y | z). Built once per codec and dtype, cached."""
+        from .codec_decode import SECTIONS
+
         maps = self.__dict__.setdefault("_query_maps", {})
         if dtype not in maps:
-            d = self.head_dim
-            dev = self.rotation_signs.device
-            had = torch.ones(1, 1, device=dev)
-            while had.shape[0] < d:
-                had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+            had = self.hadamard
             rot = self.rotation_signs[:, :, None] * had  # q @ rot[h] = sqrt(d) R_h q (H_d symmetric)
-            blocks = [rot]
-            if self.name.startswith("octopus"):
-                lp = self.triplet_lanes
-                j = 3 * torch.arange(lp, device=dev)[None, :] + torch.arange(3, device=dev)[:, None]
-                j = j.reshape(-1)
-                blocks = [torch.where(j < d, rot[:, :, j.clamp_max(d - 1)], 0.0)]
+            blocks = [SECTIONS[self.decode].query_block(self, rot)]
             if self.has_qjl:
                 blocks.append(rot @ (self.qjl_signs[:, :, None] * had))  # d R' R q
             maps[dtype] = torch.cat(blocks, 2).to(dtype).contiguous()
         return maps[dtype]
-
-    def folded_directions(self) -> torch.Tensor:
-        """octopus: [2**n * 4] fp32, row `code` = (x, y, z, 0) of C_rho[code & (2**b_rho - 1)] times
-        D[code >> b_rho] (a triplet's whole decode as one 16-byte row; n = 2 b_dir + b_rho), cached."""
-        if "_folded" not in self.__dict__:
-            rho = self.centroids.repeat(4**self.b_dir)[:, None]
-            rows = self.directions.repeat_interleave(2**self.b_rho, 0) * rho
-            self.__dict__["_folded"] = torch.nn.functional.pad(rows, (0, 1)).reshape(-1).contiguous()
-        return self.__dict__["_folded"]
-
-    def polar_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the polarquant angle centroids, flattened level-major (cached)."""
-        if "_polar_tables" not in self.__dict__:
-            self.__dict__["_polar_tables"] = (torch.cos(self.centroids).reshape(-1).contiguous(),
-                                              torch.sin(self.centroids).reshape(-1).contiguous())
-        return self.__dict__["_polar_tables"]
 
     def to(self, device: torch.device) -> KernelCodec:
         """This codec with all its tables on `device` (itself when they are all there already)."""
         device = torch.device(device)
         if self.__dict__.get("_home") == device:  # checked before (the launchers call this every time)
             return self
-        if all(getattr(self, f) is None or getattr(self, f).device == device for f in _TENSOR_FIELDS):
+        tensors = [self.rotation_signs, self.hadamard, self.qjl_signs, *self.tables.values()]
+        if all(t is None or t.device == device for t in tensors):
             self.__dict__["_home"] = device
             return self
-        moved = {f: None if getattr(self, f) is None else getattr(self, f).to(device) for f in _TENSOR_FIELDS}
-        return KernelCodec(self.name, self.head_dim, self.bits, b_dir=self.b_dir, b_rho=self.b_rho, **moved)
+
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return KernelCodec(self.decode, self.head_dim, self.code_bits, self.num_codes,
+                           move(self.rotation_signs), move(self.hadamard), move(self.qjl_signs),
+                           {k: move(t) for k, t in self.tables.items()}, dict(self.params), self.name)
 
 
 @dataclass(frozen=True)

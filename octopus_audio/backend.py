@@ -1,9 +1,10 @@
 """The one dispatch point between the codec library and octopus_audio.kernels: picks triton or reference.
 
 OCTOPUS_AUDIO_BACKEND in {auto, reference, triton} (default auto): auto runs the Triton kernels for CUDA
-tensors when `octopus_audio.kernels.ops` imports, else the PyTorch reference; a forced backend that cannot
+tensors when `octopus_audio.kernels` imports, else the PyTorch reference; a forced backend that cannot
 run is an error (triton runs on CPU tensors only under TRITON_INTERPRET=1). The choice is logged once.
-The codec `none` always takes the reference path (plain SDPA over native K/V).
+A codec that does not compress (`none`) always takes the reference path (plain SDPA over native K/V), and so
+does one that declares no kernel decode section (announced once).
 A cache asks once per sequence, at its first unit (`CachePlan`): the per-call path then runs the chosen ops
 with no environment, backend or kernel-table lookups.
 """
@@ -16,6 +17,7 @@ import os
 
 import torch
 
+from octopus_audio import rotation
 from octopus_audio.codecs.base import KeyState
 from octopus_audio.packing import num_words
 from octopus_audio.values import ValueState
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "OCTOPUS_AUDIO_BACKEND"
 CHOICES = ("auto", "reference", "triton")
-KERNEL_OPS = ("encode_keys", "encode_values", "attention")
+KERNEL_OPS = ("encode_keys", "encode_values", "encode_unit", "attention")
 _announced: set[tuple[str, str]] = set()
 
 
@@ -38,14 +40,14 @@ def requested_backend() -> str:
 
 @functools.cache
 def _kernel_ops():
-    """(ops module or None, reason it is unavailable)."""
+    """(the kernels package or None, reason it is unavailable)."""
     try:
-        from octopus_audio.kernels import ops
+        import octopus_audio.kernels as ops
     except Exception as exc:  # any import failure means the kernels cannot run
-        return None, f"importing octopus_audio.kernels.ops failed ({type(exc).__name__}: {exc})"
+        return None, f"importing octopus_audio.kernels failed ({type(exc).__name__}: {exc})"
     missing = [name for name in KERNEL_OPS if not callable(getattr(ops, name, None))]
     if missing:
-        return None, f"octopus_audio.kernels.ops lacks {', '.join(missing)}"
+        return None, f"octopus_audio.kernels lacks {', '.join(missing)}"
     return ops, ""
 
 
@@ -61,14 +63,18 @@ def _announce(backend: str, why: str) -> None:
         log.info("octopus-audio attention backend: %s (%s)", backend, why)
 
 
-def attention_backend(device: torch.device | str | None = None, codec_name: str | None = None) -> str:
-    """"triton" or "reference" for tensors on `device` (None: cuda if available, else cpu)."""
+def attention_backend(device: torch.device | str | None = None, codec=None) -> str:
+    """"triton" or "reference" for tensors on `device` (None: cuda if available, else cpu) and `codec` (a
+    KeyCodec, or None for any codec the kernels serve)."""
     requested = requested_backend()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    if codec_name == "none":
-        _announce("reference", "codec none: plain SDPA over native K/V")
+    if codec is not None and not codec.compressed:
+        _announce("reference", f"codec {codec.name}: plain SDPA over native K/V")
+        return "reference"
+    if codec is not None and codec.kernel_decode is None:
+        _announce("reference", f"codec {codec.name} has no kernel decode section")
         return "reference"
     if requested == "reference":
         _announce("reference", f"{ENV_VAR}=reference")
@@ -102,39 +108,27 @@ def kernel_limit(codec, for_encode: bool = True) -> str | None:
     """Why the fused kernels cannot run this codec (None when they can)."""
     from octopus_audio.kernels.spec import MAX_HEAD_DIM, MIN_HEAD_DIM
 
+    if codec.kernel_decode is None:
+        return f"codec {codec.name} has no kernel decode section"
     if not MIN_HEAD_DIM <= codec.head_dim <= MAX_HEAD_DIM:
         return f"head dim {codec.head_dim} is outside the kernels' {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
-    if for_encode and getattr(codec, "rounding", "local3x3") != "local3x3":
-        return f"the encode kernel implements local3x3 rounding only, not {codec.rounding!r}"
-    return None
+    return codec.kernel_limit(for_encode)
 
 
 def kernel_codec(codec, num_heads: int, device):
-    """`codec` (a RotationCodec) as octopus_audio.kernels.KernelCodec on `device`, cached on the codec."""
-    from octopus_audio.codebooks import get_codebook
+    """`codec` (a RotationCodec with a `kernel_decode` section) as octopus_audio.kernels.KernelCodec on
+    `device`, built from its declaration (layout, rotations, tables), cached on the codec."""
+    from octopus_audio.codecs.qjl import QJL_STREAM
     from octopus_audio.kernels import KernelCodec
 
     device = torch.device(device)
 
     def make():
-        tables = {}
-        if codec.name.startswith("octopus"):
-            xi = get_codebook("xi", None, codec.dir_bits)
-            direction_table, rho_centroids = codec.tables(device)
-            tables = dict(directions=direction_table, xi_centroids=xi.centroids, xi_boundaries=xi.boundaries,
-                          centroids=rho_centroids,
-                          boundaries=get_codebook("rho", codec.head_dim, codec.rho_bits).boundaries,
-                          b_dir=codec.dir_bits, b_rho=codec.rho_bits)
-        elif codec.name == "polarquant":
-            books = [codec.level_codebook(level, device) for level in range(1, codec.levels + 1)]
-            tables = dict(centroids=torch.stack([c for c, _ in books]),
-                          boundaries=torch.stack([b for _, b in books]))
-        elif codec.mse_bits > 0:
-            centroids, boundaries = codec.coord_codebook(device)
-            tables = dict(centroids=centroids, boundaries=boundaries)
-        qjl_signs = codec.signs(num_heads, device, stream=1) if codec.qjl else None
-        kc = KernelCodec(codec.name, codec.head_dim, codec.bits, codec.signs(num_heads, device), qjl_signs,
-                         **tables)
+        layout = codec.layout
+        qjl_signs = codec.signs(num_heads, device, stream=QJL_STREAM) if codec.qjl else None
+        kc = KernelCodec(codec.kernel_decode, codec.head_dim, layout.code_bits, layout.num_codes,
+                         codec.signs(num_heads, device), rotation.hadamard(codec.head_dim, device), qjl_signs,
+                         codec.kernel_tables(device), codec.kernel_params(), codec.name)
         return kc.to(device)
 
     return codec._cached(("kernel_codec", num_heads, str(device)), make)
@@ -152,9 +146,9 @@ class CachePlan:
     caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the window.
     """
 
-    def __init__(self, codec, num_heads: int, device: torch.device, codec_name: str) -> None:
-        self.backend = attention_backend(device, codec_name)
-        self.native = codec_name == "none"
+    def __init__(self, codec, num_heads: int, device: torch.device) -> None:
+        self.backend = attention_backend(device, codec)
+        self.native = not codec.compressed
         self.kernel = None
         self.kernel_encode = self.kernel_attention = False
         if self.backend == "triton":
@@ -211,7 +205,7 @@ class CachePlan:
         def empty(*tail, dtype):
             return torch.zeros(q.shape[0], heads, 0, *tail, dtype=dtype, device=q.device)
 
-        keys = self._packed_keys(empty(kc.key_words, dtype=torch.int32), empty(dtype=torch.bfloat16),
+        keys = self._packed_keys(empty(kc.code_words, dtype=torch.int32), empty(dtype=torch.bfloat16),
                                  empty(num_words(kc.head_dim, 1), dtype=torch.int32) if kc.has_qjl else None,
                                  empty(dtype=torch.bfloat16) if kc.has_qjl else None)
         values = self._packed_values(empty(num_words(kc.head_dim, quant.bits), dtype=torch.int32),

@@ -25,7 +25,6 @@ from octopus_audio.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-KERNEL_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 AAR_BATCHES = (1, 64, 512)
 LONG_KEYS = (8192, 32768, 131072)
 LONG_DIMS = ((64, 16), (128, 32))  # (head dim, heads)
@@ -64,7 +63,6 @@ class Job:
     codec: str
     bits: int
     shape: AttnShape | None = None
-    directions: str = "default"  # octopus keys: the library default, "table", "decoded" (no score tables)
     config: object = None
 
 
@@ -74,26 +72,25 @@ def shape_class(shape: AttnShape) -> str:
 
 
 def tuning_jobs() -> dict[str, list[Job]]:
-    """Candidate launch configurations per class, timed on octopus b=2 (the codec the targets name)."""
+    """Candidate launch configurations per class, timed on the default codec at b=2 (the targets name it)."""
+    from octopus_audio.codecs import DEFAULT_CODEC
     from octopus_audio.kernels import AttnConfig, EncodeConfig
 
     aar = AttnShape("tune AAR B=64", 128, 16, 75, 380, 75, 64)
-    aar_cfgs = [AttnConfig(128, 64, 4, 1, tile_words=True), AttnConfig(128, 64, 4, 1, tile_words=False),
-                AttnConfig(128, 64, 8, 1, tile_words=False),
-                AttnConfig(128, 128, 8, 1, tile_words=False), AttnConfig(128, 128, 4, 1, tile_words=True),
-                AttnConfig(64, 64, 4, 1, tile_words=True), AttnConfig(64, 64, 4, 1, tile_words=False)]
+    aar_cfgs = [AttnConfig(128, 64, 4, 1), AttnConfig(128, 64, 8, 1), AttnConfig(128, 128, 8, 1),
+                AttnConfig(128, 128, 4, 1), AttnConfig(64, 64, 4, 1)]
     # one query row: the score-table path (block_n = keys per score step, block_v per value step)
     long_cfgs = [AttnConfig(block_n=bn, block_v=bv, num_warps=nw, programs_per_sm=pps)
                  for bn, bv, nw, pps in ((128, 64, 4, 8), (256, 64, 8, 4), (128, 32, 4, 8), (256, 64, 8, 8),
                                          (256, 32, 8, 4), (128, 64, 4, 4))]
-    jobs = {"aar": [Job("attention", "octopus", 2, aar, config=c) for c in aar_cfgs]}
+    jobs = {"aar": [Job("attention", DEFAULT_CODEC, 2, aar, config=c) for c in aar_cfgs]}
     for d, h in LONG_DIMS:
         shape = AttnShape(f"tune 1 q x 128k, d={d}", 1, h, 1, LONG_KEYS[-1] - 1, 1, d)
-        jobs[f"long-d{d}"] = [Job("attention", "octopus", 2, shape, config=c) for c in long_cfgs]
+        jobs[f"long-d{d}"] = [Job("attention", DEFAULT_CODEC, 2, shape, config=c) for c in long_cfgs]
     enc_cfgs = [EncodeConfig(32, 4, 1), EncodeConfig(16, 4, 1), EncodeConfig(64, 4, 1),
                 EncodeConfig(64, 8, 1),
                 EncodeConfig(128, 8, 1)]
-    jobs["encode-k"] = [Job("encode-k", "octopus", 2, config=c) for c in enc_cfgs]
+    jobs["encode-k"] = [Job("encode-k", DEFAULT_CODEC, 2, config=c) for c in enc_cfgs]
     jobs["encode-v"] = [Job("encode-v", "values", 2, config=c) for c in enc_cfgs]
     return jobs
 
@@ -106,10 +103,6 @@ def plan(suite: str, codecs: list[str], bits: list[int], chosen: dict[str, objec
         for name in codecs:
             for b in bits:
                 jobs.append(Job("attention", name, b, shape, config=cfg))
-                if name == "octopus" and b == 2 and suite == "quick" and shape.tq > 1:
-                    jobs.append(Job("attention", name, b, shape, directions="table", config=cfg))
-                if name == "octopus" and b == 2 and shape.tq == 1:  # the old path: keys decoded
-                    jobs.append(Job("attention", name, b, shape, directions="decoded"))
     for name in codecs:
         for b in bits:
             jobs.append(Job("encode-k", name, b, config=chosen.get("encode-k")))
@@ -175,15 +168,10 @@ def _attention_inputs(job: Job, device):
 
 
 def _ours_attention(job: Job, inputs):
-    from octopus_audio.kernels import ops
+    from octopus_audio.kernels import attention
 
     codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
-    if job.directions == "decoded":  # flash_decode with the keys decoded in registers, not score tables
-        cfg = ops.AttnConfig(score_tables=False)
-        return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=cfg)
-    directions = ops.OCTOPUS_DIRECTIONS if job.directions == "default" else job.directions
-    return lambda: ops.attention(q, keys, values, job.shape.length, k_win, v_win, kc,
-                                 octopus_directions=directions, config=job.config)
+    return lambda: attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=job.config)
 
 
 def _encode_inputs(job: Job, device):
@@ -197,12 +185,12 @@ def _encode_inputs(job: Job, device):
 def _ours_encode(job: Job, x):
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import ops
+    from octopus_audio.kernels import encode_keys, encode_values
 
     if job.kind == "encode-v":
-        return lambda: ops.encode_values(x, job.bits, check_range=False, config=job.config)
+        return lambda: encode_values(x, job.bits, check_range=False, config=job.config)
     kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
-    return lambda: ops.encode_keys(x, kc, config=job.config)
+    return lambda: encode_keys(x, kc, config=job.config)
 
 
 def warm(job: Job) -> str:
@@ -274,8 +262,7 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
 
     device = torch.device(_DEVICE)
     s = job.shape
-    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits,
-           "directions": job.directions if job.codec.startswith("octopus") else ""}
+    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits}
     if s not in sdpa_ms:
         q0, k0, v0 = _sdpa_inputs(s, device)
         sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
@@ -390,7 +377,7 @@ def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | N
             row["frac_copy_bw"] = row["gbps"] / copy_gbps
         except Exception as e:
             row = {"kind": job.kind, "shape": job.shape.label if job.shape else "", "codec": job.codec,
-                   "bits": job.bits, "directions": job.directions, "error": f"{type(e).__name__}: {e}"}
+                   "bits": job.bits, "error": f"{type(e).__name__}: {e}"}
         torch.cuda.empty_cache()
         rows.append(row)
         log.info("%s", row)
@@ -412,8 +399,7 @@ def table(rows: list[dict]) -> str:
             "| of copy BW | rel err / exact |")
     lines = [head, "|" + " --- |" * 16]
     for r in rows:
-        label = {"table": " (table)", "decoded": " (decoded keys)"}.get(r.get("directions", ""), "")
-        codec = r["codec"] + label
+        codec = r["codec"]
         if "error" in r:
             lines.append(f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | error: {r['error'][:120]} |"
                          + " |" * 11)
@@ -463,8 +449,9 @@ def _warm_all(jobs: list[Job], workers: int) -> dict[Job, str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/bench", help="folder for bench.md and bench.json")
     parser.add_argument("--suite", choices=("quick", "full"), default="full",
-                        help="quick: b=2 and both octopus direction decodes; full: every codec at --bits")
-    parser.add_argument("--codecs", default="all", help=f"comma list of {', '.join(KERNEL_CODECS)} or all")
+                        help="quick: the first of --bits only; full: every codec at every --bits")
+    parser.add_argument("--codecs", default="all",
+                        help="comma list of codecs with a kernel decode section, or all (default all)")
     parser.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
     parser.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
     parser.add_argument("--workers", type=int, default=-1,
@@ -480,10 +467,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise UsageError("the benchmark needs a CUDA GPU, and torch sees none on this machine.")
-    codecs = list(KERNEL_CODECS) if args.codecs == "all" else [c.strip() for c in args.codecs.split(",")]
-    bad = [c for c in codecs if c not in KERNEL_CODECS]
+    from octopus_audio.codecs import kernel_codecs
+
+    kernel = kernel_codecs()
+    codecs = list(kernel) if args.codecs == "all" else [c.strip() for c in args.codecs.split(",")]
+    bad = [c for c in codecs if c not in kernel]
     if bad:
-        raise UsageError(f"unknown codec(s) {', '.join(bad)}; allowed: {', '.join(KERNEL_CODECS)} or all")
+        raise UsageError(f"unknown codec(s) {', '.join(bad)}; allowed: {', '.join(kernel)} or all")
     try:
         bits = [int(b) for b in args.bits.split(",")]
     except ValueError:

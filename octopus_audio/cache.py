@@ -7,11 +7,11 @@ import math
 import numbers
 
 import torch
-import torch.nn.functional as F
 
 from octopus_audio import backend as _backend
 from octopus_audio.codecs import get_codec
 from octopus_audio.codecs.base import KeyState
+from octopus_audio.reference import attend
 from octopus_audio.values import FP16_MAX, ValueQuantizer, ValueState
 
 _FP16_BYTES = 2
@@ -183,7 +183,7 @@ def check_caches(caches, force: bool = False) -> None:
 def _own_storage(t: torch.Tensor) -> torch.Tensor:
     """`t`, or a copy of it when it is a view into a larger storage. A window unit outlives the forward pass
     that made it, and a view (the model's v is a slice of its fused q/k/v projection) would keep the whole
-    projection alive: at AAR B=64 that was 0.63 GB more than the window's own bytes (H200, 2026-11-30)."""
+    projection alive: at AAR B=64 that was 0.63 GB more than the window's own bytes (H200)."""
     if t.untyped_storage().nbytes() > t.numel() * t.element_size():
         return t.clone(memory_format=torch.contiguous_format)
     return t
@@ -209,13 +209,6 @@ class CompressedKVCache:
     device-side record (no host sync), and `check()` raises the same ValueError later: call it when the
     sequence ends (the AAR patch does, at `kv_caching(False)`); `decoded_kv` checks too. Layout, backend
     and kernel tables are decided once per sequence, at its first unit (after `reset()`).
-
-    `overlap_encode` (attribute, default False; read at a sequence's first unit): on CUDA, with the fused
-    encode, a window of at least one unit and a `capacity`, each unit is encoded as it arrives, on a side
-    stream and into the store after the tokens already there, so the encode runs beside the model's other
-    work (a CUDA graph captures the two branches) and the unit only waits for it when it leaves the window;
-    the same kernel and inputs, so the same bits. A unit beyond the capacity (AAR: the last scale) is not
-    encoded early. Elsewhere the attribute has no effect.
     """
 
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
@@ -239,20 +232,15 @@ class CompressedKVCache:
         self.window = window
         self.v_group = v_group
         self.seed = seed
-        self.value_quantizer = None if codec == "none" else ValueQuantizer(self.v_bits, head_dim, v_group)
+        self.value_quantizer = (ValueQuantizer(self.v_bits, head_dim, v_group) if self.codec.compressed
+                                else None)
         self._flags: DeferredFlags | None = None  # kept across reset(): a graph replay writes the last ones
         self._pending = False  # units appended since the last deferred check
-        self.overlap_encode = False  # see the class docstring; read at each sequence's first unit
-        self._side: torch.cuda.Stream | None = None  # the side stream of overlapped encodes (made once)
-        self._forked = False  # the side stream has work the main stream has not waited for
-        self._overlap = False
-        self._early: list[tuple[int, object]] = []
         self.reset()
 
     # ---- state ----
     def reset(self) -> None:
         """Drop every token (buffers included). Unchecked deferred checks are dropped with them."""
-        self._join()  # an overlapped encode still running must not write into freed buffers
         self.store: CacheStore | None = None
         self._window: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._layout: tuple | None = None  # (B, H, dtype, device) of the units held
@@ -262,9 +250,6 @@ class CompressedKVCache:
         self._flushed = 0  # units whose deferred record is complete (fused: the window is recorded late)
         self._units_compressed = 0
         self._pending = False
-        self._overlap = False  # this sequence encodes units early on the side stream (`_encode_early`)
-        self._early = []  # (tokens, event) of units encoded early, not yet out of the window, oldest first
-        self._encoded_end = 0  # store tokens written: the committed `length` plus the early units
 
     @property
     def length(self) -> int:
@@ -296,7 +281,7 @@ class CompressedKVCache:
         """The attention backend that runs for this cache ("triton" or "reference")."""
         if self._plan is not None:
             return self._plan.backend
-        return _backend.attention_backend(self.device, self.codec_name)
+        return _backend.attention_backend(self.device, self.codec)
 
     @property
     def checks_deferred(self) -> bool:
@@ -353,8 +338,8 @@ class CompressedKVCache:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # as a tensor's device says it: "cuda:0"
             device = torch.device("cuda", torch.cuda.current_device())
-        _backend.CachePlan(self.codec, num_heads, device, self.codec_name)
-        if self.codec_name != "none":
+        _backend.CachePlan(self.codec, num_heads, device)
+        if self.codec.compressed:
             from octopus_audio.codecs.qjl import QJL_STREAM
 
             self.codec.signs(num_heads, device)
@@ -397,8 +382,6 @@ class CompressedKVCache:
             if k.numel():
                 unit = self.num_units
                 if self._fused:
-                    if self._overlap and unit >= len(self._flags._rows):
-                        self._join()  # the record is about to be copied into a larger one
                     self._flags.row(unit)  # written by the encode kernel, or by _flush_checks in the window
                 else:
                     self._flags.record(unit, k, v)
@@ -415,7 +398,7 @@ class CompressedKVCache:
     def _begin(self, k: torch.Tensor) -> None:
         """The first unit of a sequence: fix its layout and the ops and checks the sequence runs."""
         device = k.device
-        self._plan = _backend.CachePlan(self.codec, k.shape[1], device, self.codec_name)
+        self._plan = _backend.CachePlan(self.codec, k.shape[1], device)
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
             # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
@@ -423,10 +406,6 @@ class CompressedKVCache:
         self._deferred = deferred
         self._layout = (k.shape[0], k.shape[1], k.dtype, device)
         self._fused = self._fused_encoder()
-        self._overlap = bool(self.overlap_encode and self._fused is not None and self.window > 0
-                             and self._streams(device))
-        if self._overlap and self._side is None:
-            self._side = torch.cuda.Stream(device)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add one unit (k, v [B, H, T_unit, d]); the oldest window unit beyond `window` is encoded."""
@@ -448,8 +427,6 @@ class CompressedKVCache:
         if self.window:  # the unit outlives this call (window 0: encoded below, never kept)
             k, v = _own_storage(k), _own_storage(v)
         self._window.append((k, v))
-        if self._overlap:
-            self._encode_early(k, v)
         while len(self._window) > self.window:
             self._compress(*self._window.pop(0))
 
@@ -460,17 +437,14 @@ class CompressedKVCache:
         plan, quant = self._plan, self.value_quantizer
         if quant is None or not plan.kernel_encode or quant.group < 8 or quant.group & (quant.group - 1):
             return None
-        from octopus_audio.kernels import encode_ops
-
-        return encode_ops.encode_unit
+        return plan.ops.encode_unit
 
     def _flush_checks(self) -> None:
         """Deferred and fused: record the window units (the kernel records a unit only when it encodes it),
         so the record covers every unit. Device work only."""
         if not (self._deferred and self._fused):
             return
-        self._join()
-        first = max(self._flushed, self._units_compressed + len(self._early))  # early units: kernel-flagged
+        first = max(self._flushed, self._units_compressed)
         for i, (k, v) in enumerate(self._window[first - self._units_compressed:]):
             if k.numel():
                 self._flags.record(first + i, k, v)
@@ -479,16 +453,13 @@ class CompressedKVCache:
     def _new_store(self, k: torch.Tensor, capacity: int) -> CacheStore:
         """Empty store buffers (formats.md) for `capacity` tokens of this sequence, for the fused encode."""
         B, H, _, d = k.shape
-        kc, quant = self._plan.kernel, self.value_quantizer
+        quant = self.value_quantizer
 
         def buf(*tail, dtype, fill=False):
             return (torch.zeros if fill else torch.empty)(B, H, capacity, *tail, dtype=dtype, device=k.device)
 
-        qjl = kc.has_qjl
-        keys = KeyState(dtype=k.dtype, codes=buf(kc.key_words, dtype=torch.int32),
-                        gamma=buf(dtype=torch.bfloat16),
-                        signs=buf(-(-d // 32), dtype=torch.int32) if qjl else None,
-                        gamma_r=buf(dtype=torch.bfloat16) if qjl else None, written_by=self.codec.state_tag)
+        fields = {name: buf(*tail, dtype=dtype) for name, (tail, dtype) in self.codec.layout.fields().items()}
+        keys = KeyState(dtype=k.dtype, written_by=self.codec.state_tag, **fields)
         words = -(-d * quant.bits // 32)
         # the padding bits of a value row's last word are never written by the kernel: zero them once
         padded = (d * quant.bits) % 32 != 0
@@ -500,13 +471,6 @@ class CompressedKVCache:
     def _compress(self, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[2]
         store = self.store
-        if self._early:  # encoded on the side stream when it arrived: wait for it, then count it
-            tokens, done = self._early.pop(0)
-            torch.cuda.current_stream(k.device).wait_event(done)
-            store.length += tokens
-            self._units_compressed += 1
-            return
-        self._overlap = False  # a unit encoded here: any later one goes here too (the store stays in order)
         if self._fused is not None:
             if store is None:
                 store = self.store = self._new_store(k, max(n, self.capacity or 0))
@@ -518,7 +482,6 @@ class CompressedKVCache:
             flags = self._flags.row(self._units_compressed) if self._deferred else None
             self._fused(k, v, self._plan.kernel, keys, values, store.length, flags)
             store.length += n
-            self._encoded_end = store.length
             self._units_compressed += 1
             return
         k_state = self._plan.encode_keys(self.codec, k)
@@ -532,49 +495,6 @@ class CompressedKVCache:
                 self._grow(store, n)
             store.write(k_state, v_state, n)
         self._units_compressed += 1
-
-    @staticmethod
-    def _streams(device: torch.device) -> bool:
-        """Whether `device` has CUDA streams to overlap on."""
-        return device.type == "cuda"
-
-    def _encode_early(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Overlap: encode the unit that just arrived on the side stream, into the store after the tokens
-        already written, so the encode runs beside the rest of the model's work until the unit leaves the
-        window (then `_compress` only waits for it). Units that do not fit the store's capacity are left to
-        `_compress`, and so is every unit after them."""
-        n = k.shape[2]
-        store = self.store
-        if store is None:
-            if self.capacity is None or n > self.capacity:
-                self._overlap = False
-                return
-            store = self.store = self._new_store(k, self.capacity)
-        if self._encoded_end + n > store.capacity:
-            self._overlap = False
-            return
-        from octopus_audio.kernels import PackedKeys, PackedValues
-
-        keys, values = store.packed(PackedKeys, PackedValues, self.value_quantizer)
-        unit = self.num_units - 1
-        flags = self._flags.row(unit) if self._deferred else None
-        main = torch.cuda.current_stream(k.device)
-        self._side.wait_stream(main)  # k and v (and the store's buffers) are ready
-        self._forked = True
-        with torch.cuda.stream(self._side):
-            self._fused(k, v, self._plan.kernel, keys, values, self._encoded_end, flags)
-            done = torch.cuda.Event()
-            done.record(self._side)
-        self._early.append((n, done))
-        self._encoded_end += n
-
-    def _join(self) -> None:
-        """The main stream waits for the overlapped encodes (before the record is read or the buffers freed);
-        only when the side stream has work since the last join (a capture must not wait on a stream it never
-        forked)."""
-        if getattr(self, "_forked", False):
-            torch.cuda.current_stream(self._side.device).wait_stream(self._side)
-            self._forked = False
 
     @staticmethod
     def _grow(store: CacheStore, n: int) -> None:
@@ -640,17 +560,14 @@ class CompressedKVCache:
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
-        groups = self._check_query(q, scale)
+        self._check_query(q, scale)
         if self.value_quantizer is None:
             k_all, v_all = self._native_kv(q.dtype)
             q_c = q
         else:
             k_all, v_all = self._decoded_kv(torch.float32)
             q_c = q.to(torch.float32)
-        if groups > 1:
-            k_all = k_all.repeat_interleave(groups, dim=1)
-            v_all = v_all.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q_c, k_all, v_all, scale=scale).to(q.dtype)
+        return attend(q_c, k_all, v_all, scale).to(q.dtype)
 
     def __repr__(self) -> str:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "

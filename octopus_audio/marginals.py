@@ -51,32 +51,31 @@ def _check_d(d: int, minimum: int) -> None:
         raise ValueError(f"dimension d must be an integer >= {minimum}, got {d!r}")
 
 
+def _sphere_density(lead: float, power: int, a: float, b: float, lo: float) -> Callable:
+    """x -> lead * x^power * (1 - x^2)^(b - 1) / B(a, b) on [lo, 1], 0 elsewhere (x^2 ~ Beta(a, b), times the
+    change of variables)."""
+    log_norm = betaln(a, b)
+    expo = b - 1
+
+    def density(x: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            out = lead * x**power * np.exp(expo * np.log1p(-np.minimum(x * x, 1.0)) - log_norm)
+        return np.where((x >= lo) & (x <= 1.0), out, 0.0)
+
+    return density
+
+
 def coord(d: int) -> Marginal:
     """One coordinate of a uniform unit vector in R^d."""
     _check_d(d, 3)
-    log_norm = betaln(0.5, (d - 1) / 2)
-    expo = (d - 3) / 2
-
-    def density(u: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            out = np.exp(expo * np.log1p(-np.minimum(u * u, 1.0)) - log_norm)
-        return np.where(np.abs(u) <= 1.0, out, 0.0)
-
+    density = _sphere_density(1.0, 0, 0.5, (d - 1) / 2, -1.0)
     return Marginal(f"coord(d={d})", -1.0, 1.0, density, symmetric=True)
 
 
 def rho(d: int) -> Marginal:
     """Norm of three coordinates of a uniform unit vector in R^d."""
     _check_d(d, 4)
-    log_norm = betaln(1.5, (d - 3) / 2)
-    expo = (d - 5) / 2
-
-    def density(r: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            out = 2.0 * r * r * np.exp(expo * np.log1p(-np.minimum(r * r, 1.0)) - log_norm)
-        return np.where((r >= 0.0) & (r <= 1.0), out, 0.0)
-
-    return Marginal(f"rho(d={d})", 0.0, 1.0, density)
+    return Marginal(f"rho(d={d})", 0.0, 1.0, _sphere_density(2.0, 2, 1.5, (d - 3) / 2, 0.0))
 
 
 def xi() -> Marginal:

@@ -42,12 +42,21 @@ from pathlib import Path
 
 import torch
 
+from octopus_audio.codecs import (
+    Octopus,
+    OctopusQJL,
+    PolarQuant,
+    TurboQuantMSE,
+    TurboQuantQJL,
+    compressed_codecs,
+)
 from octopus_audio.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-RATED_CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 RD_METRICS = (("mse", "MSE/coord", "rd_mse.png"), ("ip_abs_error", "IP abs error", "rd_ip_error.png"))
+OCTOPUS, OCTOPUS_QJL, POLAR = Octopus.name, OctopusQJL.name, PolarQuant.name
+TQ_MSE, TQ_QJL = TurboQuantMSE.name, TurboQuantQJL.name
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 DELTAS = (-2, -1, 0, 1, 2)
 NEEDLE_NORMS = ("sqrt_d", "gaussian")
@@ -65,7 +74,7 @@ PAPER = {
     "ip_ratio_turboquant_qjl_over_octopus_qjl": 3.0,
     "needle_fp32": 0.960,
     "needle_octopus_qjl_gap": 0.001,
-    "needle_b2": {"octopus": 0.92, "turboquant-mse": 0.86, "turboquant-qjl": 0.87, "polarquant": 0.33},
+    "needle_b2": {OCTOPUS: 0.92, TQ_MSE: 0.86, TQ_QJL: 0.87, POLAR: 0.33},
     "split_gain_over_bb": (0.31, 0.41),
     "local3x3_gain_over_scalar": (0.06, 0.14),
 }
@@ -79,7 +88,7 @@ class ProbeConfig:
     seeds: int = 64
     needle_seeds: int | None = None
     bits: tuple[int, ...] = (2, 3, 4)
-    codecs: tuple[str, ...] = RATED_CODECS
+    codecs: tuple[str, ...] = dataclasses.field(default_factory=compressed_codecs)
     n_keys: int = 1024
     n_queries: int = 16
     n_distractors: int = 2048
@@ -102,9 +111,10 @@ class ProbeConfig:
             raise ValueError(f"probe needle_seeds must be >= 1, got {self.needle_seeds}")
         if not self.bits or any(b not in range(1, 8) for b in self.bits):
             raise ValueError(f"probe bits must be values in 1..7, got {self.bits}")
-        unknown = set(self.codecs) - set(RATED_CODECS)
+        unknown = set(self.codecs) - set(compressed_codecs())
         if unknown:
-            raise ValueError(f"probe codecs {sorted(unknown)} unknown; allowed: {', '.join(RATED_CODECS)}")
+            raise ValueError(f"probe codecs {sorted(unknown)} unknown; "
+                             f"allowed: {', '.join(compressed_codecs())}")
         bad_modes = set(self.rounding_modes) - set(ROUNDING_MODES)
         if bad_modes:
             raise ValueError(f"probe rounding modes {sorted(bad_modes)} unknown; allowed: "
@@ -245,11 +255,11 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
         for b in c.bits:
             row = {"codec": name, "bits": b, **p.unit_mse(name, b), **p.inner_products(name, b),
                    **p.needle(name, b)}
-            if paper_d and name == "turboquant-mse" and b in PAPER["tq_mse_per_vector"]:
+            if paper_d and name == TQ_MSE and b in PAPER["tq_mse_per_vector"]:
                 row["paper_mse"] = PAPER["tq_mse_per_vector"][b] / c.d
             if paper_d and b == 2 and name in PAPER["needle_b2"]:
                 row["paper_needle"] = PAPER["needle_b2"][name]
-            if paper_d and name == "octopus-qjl":
+            if paper_d and name == OCTOPUS_QJL:
                 row["paper_needle"] = PAPER["needle_fp32"]
             rows.append(row)
 
@@ -259,7 +269,7 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
             for delta in DELTAS:
                 entry = {"bits": b, "delta": delta, "dir_bits": b + delta, "rho_bits": b - delta}
                 try:
-                    entry.update(p.unit_mse("octopus", b, dir_bits=b + delta, rho_bits=b - delta))
+                    entry.update(p.unit_mse(OCTOPUS, b, dir_bits=b + delta, rho_bits=b - delta))
                 except ValueError as e:  # a split the codec does not support (dir_bits 0 at b = 2)
                     entry["unsupported"] = str(e)
                     p.progress(len(p.key_chunks))
@@ -268,7 +278,7 @@ def run_probe(config: ProbeConfig, progress: bool = False) -> dict:
     ablation = []
     for b in c.bits:
         for mode in c.rounding_modes:
-            ablation.append({"bits": b, "rounding": mode, **p.unit_mse("octopus", b, rounding=mode)})
+            ablation.append({"bits": b, "rounding": mode, **p.unit_mse(OCTOPUS, b, rounding=mode)})
     bar.close()
 
     results = {
@@ -353,14 +363,14 @@ def _comparisons(c: ProbeConfig, rows, sweep, ablation, fp32_needle) -> list[dic
 
     add("needle mass, exact fp32 scores", None, fp32_needle[0], PAPER["needle_fp32"])
     for b in c.bits:
-        oct_, tq, pq = _row(rows, "octopus", b), _row(rows, "turboquant-mse", b), _row(rows, "polarquant", b)
+        oct_, tq, pq = _row(rows, OCTOPUS, b), _row(rows, TQ_MSE, b), _row(rows, POLAR, b)
         if oct_ and tq:
             add("MSE ratio turboquant-mse / octopus", b, tq["mse"][0] / oct_["mse"][0],
                 PAPER["mse_ratio_turboquant_over_octopus"].get(b))
         if oct_ and pq:
             add("MSE ratio polarquant / octopus", b, pq["mse"][0] / oct_["mse"][0],
                 PAPER["mse_ratio_polarquant_over_octopus"].get(b))
-        oq, tqq = _row(rows, "octopus-qjl", b), _row(rows, "turboquant-qjl", b)
+        oq, tqq = _row(rows, OCTOPUS_QJL, b), _row(rows, TQ_QJL, b)
         if oq and tqq:
             add("inner-product error ratio turboquant-qjl / octopus-qjl", b,
                 tqq["ip_abs_error"][0] / oq["ip_abs_error"][0],
@@ -491,7 +501,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="needle key norm: sqrt(d) (default, the paper's fp32 0.960) or Gaussian")
     parser.add_argument("--bits", default="2,3,4", help="comma-separated nominal bits (1..7)")
     parser.add_argument("--codecs", default="all", help=f"'all' or a comma-separated subset of "
-                                                        f"{', '.join(RATED_CODECS)}")
+                                                        f"{', '.join(compressed_codecs())}")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     parser.add_argument("--out", required=True, type=Path, help="folder for table.md and results.json")
 
@@ -502,7 +512,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--bits must be comma-separated integers such as 2,3,4, "
                          f"got {args.bits!r}") from None
-    codecs = RATED_CODECS if args.codecs == "all" else tuple(s.strip() for s in args.codecs.split(","))
+    codecs = compressed_codecs() if args.codecs == "all" else tuple(s.strip() for s in args.codecs.split(","))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device} was asked for but no CUDA device is available; use cpu")
     try:

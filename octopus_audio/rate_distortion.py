@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from octopus_audio.codecs import Octopus, OctopusQJL
+
 
 def value_at_rate(points: Sequence[tuple[float, float]], rate: float, log: bool = True) -> float | None:
     """The curve through `points` (bits per coordinate, value) at `rate`: linear interpolation of log(value)
@@ -62,7 +64,8 @@ def draw_curves(ax, curves: Mapping[str, Sequence[tuple[float, float]]],
     ax.grid(alpha=0.3)
 
 
-SUBJECTS = ("octopus", "octopus-qjl")  # the codecs an equal-rate table reads every other codec's curve for
+# the codecs an equal-rate table reads every other codec's curve for
+SUBJECTS = (Octopus.name, OctopusQJL.name)
 
 
 def equal_rate(points: Mapping[str, Sequence[tuple[float, float, str]]],

@@ -21,6 +21,32 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: floa
                             f"(max abs {diff.abs().max():.3e})")
 
 
+def decoded_attention(codec, q, keys, values, length: int, k_win, v_win, scale: float) -> torch.Tensor:
+    """The kernels' reference, in float64: the codec library decodes tokens [0, length) of a packed store
+    (the kernels' PackedKeys and PackedValues), then one softmax over [store; window]
+    (octopus_audio.reference.attend). `codec` is the library codec (get_codec)."""
+    from octopus_audio.codecs.base import KeyState
+    from octopus_audio.reference import attend
+    from octopus_audio.values import ValueQuantizer, ValueState
+
+    d = codec.head_dim
+    cut = slice(0, length)
+
+    def part(t):
+        return None if t is None else t[:, :, cut].cpu()
+
+    ks = KeyState(dtype=torch.float32, codes=part(keys.codes), gamma=part(keys.gamma),
+                  signs=part(keys.signs), gamma_r=part(keys.gamma_r))
+    vs = ValueState(dtype=torch.float32, codes=part(values.codes), scale=part(values.scale),
+                    minimum=part(values.minimum))
+    k_all = [codec.decode(ks).double()]
+    v_all = [ValueQuantizer(values.bits, d, values.group).decode(vs).double()]
+    if k_win is not None and k_win.shape[2]:
+        k_all.append(k_win.detach().cpu().double())
+        v_all.append(v_win.detach().cpu().double())
+    return attend(q.detach().cpu().double(), torch.cat(k_all, 2), torch.cat(v_all, 2), scale)
+
+
 def _blas_interpreter_dot() -> None:
     """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
     numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the
@@ -44,26 +70,28 @@ def _blas_interpreter_dot() -> None:
 
 
 def kernel_ops(device: str):
-    """octopus_audio.kernels.ops; on the CPU with interpreted kernels (re-decorated if they were imported
-    before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
-    from octopus_audio.kernels import flash_decode, ops
+    """octopus_audio.kernels (the public entry points); on the CPU with interpreted kernels (re-decorated if
+    they were imported before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
+    import octopus_audio.kernels as pkg
+    from octopus_audio.kernels import flash
 
     if device == "cpu":
         _blas_interpreter_dot()
-        if type(flash_decode._attn_fwd_kernel).__name__ != "InterpretedFunction":
-            import octopus_audio.kernels as pkg
+        if type(flash._attn_fwd_kernel).__name__ != "InterpretedFunction":
             from octopus_audio.kernels import (
-                adc_decode,
-                adc_ops,
                 bits,
                 codec_decode,
+                codec_encode,
                 encode,
-                encode_ops,
                 launch,
+                score_tables,
+                spec,
+                value_decode,
+                value_encode,
             )
 
-            modules = (bits, codec_decode, flash_decode, adc_decode, encode, launch, encode_ops, adc_ops, ops,
-                       pkg)
+            modules = (bits, launch, spec, codec_decode, value_decode, codec_encode, score_tables, flash,
+                       value_encode, encode, pkg)
             for module in modules:
                 importlib.reload(module)
-    return ops
+    return pkg

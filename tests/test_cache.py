@@ -138,7 +138,7 @@ def test_backend_selection(monkeypatch):
         attention_backend("cpu")
     monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "auto")
     assert attention_backend("cpu") == "reference"  # auto never picks triton for CPU tensors
-    assert attention_backend("cpu", "none") == "reference"
+    assert attention_backend("cpu", get_codec("none", 2, D)) == "reference"
     monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="OCTOPUS_AUDIO_BACKEND=triton"):

@@ -318,20 +318,6 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 1 + 4  # the floor + 4
 
 
-def test_codecs_other_than_none_need_the_patch(monkeypatch):
-    import octopus_audio.aar_patch as aar_patch
-
-    monkeypatch.delattr(aar_patch, "compressed_kv", raising=False)
-    with pytest.raises(RuntimeError, match="compressed_kv"):
-        AARBackend(FakePipe(), config(codecs=("octopus",)), "fake", generate_fn=fake_generate)
-    backend = AARBackend(FakePipe(), config(codecs=("none",)), "fake", generate_fn=fake_generate)
-    with backend.compressed("none", None) as handle:
-        audio, fhat, tokens = backend.generate(np.ones(512, dtype=np.float32) / 512**0.5, 0)
-        assert kv_summary(handle.stats()) == {"ratio": None, "k_bits": None, "v_bits": None}
-    assert audio.shape == (6000,) and fhat.shape == (128, 75)
-    assert [t.shape for t in tokens] == [(pn,) for pn in FAKE_PATCH_NUMS] and tokens[0].dtype == np.int64
-
-
 @pytest.mark.parametrize("stats,expected", [
     ({"kv_ratio": 7.5, "eff_bits_k": 2.25, "eff_bits_v": 2.5}, {"ratio": 7.5, "k_bits": 2.25, "v_bits": 2.5}),
     ({"total": {"ratio": 4.0, "k_bits": 3.0, "v_bits": float("nan")}},

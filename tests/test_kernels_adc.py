@@ -16,18 +16,18 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from helpers import kernel_ops  # noqa: E402
+from helpers import decoded_attention, kernel_ops  # noqa: E402
 
 from octopus_audio.backend import kernel_codec  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
-from octopus_audio.kernels import PackedKeys, PackedValues, naive  # noqa: E402
+from octopus_audio.kernels import PackedKeys, PackedValues  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
 
 
-def adc_ops():
+def tables():
     kernel_ops(DEVICE)
-    return importlib.import_module("octopus_audio.kernels.adc_ops")
+    return importlib.import_module("octopus_audio.kernels.score_tables")
 
 
 def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
@@ -43,7 +43,7 @@ def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
     def positive(scale):
         return (torch.rand(batch, heads, cap, generator=g) * scale + 0.1 * scale).to(torch.bfloat16)
 
-    keys = PackedKeys(words(codec.key_words), positive(math.sqrt(d)),
+    keys = PackedKeys(words(codec.code_words), positive(math.sqrt(d)),
                       words(d // 32) if codec.has_qjl else None, positive(0.3) if codec.has_qjl else None)
     scale = (torch.rand(batch, heads, cap, d // 16, generator=g) / 2**bits).half()
     minimum = (torch.randn(batch, heads, cap, d // 16, generator=g) - 0.5).half()
@@ -51,15 +51,13 @@ def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
     q = (torch.randn(batch, heads, 1, d, generator=g) * 3 / math.sqrt(d)).to(dtype)
     k_win = torch.randn(batch, heads, window, d, generator=g).to(dtype)
     v_win = torch.randn(batch, heads, window, d, generator=g).to(dtype)
-    return codec, q, keys, values, k_win, v_win
+    return lib, codec, q, keys, values, k_win, v_win
 
 
-def reference(q, keys, values, length, k_win, v_win, codec, scale):
-    """naive.attention (float64), or a plain softmax over the window when the store is empty."""
-    if length:
-        return naive.attention(q, keys, values, length, k_win, v_win, codec, scale=scale)
-    p = torch.softmax(q.double() @ k_win.double().mT * scale, -1)
-    return (p @ v_win.double()).to(q.dtype)
+def reference(lib, q, keys, values, length, k_win, v_win, scale=None):
+    """The library's decode, one float64 softmax over [store; window] (helpers.decoded_attention)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return decoded_attention(lib, q, keys, values, length, k_win, v_win, scale)
 
 
 def to(device, *xs):
@@ -98,12 +96,12 @@ CASES = [
                          ids=[f"{c[0]}-b{c[1]}-d{c[2]}-L{c[3]}-w{c[4]}-s{c[5]}-{str(c[6])[6:]}"
                               for c in CASES])
 def test_table_attention_matches_reference(name, bits, d, length, window, splits, dtype):
-    codec, q, keys, values, k_win, v_win = make_store(
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         name, bits, batch=2, heads=2, length=length, window=window, d=d, dtype=dtype)
-    want = reference(q, keys, values, length, k_win, v_win, codec, 0.9 / math.sqrt(d))
+    want = reference(lib, q, keys, values, length, k_win, v_win, 0.9 / math.sqrt(d))
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev),
                                   scale=0.9 / math.sqrt(d), num_splits=splits)
     assert got.dtype == dtype and got.shape == q.shape
     err, floor = rel(got, want)
@@ -112,61 +110,62 @@ def test_table_attention_matches_reference(name, bits, d, length, window, splits
 
 def test_large_scores_stay_exact():
     """Scores spread over hundreds of log2 units (many blocks): the two-pass softmax stays exact."""
-    codec, q, keys, values, k_win, v_win = make_store(
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=1, length=400, window=1, d=64, dtype=torch.float32, seed=3)
     q = q * 400.0
-    want = naive.attention(q, keys, values, 400, k_win, v_win, codec)
+    want = reference(lib, q, keys, values, 400, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_k=16,
+    got = tables().attention_adc(q_d, keys_d, values_d, 400, kw, vw, codec.to(dev), num_splits=1, block_k=16,
                                   block_v=16)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
 
 def test_refuses_block_queries():
-    codec, q, keys, values, k_win, v_win = make_store(
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
     with pytest.raises(ValueError, match="query rows"):
-        adc_ops().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
+        tables().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
 
 
 def test_many_splits_merge_in_steps():
     """107 splits (16 keys each), more than one merge step holds (64): the merge loops over them."""
-    codec, q, keys, values, k_win, v_win = make_store(
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=1, length=1700, window=1, d=64, dtype=torch.float32, seed=5)
-    want = naive.attention(q, keys, values, 1700, k_win, v_win, codec)
+    want = reference(lib, q, keys, values, 1700, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
+    got = tables().attention_adc(q_d, keys_d, values_d, 1700, kw, vw, codec.to(dev), num_splits=200,
                                   block_k=16, block_v=16)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
 
 VALUE_CASES = [
-    # value_loop, groups a row, value bits, d, length, splits, extreme fp16 scales/minima
-    ("in_place", None, 8, 64, 70, None, False),
-    ("in_place", 1, 1, 64, 33, 2, False),
-    ("in_place", 2, 1, 64, 45, None, False),
-    ("in_place", 4, 2, 128, 90, None, True),
-    ("in_place", 1, 4, 64, 61, None, True),
-    ("in_place", 2, 4, 32, 20, None, False),
-    ("in_place", None, 3, 128, 77, None, True),  # 3 bits: pairs of groups cut as a 3-word stream
-    ("in_place", None, 5, 64, 40, 2, False),
-    ("in_place", None, 7, 32, 30, None, False),
-    ("shift", None, 2, 64, 100, 2, False),
+    # value bits, d, length, splits, extreme fp16 scales/minima, keys per value step (two groups a thread row
+    # where a step has a row for every thread: 64 keys at d >= 64; one group at 16 keys)
+    (8, 64, 70, None, False, 64),
+    (1, 64, 33, 2, False, 16),
+    (1, 64, 45, None, False, 64),
+    (2, 128, 90, None, True, 64),
+    (4, 64, 61, None, True, 16),
+    (4, 32, 20, None, False, 64),
+    (3, 128, 77, None, True, 64),  # 3 bits: pairs of groups cut as a 3-word stream
+    (5, 64, 40, 2, False, 64),
+    (7, 32, 30, None, False, 64),
 ]
 
 
-@pytest.mark.parametrize("loop,groups,vbits,d,length,splits,extreme", VALUE_CASES,
-                         ids=[f"{c[0]}-gt{c[1]}-v{c[2]}-d{c[3]}-L{c[4]}-s{c[5]}{'-extreme' if c[6] else ''}"
+@pytest.mark.parametrize("vbits,d,length,splits,extreme,block_v", VALUE_CASES,
+                         ids=[f"v{c[0]}-d{c[1]}-L{c[2]}-s{c[3]}-bv{c[5]}{'-extreme' if c[4] else ''}"
                               for c in VALUE_CASES])
-def test_value_loops_match_reference(loop, groups, vbits, d, length, splits, extreme):
-    """Both group-16 value loops at value widths the codec does not pair with its keys (1, 5, 7, 8 bits), and
-    fp16 scales from the smallest subnormal (2^-24) to 65504 with minima near +-65504: the in-place loop's
-    subnormal products and power-of-two column scales stay exact over that range."""
-    codec, q, keys, values, k_win, v_win = make_store(
+def test_value_widths_match_reference(vbits, d, length, splits, extreme, block_v):
+    """The group-16 value loop at value widths the codec does not pair with its keys (1, 5, 7, 8 bits), one
+    and two groups a thread row, and fp16 scales from the smallest subnormal (2^-24) to 65504 with minima
+    near +-65504: the in-place loop's subnormal products and power-of-two column scales stay exact over that
+    range."""
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=2, length=length, window=1, d=d, dtype=torch.float32, seed=11)
     g = torch.Generator().manual_seed(12)
     shape = values.scale.shape
@@ -178,73 +177,49 @@ def test_value_loops_match_reference(loop, groups, vbits, d, length, splits, ext
         minimum = (torch.rand(shape, generator=g) * 2 - 1) * torch.tensor([1e-7, 1.0, 300.0, 65000.0])[pick]
         minimum = minimum.half()
     values = PackedValues(codes.to(torch.int32), scale, minimum, vbits)
-    want = reference(q, keys, values, length, k_win, v_win, codec, None)
+    want = reference(lib, q, keys, values, length, k_win, v_win, None)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
-                                  value_loop=loop, value_groups=groups)
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
+                                  block_v=block_v)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
-
-
-def test_rejects_unknown_value_loop():
-    codec, q, keys, values, k_win, v_win = make_store(
-        "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
-    with pytest.raises(ValueError, match="value_loop must be one of"):
-        adc_ops().attention_adc(q, keys, values, 8, k_win, v_win, codec, value_loop="halves")
 
 
 STAGE_CASES = [
-    # stage_keys, length, splits, query scale (400: scores hundreds of log2 units apart), block_k = block_v
-    (16, 400, 1, 400.0, 16),
-    (32, 455, None, 1.0, 16),
-    (64, 300, 2, 3.0, 32),
-    (0, 300, 2, 1.0, 32),
+    # length, splits, query scale (400: scores hundreds of log2 units apart)
+    (2100, 1, 400.0),
+    (1300, None, 1.0),
 ]
 
 
-@pytest.mark.parametrize("stage,length,splits,qscale,block", STAGE_CASES,
-                         ids=[f"stage{c[0]}-L{c[1]}-s{c[2]}-q{c[3]:g}" for c in STAGE_CASES])
-def test_stages_carry_the_maximum(stage, length, splits, qscale, block):
-    """The in-place loop scores stage_keys keys at a time and rescales its accumulators when the maximum
-    grows (many times with spread scores); 0 scores the whole split first."""
-    codec, q, keys, values, k_win, v_win = make_store(
+@pytest.mark.parametrize("length,splits,qscale", STAGE_CASES,
+                         ids=[f"L{c[0]}-s{c[1]}-q{c[2]:g}" for c in STAGE_CASES])
+def test_stages_carry_the_maximum(length, splits, qscale):
+    """The value loop scores STAGE_KEYS keys at a time and rescales its accumulators when the maximum grows
+    (with spread scores, from one stage to the next)."""
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", 2, batch=1, heads=2, length=length, window=1, d=64, dtype=torch.float32, seed=21)
     q = q * qscale
-    want = naive.attention(q, keys, values, length, k_win, v_win, codec)
+    want = reference(lib, q, keys, values, length, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
-                                  block_k=block, block_v=block, stage_keys=stage)
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
 
-@pytest.mark.parametrize("d,bits,pairs,gate", [(64, 2, True, True), (128, 2, False, False),
-                                                (128, 3, True, False), (64, 3, False, True)],
-                         ids=["d64-b2-5words-pairs-gated", "d128-b2-10words-single", "d128-b3-14words-pairs",
-                              "d64-b3-7words-single-gated"])
-def test_word_pairs_either_way(d, bits, pairs, gate):
-    """Key code words loaded two at a time (an odd count ends with a single word) or one at a time, with the
-    table reads gated on all loads of the step or not."""
-    codec, q, keys, values, k_win, v_win = make_store(
+@pytest.mark.parametrize("d,bits,words", [(64, 2, 5), (128, 2, 10), (128, 3, 14), (64, 3, 7)],
+                         ids=["d64-b2-5words-single", "d128-b2-10words-pairs", "d128-b3-14words-pairs",
+                              "d64-b3-7words-single"])
+def test_code_words_singly_and_in_pairs(d, bits, words):
+    """Key code words are loaded two at a time where a key has an even number of them, else one at a time."""
+    lib, codec, q, keys, values, k_win, v_win = make_store(
         "octopus", bits, batch=1, heads=2, length=70, window=1, d=d, dtype=torch.float32, seed=31)
-    want = naive.attention(q, keys, values, 70, k_win, v_win, codec)
+    assert codec.code_words == words
+    want = reference(lib, q, keys, values, 70, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev), word_pairs=pairs,
-                                  gate_loads=gate)
-    err, floor = rel(got, want)
-    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
-
-
-def test_register_cap_accepted():
-    """max_registers reaches the launch (a compile option on the GPU; the interpreter ignores it)."""
-    codec, q, keys, values, k_win, v_win = make_store(
-        "octopus", 2, batch=1, heads=1, length=40, window=1, d=64, dtype=torch.float32, seed=41)
-    want = naive.attention(q, keys, values, 40, k_win, v_win, codec)
-    dev = torch.device(DEVICE)
-    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = adc_ops().attention_adc(q_d, keys_d, values_d, 40, kw, vw, codec.to(dev), max_registers=80)
+    got = tables().attention_adc(q_d, keys_d, values_d, 70, kw, vw, codec.to(dev))
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"

@@ -20,7 +20,7 @@ from helpers import kernel_ops  # noqa: E402
 from octopus_audio import backend  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.kernels import bits as kbits  # noqa: E402
-from octopus_audio.kernels.ops import _pack_shape  # noqa: E402
+from octopus_audio.kernels.launch import pack_shape  # noqa: E402
 from octopus_audio.packing import pack, unpack  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
 
 
 # T a multiple of the rows per program (128 under the interpreter): every block lies in one head, whose
-# rotation signs the kernel reads once (encode_ops passes ALIGNED)
+# rotation signs the kernel reads once (encode_keys passes ALIGNED)
 ALIGNED_CASES = [("octopus", 2, 64, torch.bfloat16), ("polarquant", 3, 64, torch.float32),
                  ("turboquant-qjl", 3, 64, torch.float16)]
 
@@ -146,9 +146,9 @@ def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeyp
     """With every score pair counted as a near tie, every program takes the reference-arithmetic path of
     local3x3 (`_octopus_exact`, otherwise rare): it must give the reference's codes too."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import encode
+    from octopus_audio.kernels import codec_encode
 
-    monkeypatch.setattr(encode, "NEAR", tl.constexpr(1.0))
+    monkeypatch.setattr(codec_encode, "NEAR", tl.constexpr(1.0))
     heads, tokens = 2, 45
     codec = get_codec(name, bits, d, seed=2)
     k = _keys((1, heads, tokens, d), dtype, seed=bits + 200)
@@ -162,14 +162,14 @@ def test_fused_unit_near_tie_redecision_matches_codec(monkeypatch):
     """The fused unit kernel re-decides near ties inside its one launch (EXACT 0): with every score pair a
     near tie, its keys must still be the reference's."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import encode, encode_ops
+    from octopus_audio.kernels import codec_encode
 
-    monkeypatch.setattr(encode, "NEAR", tl.constexpr(1.0))
+    monkeypatch.setattr(codec_encode, "NEAR", tl.constexpr(1.0))
     b, h, t, d = 1, 2, 9, 64
     kc = backend.kernel_codec(get_codec("octopus", 3, d, seed=8), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, torch.bfloat16, seed=9)
     keys, values = _store(kc, b, h, t, d, 2, 16)
-    encode_ops.encode_unit(k, v, kc, keys, values, 0)
+    kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, 0)
     want = get_codec("octopus", 3, d, seed=8).encode(k.cpu())
     assert torch.equal(keys.codes.cpu(), want.codes) and torch.equal(keys.gamma.cpu(), want.gamma)
 
@@ -269,7 +269,7 @@ def test_bit_helpers_roundtrip(n, length):
     kernel_ops(DEVICE)
     g = torch.Generator().manual_seed(n)
     codes = torch.randint(0, 2**n, (4, length), generator=g, dtype=torch.int32).to(DEVICE)
-    words_n, wp, kp = _pack_shape(n, length)
+    words_n, wp, kp = pack_shape(n, length)
     words = torch.zeros(4, words_n, dtype=torch.int32, device=DEVICE)
     out = torch.zeros_like(codes)
     _roundtrip_kernel[(1,)](codes, words, out, L=length, LP=triton.next_power_of_2(length), N=n, W=words_n,
@@ -307,7 +307,7 @@ def _store(codec, b, h, cap, d, bits, group):
         return torch.full((b, h, cap, *tail), _SENTINEL[dtype], dtype=dtype, device=DEVICE)
 
     qjl = codec.has_qjl
-    keys = PackedKeys(buf(codec.key_words, dtype=torch.int32), buf(dtype=torch.bfloat16),
+    keys = PackedKeys(buf(codec.code_words, dtype=torch.int32), buf(dtype=torch.bfloat16),
                       buf(-(-d // 32), dtype=torch.int32) if qjl else None,
                       buf(dtype=torch.bfloat16) if qjl else None)
     values = PackedValues(buf(-(-d * bits // 32), dtype=torch.int32), buf(d // group, dtype=torch.float16),
@@ -333,7 +333,6 @@ def _qkv_views(b, t, h, d, dtype, seed):
 def test_encode_unit_writes_what_the_separate_encodes_return(name, bits, d, dtype, v_bits, group):
     """Bit for bit the tokens encode_keys / encode_values return, at the offset; nothing else touched."""
     ops = kernel_ops(DEVICE)
-    from octopus_audio.kernels import encode_ops
 
     b, h, t, cap, offset = 2, 3, 7, 19, 5
     kc = backend.kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
@@ -342,7 +341,7 @@ def test_encode_unit_writes_what_the_separate_encodes_return(name, bits, d, dtyp
     assert not k.is_contiguous() and not v.is_contiguous()
     keys, values = _store(kc, b, h, cap, d, v_bits, group)
     flags = torch.zeros(2, device=DEVICE)
-    encode_ops.encode_unit(k, v, kc, keys, values, offset, flags)
+    kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, offset, flags)
     want = _fields(ops.encode_keys(k.contiguous(), kc), ops.encode_values(v.contiguous(), v_bits, group))
     for field, got in _fields(keys, values).items():
         if got is None:
@@ -359,7 +358,6 @@ def test_encode_unit_flags_bad_keys_and_values(bad):
     """flags[0] turns +inf for a non-finite key, flags[1] for a value that is NaN or beyond fp16; rows of the
     record beside the one passed stay untouched."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import encode_ops
 
     b, h, t, d = 1, 2, 33, 64
     kc = backend.kernel_codec(get_codec("octopus", 2, d, seed=1), h, DEVICE)
@@ -375,7 +373,7 @@ def test_encode_unit_flags_bad_keys_and_values(bad):
         v[spot] = -65520.0
     keys, values = _store(kc, b, h, t, d, 2, 16)
     record = torch.zeros(3, 2, device=DEVICE)
-    encode_ops.encode_unit(k, v, kc, keys, values, 0, record[1])
+    kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, 0, record[1])
     inf = float("inf")
     want = {"nan_k": [inf, 0.0], "inf_k": [inf, 0.0], "nan_v": [0.0, inf], "big_v": [0.0, inf],
             "clean": [0.0, 0.0]}[bad]
@@ -384,21 +382,21 @@ def test_encode_unit_flags_bad_keys_and_values(bad):
 
 def test_encode_unit_rejects_what_it_cannot_write():
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import encode_ops
 
     d = 64
     kc = backend.kernel_codec(get_codec("octopus", 2, d), 2, DEVICE)
     k, v = _qkv_views(1, 4, 2, d, torch.float32, seed=0)
     keys, values = _store(kc, 1, 2, 10, d, 2, 16)
     with pytest.raises(ValueError, match="must fit the store's 10 tokens"):
-        encode_ops.encode_unit(k, v, kc, keys, values, 7)
+        kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, 7)
     small = _store(kc, 1, 2, 10, d, 2, 4)[1]
     with pytest.raises(ValueError, match="group >= 8"):
-        encode_ops.encode_unit(k, v, kc, keys, small, 0)
+        kernel_ops(DEVICE).encode_unit(k, v, kc, keys, small, 0)
     strided = type(keys)(keys.codes[:, :, ::2], keys.gamma[:, :, ::2])
     with pytest.raises(ValueError, match="keys_out.codes must be a contiguous"):
-        encode_ops.encode_unit(k, v, kc, strided, values, 0)
+        kernel_ops(DEVICE).encode_unit(k, v, kc, strided, values, 0)
     with pytest.raises(ValueError, match="k and v must both be"):
-        encode_ops.encode_unit(k, v[:, :, :3], kc, keys, values, 0)
+        kernel_ops(DEVICE).encode_unit(k, v[:, :, :3], kc, keys, values, 0)
     with pytest.raises(ValueError, match="flags must be a float32"):
-        encode_ops.encode_unit(k, v, kc, keys, values, 0, torch.zeros(2, dtype=torch.int32, device=DEVICE))
+        kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, 0,
+                                       torch.zeros(2, dtype=torch.int32, device=DEVICE))

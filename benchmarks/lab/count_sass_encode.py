@@ -85,33 +85,34 @@ def sass_stats(kernel) -> dict:
             "convert_layout": ttgir.count("ttg.convert_layout"), "top_ops": ops.most_common(12)}
 
 
-def key_constants(name: str, bits: int, d: int, block_t: int | None, dir_table: bool | None = None,
+def key_constants(name: str, bits: int, d: int, block_t: int | None,
                   native: bool = True):
     """(the kernel's constexprs, rows per program, launch options) exactly as encode_keys launches it."""
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import encode_ops
-    from octopus_audio.kernels.encode_ops import EncodeConfig
+    from octopus_audio.kernels import EncodeConfig, encode
 
     kc = backend.kernel_codec(get_codec(name, bits, d), 16, "cpu")
-    cfg = EncodeConfig(block_t=block_t, dir_table=dir_table)
-    return encode_ops._key_constants(kc, native=native, split=True, config=cfg)
+    cfg = EncodeConfig(block_t=block_t)
+    return encode._key_constants(kc, native=native, split=True, config=cfg)
 
 
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
-          dump: str | None = None, aligned: bool = True, dir_table: bool | None = None,
+          dump: str | None = None, aligned: bool = True,
           dtype: str = "bf16", exact: int = 1) -> dict:
     from octopus_audio.kernels.encode import _encode_keys_kernel
 
-    consts, rows, launch = key_constants(name, bits, d, block_t, dir_table, native=dtype != "fp32")
+    consts, rows, launch = key_constants(name, bits, d, block_t, native=dtype != "fp32")
     warps = num_warps or launch["num_warps"]
     types = {p: "*fp32" for p in ("qs_ptr", "cent_ptr", "bnd_ptr", "xib_ptr", "aux_ptr", "dir_ptr",
                                   "flag_ptr")}
-    # the Hadamard matrices and rotation signs come in the keys' dtype (encode_ops._encode_tables)
+    # the Hadamard matrices and rotation signs come in the keys' dtype (encode._encode_tables)
     types.update(had_ptr=f"*{dtype}", hadt_ptr=f"*{dtype}", rs_ptr=f"*{dtype}", k_ptr=f"*{dtype}",
                  codes_ptr="*i32", gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", near_ptr="*i32",
                  inv_sqrt_d="fp32")
-    exact = exact if name.startswith("octopus") else 0
+    from octopus_audio.kernels.codec_decode import SECTIONS
+
+    exact = exact if consts["DECODE"] == SECTIONS["triplet"].id else 0  # the triplet section's near-tie pass
     kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact),
                       warps, launch.get("maxnreg") if num_warps is None else None)
     st = sass_stats(kernel)
@@ -127,7 +128,6 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
     st.update(codec=name, bits=bits, d=d, block_t=rows, num_warps=warps, per_key=per_key, aligned=aligned,
               maxnreg=launch.get("maxnreg") if num_warps is None else None, exact=exact,
               dtype=dtype,
-              dir_table=consts["DIR_TABLE"],
               bound_ms=per_key * KEYS * (16 if d == 64 else 32) / 16 / ISSUE_RATE * 1e3)
     return st
 
@@ -141,7 +141,6 @@ def main() -> int:
     parser.add_argument("--num-warps", type=int, nargs="*", default=[None])
     parser.add_argument("--ops", action="store_true", help="print the commonest opcodes")
     parser.add_argument("--unaligned", action="store_true", help="blocks may span heads (T %% block_t != 0)")
-    parser.add_argument("--dir-table", type=int, choices=(0, 1), help="octopus: EncodeConfig.dir_table")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
     parser.add_argument("--exact", type=int, choices=(0, 1, 2), default=1,
                         help="octopus: the kernel's EXACT (1: encode_keys's first launch, what every key "
@@ -156,7 +155,7 @@ def main() -> int:
         for bt in args.block_t:
             for nw in args.num_warps:
                 r = count(name, bits, d, bt, nw, args.dump, not args.unaligned,
-                          None if args.dir_table is None else bool(args.dir_table), args.dtype, args.exact)
+                          args.dtype, args.exact)
                 rows.append(r)
                 print(f"{name:15s} b={bits} d={d:3d} block_t={r['block_t']:3d} warps={r['num_warps']} "
                       f"cap={r['maxnreg']} "

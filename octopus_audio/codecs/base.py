@@ -63,16 +63,54 @@ def check_bits(name: str, bits: int, allowed: tuple[int, ...], note: str = "") -
                          f"allowed {describe_bits(allowed)}{note}")
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyLayout:
+    """The packed fields of one key and head (formats.md): `codes` holds `num_codes` codes of `code_bits` bits
+    as a little-endian stream of int32 words, `gamma` the bf16 norm; with `qjl` the side-car adds `signs`
+    (one bit per coordinate, int32 words) and the bf16 residual norm `gamma_r`."""
+
+    head_dim: int
+    num_codes: int
+    code_bits: int
+    qjl: bool = False
+
+    @property
+    def code_words(self) -> int:
+        return num_words(self.num_codes, self.code_bits)
+
+    @property
+    def sign_words(self) -> int:
+        return num_words(self.head_dim, 1) if self.qjl else 0
+
+    @property
+    def bits_per_key(self) -> int:
+        """Stored bits per key: the packed fields in whole int32 words, 16 per bf16 norm."""
+        return 32 * self.code_words + 16 + (32 * self.sign_words + 16 if self.qjl else 0)
+
+    def fields(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per field present: (its shape after the [..., H, T] axes, dtype)."""
+        out = {"codes": ((self.code_words,), torch.int32), "gamma": ((), torch.bfloat16)}
+        if self.qjl:
+            out.update(signs=((self.sign_words,), torch.int32), gamma_r=((), torch.bfloat16))
+        return out
+
+
 class KeyCodec(abc.ABC):
     """A key codec: encode(k [..., H, T, d]) -> KeyState, decode(state) -> k_hat, scores(q, state) -> q.k_hat.
 
-    Concrete codecs are frozen dataclasses with fields `bits`, `head_dim`, `seed` (+ options).
+    Concrete codecs are frozen dataclasses with fields `bits`, `head_dim`, `seed` (+ options), registered with
+    `octopus_audio.codecs.register`. What the rest of the package reads from a codec class (its declaration):
+    `name` (as the CLI and reports spell it), `supported_bits` (the nominal bit widths it takes with its
+    default options; empty: bits are ignored; every message about a codec's bits reads this), `compressed`
+    (False: keys and values stay native, no value quantizer) and `kernel_decode` (the section of
+    kernels/codec_decode.py that decodes its keys inside the fused attention; None: the cache runs the
+    PyTorch reference for it).
     """
 
-    name: str = ""
-    # the nominal bit widths the codec takes with its default options (empty: bits are ignored); every
-    # message about a codec's bits (library and CLI) reads this
+    name: ClassVar[str] = ""
     supported_bits: ClassVar[tuple[int, ...]] = ()
+    compressed: ClassVar[bool] = True
+    kernel_decode: ClassVar[str | None] = None
     bits: int
     head_dim: int
     seed: int
@@ -120,7 +158,7 @@ class KeyCodec(abc.ABC):
         if present != self._state_fields():
             raise ValueError(f"{self.state_tag} decodes a state with the fields "
                              f"{', '.join(sorted(self._state_fields()))}; this one holds "
-                             f"{', '.join(sorted(present)) or 'none'} (written by another codec)")
+                             f"{', '.join(sorted(present)) or 'no fields'} (written by another codec)")
 
     def check_heads(self, q: torch.Tensor, state: KeyState) -> None:
         """ValueError unless q [..., H, Tq, d] has the state's leading dims [..., H] (batch and heads)."""
@@ -146,32 +184,71 @@ def check_finite_keys(k: torch.Tensor) -> None:
         raise ValueError("keys must be finite: found NaN or Inf")
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class RotationCodec(KeyCodec):
     """Base of the rotated codecs: gamma = ||k|| (bf16), u = R k / max(gamma, 1e-30) quantized by a subclass.
 
-    Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame)
-    and `code_bits_total` (packed code bits per key); `qjl = True` adds the QJL side-car on r = u - u_hat.
+    Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame),
+    and declare the codes field: `num_codes` codes of `code_bits` bits per key; `qjl = True` adds the QJL
+    side-car on r = u - u_hat. A codec with a `kernel_decode` section also gives that section's tables
+    (`kernel_tables`) and integer parameters (`kernel_params`). Fields: `bits`, `head_dim`, `seed` (a subclass
+    adds its options after them, with defaults).
     """
 
-    qjl: bool = False
+    bits: int
+    head_dim: int
+    seed: int = 0
+    qjl: ClassVar[bool] = False
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)
+        self._check_bits()
         self._validate()
         object.__setattr__(self, "_device_cache", {})
+
+    def _check_bits(self) -> None:  # overridden where options change the widths a codec takes
+        check_bits(self.name, self.bits, self.supported_bits)
 
     def _validate(self) -> None:  # overridden by codecs with options
         pass
 
     @property
     @abc.abstractmethod
+    def num_codes(self) -> int:
+        """Codes per key in the `codes` field."""
+
+    @property
+    @abc.abstractmethod
+    def code_bits(self) -> int:
+        """Bits of one code."""
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The packed fields of one key."""
+        return KeyLayout(self.head_dim, self.num_codes, self.code_bits, self.qjl)
+
+    @property
     def code_words(self) -> int:
         """int32 words of the `codes` field per key."""
+        return self.layout.code_words
 
     @property
     def bits_per_key(self) -> int:
-        qjl_bits = 32 * num_words(self.head_dim, 1) + 16 if self.qjl else 0
-        return 32 * self.code_words + 16 + qjl_bits
+        return self.layout.bits_per_key
+
+    # ---- what the fused kernels read (octopus_audio.backend builds their KernelCodec from it) ----
+    def kernel_tables(self, device) -> dict[str, torch.Tensor]:
+        """The tables the `kernel_decode` section reads, by name, on `device`."""
+        return {}
+
+    def kernel_params(self) -> dict[str, int]:
+        """Integer parameters of the `kernel_decode` section (e.g. octopus's direction and norm bits)."""
+        return {}
+
+    def kernel_limit(self, encode: bool) -> str | None:
+        """Why the fused kernels cannot serve this codec's settings (None when they can); `encode`: the
+        encode kernel, else the attention kernel."""
+        return None
 
     # ---- shared tables, cached per device ----
     def _cached(self, key, make):

@@ -8,8 +8,10 @@ import torch
 
 from octopus_audio import rotation
 from octopus_audio.codecs.base import KeyCodec, KeyState, check_finite_keys
+from octopus_audio.codecs.registry import register
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class NoneCodec(KeyCodec):
     """Stores k as is. `bits` is accepted and ignored (nominally 16); bits_per_key counts a 16-bit key."""
@@ -18,6 +20,7 @@ class NoneCodec(KeyCodec):
     head_dim: int = 64
     seed: int = dataclasses.field(default=0, metadata={"format": False})
     name = "none"
+    compressed = False
 
     def __post_init__(self):
         rotation.check_head_dim(self.head_dim)

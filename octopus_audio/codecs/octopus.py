@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 from octopus_audio.codecs.base import RotationCodec, check_bits
-from octopus_audio.packing import num_words, pack, unpack
+from octopus_audio.codecs.registry import register
+from octopus_audio.packing import pack, unpack
 
 DIR_BITS = tuple(range(1, 9))
 RHO_BITS = tuple(range(0, 9))
@@ -16,6 +17,7 @@ DEFAULT_SPLIT_BITS = tuple(range(1, DIR_BITS[-1]))  # the default dir_bits = b +
 ROUNDING_MODES = ("scalar", "local3x3", "full")
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class Octopus(RotationCodec):
     """gamma + per triplet one code ((i_xi << dir_bits) | i_eta) << rho_bits | i_rho.
@@ -27,22 +29,22 @@ class Octopus(RotationCodec):
     (default) or "full"; it changes only the encode, so a state's writer is named without it).
     """
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     dir_bits: int | None = None
     rho_bits: int | None = None
     rounding: str = dataclasses.field(default="local3x3", metadata={"format": False})
     name = "octopus"
     supported_bits = DEFAULT_SPLIT_BITS
+    kernel_decode = "triplet"
 
-    def _validate(self) -> None:
+    def _check_bits(self) -> None:
         if self.dir_bits is None:
             check_bits(self.name, self.bits, self.supported_bits,
                        f" with the default split (dir_bits = b+1 <= {DIR_BITS[-1]}); with an explicit "
                        f"dir_bits, {OCTOPUS_BITS[0]}..{OCTOPUS_BITS[-1]}")
         else:
             check_bits(self.name, self.bits, OCTOPUS_BITS)
+
+    def _validate(self) -> None:
         if self.dir_bits is None:
             object.__setattr__(self, "dir_bits", self.bits + 1)
         if self.rho_bits is None:
@@ -75,8 +77,27 @@ class Octopus(RotationCodec):
         return 2 * self.dir_bits + self.rho_bits
 
     @property
-    def code_words(self) -> int:
-        return num_words(self.num_triplets, self.code_bits)
+    def num_codes(self) -> int:
+        return self.num_triplets
+
+    def kernel_tables(self, device) -> dict[str, torch.Tensor]:
+        """The decoded-direction table `directions` [4^dir_bits, 3] (row i_xi * 2^dir_bits + i_eta), C_xi
+        (`xi_centroids`, `xi_boundaries`) and C_rho (`centroids`, `boundaries`)."""
+        from octopus_audio.codebooks import get_codebook
+
+        xi = get_codebook("xi", None, self.dir_bits)
+        directions, rho_centroids = self.tables(device)
+        return {"directions": directions, "xi_centroids": xi.centroids, "xi_boundaries": xi.boundaries,
+                "centroids": rho_centroids,
+                "boundaries": get_codebook("rho", self.head_dim, self.rho_bits).boundaries}
+
+    def kernel_params(self) -> dict[str, int]:
+        return {"b_dir": self.dir_bits, "b_rho": self.rho_bits}
+
+    def kernel_limit(self, encode: bool) -> str | None:
+        if encode and self.rounding != "local3x3":
+            return f"the encode kernel implements local3x3 rounding only, not {self.rounding!r}"
+        return None
 
     def tables(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(direction table fp32 [4^dir_bits, 3], rho centroids fp32 [2^rho_bits]) on `device`."""
@@ -105,6 +126,7 @@ class Octopus(RotationCodec):
         return t_hat.flatten(-2)[..., : self.head_dim]
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class OctopusQJL(Octopus):
     """octopus(b) plus the QJL side-car (signs of R' r and the residual norm)."""

@@ -7,13 +7,13 @@ import math
 
 import torch
 
-from octopus_audio.codecs.base import RotationCodec, check_bits
+from octopus_audio.codecs.base import RotationCodec
+from octopus_audio.codecs.registry import register
 from octopus_audio.codecs.turboquant import quantize_scalar
-from octopus_audio.packing import num_words, pack, unpack
-
-POLARQUANT_BITS = tuple(range(1, 9))
+from octopus_audio.packing import pack, unpack
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class PolarQuant(RotationCodec):
     """gamma + d-1 angles: level 1 (d/2 angles in [0, 2 pi), uniform codebook), levels 2..log2(d) (Lloyd-Max).
@@ -22,22 +22,28 @@ class PolarQuant(RotationCodec):
     the top radius is 1 and is not stored. b = 1..8.
     """
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     name = "polarquant"
-    supported_bits = POLARQUANT_BITS
-
-    def _validate(self) -> None:
-        check_bits(self.name, self.bits, self.supported_bits)
+    supported_bits = tuple(range(1, 9))
+    kernel_decode = "polar"
 
     @property
     def levels(self) -> int:
         return int(math.log2(self.head_dim))
 
     @property
-    def code_words(self) -> int:
-        return num_words(self.head_dim - 1, self.bits)
+    def num_codes(self) -> int:
+        return self.head_dim - 1
+
+    @property
+    def code_bits(self) -> int:
+        return self.bits
+
+    def kernel_tables(self, device) -> dict[str, torch.Tensor]:
+        """The per-level angle codebooks, level 1 first: `centroids` [levels, 2^b], `boundaries`
+        [levels, 2^b - 1]."""
+        books = [self.level_codebook(level, device) for level in range(1, self.levels + 1)]
+        return {"centroids": torch.stack([c for c, _ in books]),
+                "boundaries": torch.stack([b for _, b in books])}
 
     def level_codebook(self, level: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(centroids, boundaries) of level `level` (1-based) as float32 on `device`."""

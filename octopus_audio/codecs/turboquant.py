@@ -6,10 +6,9 @@ import dataclasses
 
 import torch
 
-from octopus_audio.codecs.base import RotationCodec, check_bits
-from octopus_audio.packing import num_words, pack, unpack
-
-TURBOQUANT_BITS = tuple(range(1, 9))
+from octopus_audio.codecs.base import RotationCodec
+from octopus_audio.codecs.registry import register
+from octopus_audio.packing import pack, unpack
 
 
 def quantize_scalar(x: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
@@ -17,18 +16,14 @@ def quantize_scalar(x: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(boundaries, x.contiguous(), right=False)
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class TurboQuantMSE(RotationCodec):
     """gamma + one b-bit index into C_coord(d, b) per rotated coordinate (b = 1..8)."""
 
-    bits: int
-    head_dim: int
-    seed: int = 0
     name = "turboquant-mse"
-    supported_bits = TURBOQUANT_BITS
-
-    def _validate(self) -> None:
-        check_bits(self.name, self.bits, self.supported_bits)
+    supported_bits = tuple(range(1, 9))
+    kernel_decode = "scalar"
 
     @property
     def mse_bits(self) -> int:
@@ -36,8 +31,20 @@ class TurboQuantMSE(RotationCodec):
         return self.bits
 
     @property
-    def code_words(self) -> int:
-        return num_words(self.head_dim, self.mse_bits)
+    def num_codes(self) -> int:
+        return self.head_dim
+
+    @property
+    def code_bits(self) -> int:
+        return self.mse_bits
+
+    def kernel_tables(self, device) -> dict[str, torch.Tensor]:
+        """The coordinate codebook C_coord(d, mse_bits): `centroids` [2^n], `boundaries` [2^n - 1] (none at
+        0 bits)."""
+        if self.mse_bits == 0:
+            return {}
+        centroids, boundaries = self.coord_codebook(device)
+        return {"centroids": centroids, "boundaries": boundaries}
 
     def coord_codebook(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(centroids, boundaries) of C_coord(d, mse_bits) as float32 on `device`."""
@@ -62,6 +69,7 @@ class TurboQuantMSE(RotationCodec):
         return centroids[unpack(codes, self.mse_bits, self.head_dim)]
 
 
+@register
 @dataclasses.dataclass(frozen=True, repr=False)
 class TurboQuantQJL(TurboQuantMSE):
     """gamma + (b-1)-bit turboquant-mse indices + QJL signs of the residual + its norm (b = 1..8)."""

@@ -1,0 +1,85 @@
+"""The eval's result rows on disk: one JSON line per (clip, codec, bits) in `rows/rank<R>.jsonl`, appended as
+each finishes (a torn last line from a killed writer is dropped), merged over ranks and reruns."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROWS_DIR = "rows"
+MERGED_ROWS = "rows.jsonl"
+
+
+def row_key(row: dict) -> tuple[str, str, int | None, int | None]:
+    """(clip, codec, key bits, value bits); a row written before value bits were recorded had both equal."""
+    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"])
+
+
+def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:
+    """The rows written by this run's fingerprint (`run`) for the clips' current audio (`clip_sha256`): the
+    only rows a rerun may reuse or report. A clip that fails to load has hash None, as its error rows do."""
+    return [r for r in rows if r.get("run") == run_id and r["clip"] in clip_hashes
+            and r.get("clip_sha256") == clip_hashes[r["clip"]]]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of one JSONL file; a torn last line (a killed writer) or any unparseable line is skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s line %d is not a complete JSON row (an interrupted write); ignoring it",
+                            path, n)
+    return rows
+
+
+def all_rows(out_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted((out_dir / ROWS_DIR).glob("*.jsonl")):
+        rows.extend(read_rows(path))
+    return rows
+
+
+def merge_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
+    """One row per key: an `ok` row wins over an error; otherwise the later row wins."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = row_key(row)
+        old = merged.get(key)
+        if old is None or row["status"] == "ok" or old["status"] != "ok":
+            merged[key] = row
+    return merged
+
+
+class RowWriter:
+    """Appends rows to this rank's JSONL file, one write + flush + fsync per row; repairs a torn last line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                log.warning("%s ends in a torn row (an interrupted write); dropping its last %d bytes",
+                            path, len(data) - keep)
+                with open(path, "r+b") as f:
+                    f.truncate(keep)
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self._f.write(json.dumps(row, sort_keys=True) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()

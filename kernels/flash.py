@@ -1,0 +1,452 @@
+"""Attention straight from the compressed cache: the split-K flash-decoding kernel over the store plus the
+native window, its log-sum-exp merge, and the launcher `attention` (one query row per KV head of a codec
+with score tables goes to score_tables.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .bits import store_rounded
+from .codec_decode import SECTIONS, _mm_nn, _mm_nt, _operand, _project, key_scores, qjl_scores, query_operands
+from .launch import (
+    _cdiv,
+    _check_pow2,
+    _interpreter_16bit_dot,
+    _interpreting,
+    _pow2,
+    _sm_count,
+    split_buffers,
+    split_chunk,
+)
+from .score_tables import adc_limit, attention_adc
+from .spec import KernelCodec, PackedKeys, PackedValues
+from .value_decode import value_tile
+
+LOG2E = 1.4426950408889634
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr,
+                   RNE_BY_HAND: tl.constexpr):
+    """One step of the online softmax with scores s [M, N] (log2 units, -inf for masked keys); v [N, D] is
+    already in the operand dtype OPD, and so is P for P @ V (flash attention's bf16 P)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _mm_nn(_operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
+                     kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
+                     DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+                     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+                     B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
+                     S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
+                     V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+                     K_WP2: tl.constexpr, MASKED: tl.constexpr):
+    """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
+    softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
+    key is valid and no mask is computed. The section's scores (codec_decode.key_scores against its query
+    operands qa, qb, qc), the QJL term (qj, qj2), then the values' group dequantization. HALVES: the d-wide
+    score dots run as two of d/2 (K_WP2: the word-tile width of half a key's codes)."""
+    USE_DOT: tl.constexpr = BLOCK_M >= 16
+    n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = n < end
+    else:
+        n_ok = tl.full((BLOCK_N,), 1, tl.int1)
+    krow = row0 + n
+    k_rows = kc_ptr + krow[:, None] * K_WORDS
+    gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    s = key_scores(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, DECODE, BLOCK_N, D, LP, LOG2D,
+                   K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT,
+                   PREC, OPD, RNE_BY_HAND)
+    if HAS_QJL:
+        s = qjl_scores(s, qj, qj2, krow, n_ok, gamma, ks_ptr, kr_ptr, D, S_WP, TILE, HALVES, USE_DOT, PREC,
+                       OPD, RNE_BY_HAND)
+    if MASKED:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+    # values cut from word tiles whenever the width divides 32 (shifts alone: ptxas counts 890 instructions a
+    # warp per tile against 932 with one gathered load per code, octopus b=2, 128 rows, 8 warps)
+    v_tile: tl.constexpr = TILE or (32 % V_BITS == 0)
+    v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
+    return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
+
+# the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
+# serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
+# their specialisation (their divisibility is what vectorises the loads)
+PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows"]
+
+
+@triton.jit(do_not_specialize=PER_CALL_INTS)
+def _attn_fwd_kernel(
+    q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
+    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+    vc_ptr, vs_ptr, vm_ptr,
+    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+    tab_a_ptr, tab_b_ptr,
+    out_ptr, opart_ptr, lse_ptr,
+    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+    qk_scale, rot_scale, qjl_scale,
+    DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+    B_RHO: tl.constexpr,
+    DIR_TABLE: tl.constexpr,
+    K_WP: tl.constexpr, HAS_QJL: tl.constexpr, S_WP: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    TILE: tl.constexpr,
+    DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
+
+    Rows are (query head in the KV head's group, query token) pairs r = g * tq + t, G*Tq per KV head, so the
+    group shares one pass over K/V. Prologue: the query rows are loaded once and projected in registers to
+    the layouts the codec's score needs, q @ M_h with the per-head integer matrix at qmap (formats.md
+    rotation times sqrt(d): R q in the section's layout, `query_operands`, then the QJL query R' R q times
+    d), scaled by rot_scale / qjl_scale, which also carry the softmax scale in log2 units.
+    Compressed score of key n: q_rot' . (gamma_n u_hat_n) [+ q_j' . (gamma_n gamma_r_n sigma_n)]; window
+    score: qk_scale * q . k_n. Softmax over both with one running max; values: group dequant in the original
+    frame. Matmul operands are OPD (fp32 with PREC, or the queries' 16-bit dtype), accumulation fp32.
+    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
+    (alone when its chunk starts past the store).
+    DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
+    partial buffers. tab_a/tab_b: the section's attention tables (codec_decode.Section). HALVES (d >= 128):
+    the d-wide projections and score dots as two of d/2 each (see _compressed_tile). BLOCK_W: native window
+    keys per step.
+    """
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    b = pid_bh // H
+    h = pid_bh % H
+    USE_DOT: tl.constexpr = BLOCK_M >= 16
+
+    # prologue: the query block
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qrow = pid_bh * n_rows + rows
+    dcol = tl.arange(0, D)[None, :]
+    q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
+    q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
+    qn = _operand(q, OPD, RNE_BY_HAND)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+
+    # native window first (the last split's share), so qn is dead during the compressed loop
+    w_end = tl.where(pid_s == n_splits - 1, t_win, 0)
+    kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
+    vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
+    for n0 in tl.range(0, w_end, BLOCK_W):
+        n = n0 + tl.arange(0, BLOCK_W)
+        n_ok = n < t_win
+        k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+                     RNE_BY_HAND)
+        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
+        v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+                     RNE_BY_HAND)
+        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
+
+    # the query's projections for the compressed keys (after the window: q and these are not live together)
+    q_pro = q.to(qmap_ptr.dtype.element_ty)
+    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
+    qa, qb, qc = query_operands(q_pro, qmap, qn, rot_scale, DECODE, D, LP, HALVES, USE_DOT, PREC_Q, OPD,
+                                RNE_BY_HAND)
+    qj = qn  # placeholders where there is no QJL term (never read)
+    qj2 = qn
+    if HAS_QJL:  # the QJL block: the map's last D columns
+        QJL_COL: tl.constexpr = NP - D
+        if HALVES:
+            hcol = tl.arange(0, D // 2)[None, :]
+            qj = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
+                           RNE_BY_HAND)
+        else:
+            qj = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+
+    # compressed store: whole tiles without key masks, then the partial tail tile
+    start = pid_s * chunk
+    end = tl.maximum(tl.minimum(start + chunk, t_comp), start)  # a window-only split: empty
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n0 in tl.range(start, full_end, BLOCK_N):
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS, K_CODES,
+            K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
+            BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
+    if full_end < end:
+        m_i, l_i, acc = _compressed_tile(
+            m_i, l_i, acc, qa, qb, qc, qj, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS,
+            K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
+            TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
+
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if DIRECT:
+        store_rounded(out_ptr + qrow[:, None] * D + dcol, o, row_ok[:, None])
+    else:
+        part = pid_s * total_rows + qrow
+        tl.store(opart_ptr + part[:, None] * D + dcol, o, mask=row_ok[:, None])
+        tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["total_rows", "n_splits"])
+def _merge_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m): the splits' log-sum-exp merge (empty splits
+    carry lse = -inf and weigh nothing)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < total_rows
+    dcol = tl.arange(0, D)[None, :]
+    m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    for sp in range(n_splits):
+        m = tl.maximum(m, tl.load(lse_ptr + sp * total_rows + rows, mask=ok, other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros((BLOCK_R, D), tl.float32)
+    den = tl.zeros((BLOCK_R,), tl.float32)
+    for sp in range(n_splits):
+        w = tl.exp2(tl.load(lse_ptr + sp * total_rows + rows, mask=ok, other=float("-inf")) - m)
+        o = tl.load(opart_ptr + (sp * total_rows + rows)[:, None] * D + dcol, mask=ok[:, None], other=0.0)
+        acc += w[:, None] * o
+        den += w
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    store_rounded(out_ptr + rows[:, None] * D + dcol, out, ok[:, None])
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnConfig:
+    """Launch configuration of the attention kernel; a None field takes the heuristic of `attention`.
+
+    block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
+    block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
+    keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
+    1: none); programs_per_sm: the split-K count aims at this many programs per multiprocessor;
+    split_min_keys: no split gets fewer compressed keys than this (default 4 * block_n); window_split: when
+    the store is split, the native window gets a split of its own instead of riding on the last one (default
+    True). One query row per KV head with score tables (the triplet section) runs the table-lookup kernel:
+    there block_n is the keys per step of its score phase, block_v those of its value phase, num_warps and
+    programs_per_sm as here.
+    """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    programs_per_sm: int | None = None
+    split_min_keys: int | None = None
+    window_split: bool | None = None
+    block_v: int | None = None
+    block_w: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (None, 1):
+            _check_pow2("block_m", self.block_m, 16, 256)
+        _check_pow2("block_n", self.block_n, 16, 256)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
+        _check_pow2("block_v", self.block_v, 8, 256)
+        _check_pow2("block_w", self.block_w, 16, 256)
+        if self.split_min_keys is not None and self.split_min_keys < 1:
+            raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
+
+
+def _codec_constants(codec: KernelCodec) -> dict:
+    """The kernel's compile-time constants that depend on the codec alone (cached on the codec)."""
+    consts = codec.__dict__.get("_attn_constants")
+    if consts is None:
+        section = SECTIONS[codec.decode]
+        d = codec.head_dim
+        consts = dict(DECODE=section.id, D=d, LOG2D=int(math.log2(d)), K_BITS=codec.code_bits,
+                      K_CODES=codec.num_codes, K_WORDS=codec.code_words, K_WP=_pow2(max(codec.code_words, 1)),
+                      HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)), **section.constants(codec))
+        codec.__dict__["_attn_constants"] = consts
+    return consts
+
+
+def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b: int, h: int) -> int:
+    t_cap = keys.codes.shape[2]
+    d = codec.head_dim
+    if values.group < 1 or values.group & (values.group - 1) or d % values.group:
+        raise ValueError(f"value group {values.group} must be a power of two dividing the head dim {d}")
+    expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.code_words), torch.int32),
+              "keys.gamma": (keys.gamma, (b, h, t_cap), torch.bfloat16),
+              "values.codes": (values.codes, (b, h, t_cap, -(-d * values.bits // 32)), torch.int32),
+              "values.scale": (values.scale, (b, h, t_cap, d // values.group), torch.float16),
+              "values.minimum": (values.minimum, (b, h, t_cap, d // values.group), torch.float16)}
+    if codec.has_qjl:
+        expect["keys.signs"] = (keys.signs, (b, h, t_cap, -(-d // 32)), torch.int32)
+        expect["keys.gamma_r"] = (keys.gamma_r, (b, h, t_cap), torch.bfloat16)
+    for name, (t, shape, dtype) in expect.items():
+        if t is None or tuple(t.shape) != shape or t.dtype != dtype:
+            got = None if t is None else (tuple(t.shape), t.dtype)
+            raise ValueError(f"{name} must be {dtype} of shape {shape} (formats.md), got {got}")
+    return t_cap
+
+
+def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
+                  device: torch.device, folded: bool = False) -> tuple[int, int, int, bool, int, int]:
+    """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
+    covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
+    window_split, when there is room for more programs). folded: the section gathers codes (folded rows).
+
+    One query row (H200 sweep, octopus b=2): no tensor cores, 32 keys a step, 4 warps, word tiles, ~8
+    programs per SM (1.50 ms at 128k keys x 32 heads, d=128, against 1.81-3.94 ms for the 16-row tensor-core
+    variants). A block of queries: up to 128 rows (64 at d > 64), 64 keys a step, 4 warps; gathered codes
+    for folded octopus rows, word tiles otherwise. The H200 sweep at AAR shapes (d=64, 16-bit operands),
+    octopus b=2 at 128 rows, 64 keys a step, 4 warps: gathered codes with folded rows 0.278 ms at B=64 and
+    2.105 ms at B=512, against 0.324 / 2.49 ms unfolded from word tiles, 0.288 / 2.196 ms for folded rows
+    from word tiles and 0.104 / 0.748 ms for bf16 SDPA over native K/V; 8 warps, 32 or 128 keys a step, 64
+    rows and 2 stages were all slower. turboquant-mse b=2 at B=64 was fastest with word tiles (0.252 ms
+    against 0.280 for gathers at 128 keys x 8 warps). d=128 query blocks take the same choices untimed.
+    """
+    single = n_rows == 1
+    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
+    block_n = cfg.block_n or (32 if single or d > 64 else 64)
+    if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
+        block_n = 128
+    num_warps = cfg.num_warps or 4
+    tile = not (folded and block_m > 1)
+    programs = programs_bh * _cdiv(n_rows, block_m)
+    want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
+    num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
+    num_splits, chunk = split_chunk(length, num_splits, block_n)
+    if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
+        num_splits += 1  # its chunk starts past the store: the window alone
+    return block_m, block_n, num_warps, tile, num_splits, chunk
+
+
+def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
+    """The single-query score-table path (adc_ops). Defaults from the H200 sweeps at 128k keys, octopus b=2:
+    d >= 128: 256 keys a score step,
+    64 a value step, 8 warps, 3 programs per SM, which is what is resident under the 80-register cap, so
+    the splits (floor(3 * SMs / rows) = 12 at 32 heads on 132 SMs) fill one wave: 0.229 ms against 0.29 ms
+    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 8 programs per SM."""
+    wide = codec.head_dim >= 128
+    return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
+                         num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
+                         block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
+                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 8))
+
+
+def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+              k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+              scale: float | None = None, num_splits: int | None = None,
+              config: AttnConfig | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
+
+    q [B, Hq, Tq, d] (any float dtype, any strides); `keys`/`values` buffers [B, H, Tcap, ...] of
+    which the first `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window).
+    Hq = G*H, query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
+    `num_splits` forces the split-K count (default: enough programs to fill the GPU); `config` overrides the
+    launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts
+    happen in the kernel's prologue, so the host does no tensor math. One query row per KV head of a codec
+    with score tables (the triplet section, a window of at most 64 tokens) runs the table-lookup kernel.
+
+    >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
+    """
+    b, hq, tq, d = q_BHTD.shape
+    if d != codec.head_dim:
+        raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
+    h = keys.codes.shape[1]
+    if hq % h or codec.num_heads != h:
+        raise ValueError(f"{hq} query heads cannot share {h} KV heads (codec built for {codec.num_heads})")
+    t_cap = _check_packed(keys, values, codec, b, h)
+    if not 0 <= length <= t_cap:
+        raise ValueError(f"length {length} is outside the store's capacity 0..{t_cap}")
+    t_win = 0 if k_window is None else k_window.shape[2]
+    if t_win and (k_window.shape != (b, h, t_win, d) or v_window is None or v_window.shape != k_window.shape):
+        raise ValueError(f"window K/V must both be [{b}, {h}, Tw, {d}], got {tuple(k_window.shape)} and "
+                         f"{None if v_window is None else tuple(v_window.shape)}")
+    if length + t_win == 0:
+        raise ValueError("attention needs at least one key: the store and the window are both empty")
+    dev = q_BHTD.device
+    codec = codec.to(dev)
+    grp = hq // h
+    n_rows = grp * tq
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    cfg = config or AttnConfig()
+    if adc_limit(codec, n_rows, t_win) is None:
+        return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
+                                cfg)
+    section = SECTIONS[codec.decode]
+    folded = section.gathers(codec)
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
+                                                                 folded)
+    if num_splits is not None:
+        splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
+
+    # matmul operands with tensor cores in the queries' dtype when it is 16-bit (decoded K, V and P too, as
+    # flash attention does), else fp32 at IEEE precision; accumulation is fp32 always. 16-bit queries
+    # project exactly in their own dtype (the map is small integers); input_precision only matters for fp32
+    # operands, 16-bit ones take "tf32", tl.dot's default, as every bf16 flash-attention kernel does
+    use_dot = block_m >= 16
+    q16 = use_dot and q_BHTD.dtype in (torch.bfloat16, torch.float16)
+    opd = q_BHTD.dtype if q16 else torch.float32
+    prec = "ieee" if opd == torch.float32 else "tf32"
+    qmap = codec.query_map(q_BHTD.dtype if q16 else torch.float32)
+    # At d >= 128 the d-wide score dots (all but the triplet section's, and the QJL term) run as two of d/2,
+    # the 64-deep shape the triplet dots have: with d-wide dots and bf16 operands the H200 gave relative RMS
+    # errors of 1.6e-2..2.5e-2 at d = 128, with halves 1.7e-3..2.0e-3, within tolerance.
+    halves = d >= 128 and (codec.has_qjl or section.halves)
+    interpreting = _interpreting()
+    if interpreting:
+        _interpreter_16bit_dot()
+    if q_BHTD.stride(-1) != 1:
+        q_BHTD = q_BHTD.contiguous()
+    if not t_win:  # any tensor serves as the never-read window
+        k_window = v_window = q_BHTD
+    if k_window.stride(-1) != 1:
+        k_window = k_window.contiguous()
+    if v_window.stride(-1) != 1:
+        v_window = v_window.contiguous()
+    tab_a, tab_b = section.attention_tables(codec)
+    qk_scale = scale * LOG2E
+    rot_scale, qjl_scale = qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d
+
+    total_rows = b * h * n_rows
+    out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
+    direct = splits == 1
+    opart, lse = split_buffers(out, splits, total_rows, d)
+    signs = keys.signs if codec.has_qjl else keys.codes
+    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
+        q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
+        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+        v_window.stride(0), v_window.stride(1), v_window.stride(2),
+        tab_a, tab_b,
+        out, opart, lse,
+        h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
+        qk_scale, rot_scale, qjl_scale,
+        **_codec_constants(codec), NP=qmap.shape[-1],
+        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+        V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
+        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
+        PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
+        OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
+        K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n, num_warps=warps,
+        num_stages=cfg.num_stages or 1,
+    )
+    if not direct:
+        block_r = 32
+        _merge_kernel[(_cdiv(total_rows, block_r),)](opart, lse, out, total_rows, splits, D=d,
+                                                           BLOCK_R=block_r, num_warps=4)
+    return out

@@ -1,0 +1,499 @@
+"""One query row per KV head from per-query score tables (triplet section): the kernels and their launcher.
+
+With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
+of key n is a sum of per-triplet terms that depend only on the triplet's code,
+
+    q . k_n = gamma_n * sum_i rho(c_ni) * (q_rot,i . n_hat(dir(c_ni)))           (octopus, formats.md)
+
+so a table T[i, c] = qk_scale * rho(c) * (q_rot,i . n_hat(dir(c))) built once per query row turns the key loop
+into one lookup and one add per triplet (asymmetric distance computation, as in product quantization). The
+QJL term (R' q_rot) . sigma_n takes a second table over the sign bytes: S[p, e] = qk_scale * sum_t
+q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in global memory and are read through
+L1 (a row's table is 11-22 KB at d = 64-128, b = 2).
+
+Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
+channels for the values) with few registers and no per-block cross-thread reductions:
+1. scores: each thread owns whole keys, loads a key's code words once each and cuts the codes with
+   compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
+   4 bytes a key) go to a scratch row, and their maximum m is kept.
+2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
+   min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
+   (`values_in_place`): a channel costs one mask and one FMA, the code masked where it lies read as an fp32
+   subnormal (c * 2^pos * 2^-149, exact) and the per-column power of two removed after the loop; other value
+   formats cut each key's word tile (`values_by_key`).
+For group-16 values the phases alternate by stages of STAGE_K keys (an online softmax by stages: the running
+maximum rescales the accumulators when it grows), so warps done with a stage's values score the next stage
+while others still accumulate, and the scores are re-read while still in L2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .bits import masked_load, store_rounded
+from .codec_decode import SECTIONS
+from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
+from .spec import KernelCodec, PackedKeys, PackedValues
+from .value_decode import in_place_sum, values_by_key, values_in_place
+
+
+@triton.jit
+def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
+    """The N_BITS-bit code starting at bit SH of w_cur (continuing into w_next when it straddles), int32."""
+    if SH + N_BITS <= 32:
+        c = (w_cur >> SH) & ((1 << N_BITS) - 1)
+    else:
+        c = ((w_cur >> SH) | (w_next << (32 - SH))) & ((1 << N_BITS) - 1)
+    return c.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
+    """q_rot[3i + C] for the triplets i [TP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
+    col = 3 * i + C
+    hk = tl.load(had_ptr + k[:, None] * D + col[None, :], mask=(col < D)[None, :], other=0.0)
+    return tl.sum(qs[:, None] * hk, axis=0)
+
+
+@triton.jit
+def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut_ptr, qlut_ptr,
+                           H, inv_sqrt_d, qk_scale,
+                           D: tl.constexpr, L: tl.constexpr, B_RHO: tl.constexpr,
+                           FOLD_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr,
+                           HAS_QJL: tl.constexpr, TP: tl.constexpr):
+    """One program per (query row r, block of TP triplets) (KV head h = r % H): that part of the row's score
+    tables; the block-0 programs also write the QJL table.
+
+    q_rot = R q = H_d (s_h * q) / sqrt(d); triplet i's components are q_rot[3i + c] (zero beyond d).
+    T[r, i, e] = qk_scale * C_rho[e & mask] * (q_rot,i . D[e >> B_RHO]) when FOLD_RHO (e < 2^n), else
+    T[r, i, e] = qk_scale * (q_rot,i . D[e]) (e < 4^b_dir; rho is looked up in the attention loop).
+    HAS_QJL: q_j = R' q_rot, S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1).
+    """
+    r = tl.program_id(0)
+    blk = tl.program_id(1)
+    h = r % H
+    k = tl.arange(0, D)
+    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
+    i = blk * TP + tl.arange(0, TP)
+    live = i < L
+    qx = _triplet_component(qs, had_ptr, k, i, 0, D)
+    qy = _triplet_component(qs, had_ptr, k, i, 1, D)
+    qz = _triplet_component(qs, had_ptr, k, i, 2, D)
+    row_lut = lut_ptr + r * (L * N_ENTRIES)
+    for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
+        e = e0 + tl.arange(0, CHUNK)
+        if FOLD_RHO:
+            dirn = e >> B_RHO
+            rho = tl.load(rho_ptr + (e & ((1 << B_RHO) - 1)))
+        else:
+            dirn = e
+            rho = tl.full((CHUNK,), 1.0, tl.float32)
+        dx = tl.load(dir_ptr + dirn * 3)
+        dy = tl.load(dir_ptr + dirn * 3 + 1)
+        dz = tl.load(dir_ptr + dirn * 3 + 2)
+        t = qx[:, None] * dx[None, :] + qy[:, None] * dy[None, :] + qz[:, None] * dz[None, :]
+        t = t * (rho * qk_scale)[None, :]
+        tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
+    if HAS_QJL and blk == 0:
+        # q_rot along the contraction axis, then q_j = H_d (s'_h * q_rot) / sqrt(d)
+        hfull = tl.load(had_ptr + k[:, None] * D + k[None, :])
+        q_rot = tl.sum(qs[:, None] * hfull, axis=0)
+        qr = q_rot[:, None] * tl.load(qs_ptr + h * D + k)[:, None] * inv_sqrt_d
+        p = tl.arange(0, D // 8)
+        byte = tl.arange(0, 256)
+        s = tl.zeros((D // 8, 256), tl.float32)
+        for bit in tl.static_range(8):
+            col = 8 * p + bit
+            hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
+            qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
+            sgn = ((byte >> bit) & 1).to(tl.float32) * 2.0 - 1.0
+            s += qj[:, None] * sgn[None, :]
+        tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
+
+
+@triton.jit
+def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    """out[r] = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), one program per row r, BLOCK_S splits a step
+    (flash_decode's merge with the splits, not the rows, across the threads: a few long rows here)."""
+    r = tl.program_id(0)
+    sp = tl.arange(0, BLOCK_S)
+    dcol = tl.arange(0, D)
+    m = tl.full((), float("-inf"), tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        ok = s0 + sp < n_splits
+        lse = tl.load(lse_ptr + (s0 + sp) * total_rows + r, mask=ok, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse, 0))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros((D,), tl.float32)
+    den = tl.zeros((), tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        ok = s0 + sp < n_splits
+        part = (s0 + sp) * total_rows + r
+        w = tl.exp2(tl.load(lse_ptr + part, mask=ok, other=float("-inf")) - m)
+        o = tl.load(opart_ptr + part[:, None] * D + dcol[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        den += tl.sum(w, 0)
+    store_rounded(out_ptr + r * D + dcol, acc / tl.where(den > 0, den, 1.0), None)
+
+
+@triton.jit
+def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.constexpr):
+    """Words WI and WI + 1 of each key row (one [BK, 2] load, a thread's two words adjacent: an 8-byte load
+    when the rows are 8-byte aligned); the second is 0 past the row. MASKED: rows where n_ok is false."""
+    if WI + 1 < K_WORDS:
+        two = masked_load(krow[:, None] + (WI + tl.arange(0, 2))[None, :], n_ok[:, None], 0, MASKED)
+        a, b = tl.split(two.to(tl.uint32, bitcast=True))
+    else:
+        a = masked_load(krow + WI, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
+        b = tl.zeros_like(a)
+    return a, b
+
+
+@triton.jit
+def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end, qjl_coef, zero,
+                m_vec, rho0, rho1, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr,
+                K_WORDS: tl.constexpr, B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr,
+                HAS_QJL: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, MASKED: tl.constexpr):
+    """One step of _store_scores: keys [n0, n0 + BLOCK_K), those from `end` on masked off when MASKED.
+
+    Every code word and norm of the step is loaded first (PAIRS: two words a load) and every table read is
+    predicated on all of them (`gate`, always true: `zero` is 0 at run time, but the compiler cannot know), so
+    the compiler issues the step's loads together: one memory round trip a step instead of one per word
+    (ptxas otherwise sinks each load to its first use)."""
+    n = n0 + tl.arange(0, BLOCK_K)
+    n_ok = n < end
+    s = tl.zeros((BLOCK_K,), tl.float32)
+    krow = kc_ptr + n.to(tl.int64) * K_WORDS
+    S_WORDS: tl.constexpr = D // 32
+    srow = ks_ptr + n.to(tl.int64) * S_WORDS
+    gamma = masked_load(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+    ws = ()
+    for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
+        if PAIRS:
+            pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
+            ws = ws + (pa, pb)
+        else:
+            ws = ws + (masked_load(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+    mix = gamma.to(tl.uint32, bitcast=True)
+    for wi in tl.static_range(K_WORDS):
+        mix = mix ^ ws[wi]
+    if HAS_QJL:
+        g_r = masked_load(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+        sws = ()
+        for wi in tl.static_range(S_WORDS):
+            sws = sws + (masked_load(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+            mix = mix ^ sws[wi]
+        mix = mix ^ g_r.to(tl.uint32, bitcast=True)
+    gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
+    w_cur = ws[0]
+    for wi in tl.static_range(K_WORDS):
+        if wi + 1 >= K_WORDS:
+            w_next = w_cur
+        else:
+            w_next = ws[wi + 1]
+        for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
+            if i < L:
+                code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
+                if FOLD_RHO:
+                    s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
+                else:
+                    t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
+                    if B_RHO == 1:
+                        rho = tl.where((code & 1) != 0, rho1, rho0)
+                    else:
+                        rho = tl.load(rho_ptr + (code & ((1 << B_RHO) - 1)))
+                    s += rho * t
+        w_cur = w_next
+    if HAS_QJL:
+        sq = tl.zeros((BLOCK_K,), tl.float32)
+        for wi in tl.static_range(S_WORDS):
+            w = sws[wi]
+            for byte in tl.static_range(4):
+                e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
+                sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
+        s += qjl_coef * g_r * sq
+    s = s * gamma
+    if MASKED:
+        tl.store(s_ptr + n, s, mask=n_ok)
+        return tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    else:
+        tl.store(s_ptr + n, s)
+        return tl.maximum(m_vec, s)
+
+
+@triton.jit
+def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
+                  zero, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
+                  B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
+                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr):
+    """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
+    The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
+
+    A thread owns whole keys: it loads each code word of its key once and cuts the codes with constant
+    shifts (the unrolled loops), then adds one table entry per triplet (and one per 8 QJL signs). Whole
+    steps run without load masks, the tail step with them."""
+    row_lut = lut_ptr + r * (L * N_ENTRIES)
+    if not FOLD_RHO:
+        rho0 = tl.load(rho_ptr)
+        rho1 = tl.load(rho_ptr + 1)
+    else:
+        rho0 = 1.0
+        rho1 = 1.0
+    m_vec = tl.full((BLOCK_K,), float("-inf"), tl.float32)
+    full = start + (end - start) // BLOCK_K * BLOCK_K
+    for n0 in range(start, full, BLOCK_K):
+        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
+                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, False)
+    if full < end:
+        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full, end,
+                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, True)
+    return tl.max(m_vec, 0)
+
+
+@triton.jit
+def _window_scores(qn_ptr, kw_base, stride_kwt, r, t_win, qk_scale, D: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Scores (log2 units) of the first BLOCK_W native window keys, -inf past t_win."""
+    n = tl.arange(0, BLOCK_W)
+    n_ok = n < t_win
+    dcol = tl.arange(0, D)
+    qn = tl.load(qn_ptr + r * D + dcol).to(tl.float32)
+    kt = tl.load(kw_base + n[:, None] * stride_kwt + dcol[None, :], mask=n_ok[:, None], other=0.0)
+    return tl.where(n_ok, tl.sum(kt.to(tl.float32) * qn[None, :], axis=1) * qk_scale, float("-inf"))
+
+
+@triton.jit
+def _adc_attn_kernel(
+    lut_ptr, qlut_ptr, qn_ptr, rho_ptr,
+    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+    vc_ptr, vs_ptr, vm_ptr,
+    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+    s_ptr, out_ptr, opart_ptr, lse_ptr,
+    H, t_cap, t_comp, t_win, chunk, n_splits, total_rows, qk_scale, qjl_coef, zero,
+    D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr, B_RHO: tl.constexpr,
+    N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
+    V_GT: tl.constexpr, STAGE_K: tl.constexpr,
+):
+    """One (query row, split) program: score tables instead of decoded keys (module docstring).
+
+    Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
+    (at most BLOCK_W keys, score q . k * qk_scale). Phase 1 writes the split's scores to s_ptr (row r,
+    t_cap entries) and takes their maximum m; phase 2 (after a barrier) reads them back and accumulates
+    p = 2^(s - m) times the dequantized values, elementwise per thread, reduced once at the end. DIRECT:
+    one split writes the normalised output; otherwise o/l and the log2-sum-exp go to the partial buffers
+    of the merge kernel. Group-16 values up to 8 bits go through values_in_place (V_GT groups of a key a
+    thread row; widths not dividing 32 need V_GT = 2), the split in stages of STAGE_K keys, each scored, then
+    its values accumulated, the accumulators rescaled when the running maximum grows; other value formats
+    through values_by_key after the whole split is scored. The score phase loads code words two at a time
+    where a key has an even number of them (PAIRS) and predicates its table reads on all of a step's loads
+    (`zero` must be 0; _score_step).
+    """
+    r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = r // H
+    h = r % H
+    G: tl.constexpr = D // V_GROUP
+    row = r.to(tl.int64) * t_cap
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, t_comp)
+    s_row = s_ptr + row
+    last = pid_s == n_splits - 1
+    n_win = tl.where(last, t_win, 0)
+    kw_base = kw_ptr + b * stride_kwb + h * stride_kwh
+    PAIRS: tl.constexpr = K_WORDS % 2 == 0  # odd rows are not 8-byte aligned: a pair would need a conversion
+    IN_PLACE: tl.constexpr = (V_GROUP == 16) and (V_BITS <= 8) and ((32 % V_BITS == 0) or (V_GT == 2))
+    if IN_PLACE:
+        # stages of STAGE_K keys: scores, then their values, the running maximum
+        # rescaling the accumulators when it grows (an online softmax by stages, exact like the two-pass one)
+        R: tl.constexpr = BLOCK_V * G // V_GT
+        acc_t = tl.zeros((R, 16 * V_GT), tl.float32)
+        acc_min = tl.zeros((R, V_GT), tl.float32)
+        l_vec = tl.zeros((R, 1), tl.float32)
+        m_run = tl.full((), float("-inf"), tl.float32)
+        for c0 in range(start, end, STAGE_K):
+            c1 = tl.minimum(c0 + STAGE_K, end)
+            m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
+                                ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef, zero,
+                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
+            tl.debug_barrier()
+            if m_c > m_run:
+                alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
+                acc_t *= alpha
+                acc_min *= alpha
+                l_vec *= alpha
+                m_run = m_c
+            acc_t, acc_min, l_vec = values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
+                                                     vm_ptr + row * G, s_row, m_run, c0, c1, acc_t, acc_min,
+                                                     l_vec, G, V_BITS, BLOCK_V, V_GT)
+        s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
+        m = tl.maximum(m_run, tl.max(s_win, 0))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        alpha = tl.exp2(m_run - m)
+        acc, l_i = in_place_sum(acc_t * alpha, acc_min * alpha, l_vec * alpha, G, V_BITS, BLOCK_V, V_GT)
+    else:
+        m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
+                          ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
+                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
+        s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
+        m = tl.maximum(m, tl.max(s_win, 0))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        tl.debug_barrier()
+
+        # phase 2: sum_n p_n (c_nj * scale_ng + min_ng)
+        acc, l_i = values_by_key(vc_ptr + row * V_WORDS, vs_ptr + row * G, vm_ptr + row * G, s_row, m,
+                                  start, end, D, V_GROUP, V_BITS, V_WORDS, V_WP, BLOCK_V)
+
+    # the native window (last split)
+    p_win = tl.exp2(s_win - m)
+    l_i += tl.sum(p_win, 0)
+    wn = tl.arange(0, BLOCK_W)
+    dcol = tl.arange(0, D)
+    vw_base = vw_ptr + b * stride_vwb + h * stride_vwh
+    vt = tl.load(vw_base + wn[:, None] * stride_vwt + dcol[None, :], mask=(wn < n_win)[:, None], other=0.0)
+    pv = tl.reshape(vt.to(tl.float32), (BLOCK_W, G, V_GROUP)) * tl.reshape(p_win, (BLOCK_W, 1, 1))
+    acc += tl.sum(pv, axis=0)
+
+    o = tl.reshape(acc, (D,)) / tl.where(l_i > 0, l_i, 1.0)
+    if DIRECT:
+        store_rounded(out_ptr + r * D + dcol, o, None)
+    else:
+        part = pid_s * total_rows + r
+        tl.store(opart_ptr + part * D + dcol, o)
+        tl.store(lse_ptr + part, m + tl.log2(l_i))
+
+
+LOG2E = 1.4426950408889634
+
+FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet
+
+MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
+
+MAX_WINDOW = 64
+
+STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
+
+# a register cap where a thread holds one value row and the codec has no QJL term: it keeps 3 programs of 8
+# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4); two value rows a thread,
+# or octopus-qjl at b=3, spill under it, so those run uncapped
+MAX_REGISTERS = 80
+
+
+def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
+    """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
+    score tables (triplet) whose per-triplet table is small enough, a native window of at most MAX_WINDOW
+    tokens."""
+    if t_win > MAX_WINDOW:
+        return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
+    if n_rows != 1:
+        return f"{n_rows} query rows per KV head (the table path takes 1)"
+    if not SECTIONS[codec.decode].score_tables:
+        return f"the {codec.decode} section (it has no score tables)"
+    if table_entries(codec)[0] > MAX_ENTRIES:
+        return f"a direction table of {4 ** codec.param('b_dir')} entries (at most {MAX_ENTRIES})"
+    return None
+
+
+def table_entries(codec: KernelCodec) -> tuple[int, bool]:
+    """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
+    folded = 1 << codec.code_bits
+    if folded <= FOLD_ENTRIES or codec.param("b_rho") == 0:
+        return folded, True
+    return 4 ** codec.param("b_dir"), False
+
+
+def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                  k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                  scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
+                  block_v: int | None = None, num_warps: int | None = None,
+                  programs_per_sm: int | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
+
+    Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
+    the caller has validated them (attention routes here). Two launches (tables, attention) plus the
+    log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
+    the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
+    a step still has a row for every thread (always for widths not dividing 32), else one.
+    """
+    b, hq, tq, d = q_BHTD.shape
+    h = keys.codes.shape[1]
+    t_win = 0 if k_window is None else k_window.shape[2]
+    why = adc_limit(codec, (hq // h) * tq, t_win)
+    if why is not None:
+        raise ValueError(f"the table-lookup attention cannot take {why}")
+    dev = q_BHTD.device
+    codec = codec.to(dev)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qk_scale = scale * LOG2E
+    rows = b * h
+    t_cap = keys.codes.shape[2]
+    entries, fold = table_entries(codec)
+    n_trip = codec.num_codes
+    q = q_BHTD.contiguous()
+
+    lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
+    qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
+    qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
+    tp = 16
+    _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
+        q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
+        codec.table("centroids"), lut, qlut,
+        h, 1.0 / math.sqrt(d), qk_scale,
+        D=d, L=n_trip, B_RHO=codec.param("b_rho"), FOLD_RHO=fold, N_ENTRIES=entries,
+        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
+
+    if k_window is None or t_win == 0:
+        k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
+    if k_window.stride(-1) != 1:
+        k_window = k_window.contiguous()
+    if v_window.stride(-1) != 1:
+        v_window = v_window.contiguous()
+
+    nw = num_warps or 4
+    block_k = block_k or 32 * nw
+    block_v = block_v or (64 if _interpreting() else 16)
+    step = max(block_k, block_v)
+    n_groups = d // values.group
+    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
+        value_groups = 2
+    else:  # fewer rows than threads would change the tile's layout (replicated rows)
+        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
+    value_groups = min(value_groups, n_groups)
+    capped = block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl
+    stage_keys = max(STAGE_KEYS, step)
+    if num_splits is None:
+        # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
+        want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
+        num_splits = max(1, min(want, _cdiv(length, 4 * step)))
+    num_splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, step))), step)
+    out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
+    direct = num_splits == 1
+    opart, lse = split_buffers(out, num_splits, rows, d)
+    signs = keys.signs if codec.has_qjl else keys.codes
+    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    v_words = values.codes.shape[-1]
+    scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
+    _adc_attn_kernel[(rows, num_splits)](
+        lut, qlut, q, codec.table("centroids"),
+        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+        v_window.stride(0), v_window.stride(1), v_window.stride(2),
+        scores, out, opart, lse,
+        h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
+        D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
+        N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
+        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
+        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
+        STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
+    if not direct:
+        _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
+                                      BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
+    return out
