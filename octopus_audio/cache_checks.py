@@ -65,7 +65,7 @@ def append_error(what: str, quantized: bool) -> ValueError:
 
 
 def capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_streamcapturing()
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def check_flags(flags: list[DeferredFlags]) -> None:
