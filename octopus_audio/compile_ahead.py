@@ -5,7 +5,7 @@ worker processes into Triton's on-disk cache, so the first real generation only 
 A variant is what Triton compiles once: the kernel, its compile-time (constexpr) arguments, the
 specialisation of its other arguments (pointer dtypes and 16-byte alignment; integers equal to 1 or
 divisible by 16 unless the kernel lists them in `do_not_specialize`) and the launch options (warps,
-stages). `cache_launches` returns the distinct variants of one sequence; `compile_launches` compiles them.
+stages). `cache_launches` returns the distinct variants of one sequence; a `ParallelCompiler` compiles them.
 
 Triton keeps what it compiles under `TRITON_CACHE_DIR` (default `~/.triton/cache`) across runs; a variant
 found there compiles in milliseconds. Workers are spawned processes (Triton's compiler holds the GIL), each
@@ -198,7 +198,6 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
     cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
                               capacity=capacity, defer_checks=defer_checks)
     gen = torch.Generator(device=device).manual_seed(0)
-    found: dict[Launch, None] = {}
     with torch.inference_mode(), recording() as calls:
         if device.type == "cuda":
             cache.prepare(shapes.heads, device)
@@ -207,9 +206,7 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
             cache.append(k, v)
             cache.attend(q, 1.0 / shapes.head_dim ** 0.5)
         cache.reset()
-    for kernel, args, kwargs in calls:
-        found.setdefault(describe(kernel, args, kwargs, backend), None)
-    return list(found)
+    return launches_of(calls, backend)
 
 
 def launches_of(calls: Iterable[tuple[object, tuple, dict]], backend) -> list[Launch]:
@@ -222,18 +219,46 @@ def launches_of(calls: Iterable[tuple[object, tuple, dict]], backend) -> list[La
 
 # ---- compiling them --------------------------------------------------------------------------------------
 
+def default_workers() -> int:
+    """One worker a core, at most 16 (each worker holds a Python with torch and triton, ~0.5 GB)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores))
+
+
+def _source(launch: Launch):
+    from triton.compiler import ASTSource
+
+    module, name = launch.kernel.split(":")
+    fn = _as_jit(getattr(importlib.import_module(module), name))
+    return ASTSource(fn, dict(launch.signature), constexprs=dict(launch.constexprs),
+                     attrs={k: [list(a) for a in v] for k, v in launch.attrs})
+
+
+def is_cached(launch: Launch, target) -> bool:
+    """Whether Triton's on-disk cache holds `launch` compiled for `target` (what `triton.compile` looks up
+    first: the same key, from the source, the backend, the options and the cache-invalidating
+    environment)."""
+    import hashlib
+
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, get_cache_key, make_backend
+    from triton.runtime.cache import get_cache_manager
+
+    src = _source(launch)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(dict(launch.options), **src.parse_options()))
+    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    manager = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
+    return manager.get_group(f"{src.name[:150]}.json") is not None
+
+
 def compile_launch(item: tuple[Launch, object]) -> str | None:
-    """Compile one variant for `target` into Triton's cache (a worker's job): None, or the error text."""
+    """Compile one variant for a target into Triton's cache (a worker's job; `item` is (launch, target)):
+    None, or the error's text."""
     launch, target = item
     try:
         import triton
-        from triton.compiler import ASTSource
 
-        module, name = launch.kernel.split(":")
-        fn = _as_jit(getattr(importlib.import_module(module), name))
-        src = ASTSource(fn, dict(launch.signature), constexprs=dict(launch.constexprs),
-                        attrs={k: [list(a) for a in v] for k, v in launch.attrs})
-        triton.compile(src, target=target, options=dict(launch.options))
+        triton.compile(_source(launch), target=target, options=dict(launch.options))
     except Exception as e:  # reported to the caller, which names the variant
         return f"{type(e).__name__}: {e}"
     return None
@@ -244,40 +269,57 @@ def _indexed(job: tuple) -> tuple[int, str | None]:
     return i, compile_fn(item)
 
 
-def default_workers() -> int:
-    """One worker a core, at most 16 (each worker holds a Python with torch and triton, ~0.5 GB)."""
-    return max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))
+class ParallelCompiler:
+    """Compiles variants for one GPU `target` in `workers` spawned processes (None: `default_workers`),
+    started at the first batch with more than one variant to compile and kept until `close()` (or the end of
+    `with`), so several batches pay the workers' start once. `compile_fn(( launch, target))` returns None or
+    an error text (tests pass a stand-in)."""
 
+    def __init__(self, target, workers: int | None = None,
+                 compile_fn: Callable[[tuple[Launch, object]], str | None] = compile_launch) -> None:
+        workers = default_workers() if workers is None else workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        self.target = target
+        self.workers = workers
+        self.compile_fn = compile_fn
+        self._pool = None
 
-def compile_launches(launches: Sequence[Launch], target, workers: int | None = None,
-                     progress: Progress | None = None,
-                     compile_fn: Callable[[tuple[Launch, object]], str | None] = compile_launch
-                     ) -> dict[Launch, str]:
-    """Compile `launches` for `target` in `workers` spawned processes (None: `default_workers`; 1 or a
-    single launch: in this process). Returns the variants that failed, with their error (they compile
-    again, and fail visibly, at their first launch). `progress` is called as `Progress` says."""
-    workers = default_workers() if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    total = len(launches)
-    if progress is not None:
-        progress(0, total, None)
-    jobs = [(compile_fn, i, (launch, target)) for i, launch in enumerate(launches)]
-    failed: dict[Launch, str] = {}
-    pool = (multiprocessing.get_context("spawn").Pool(min(workers, total)) if workers > 1 and total > 1
-            else None)
-    try:
-        results = pool.imap_unordered(_indexed, jobs) if pool is not None else map(_indexed, jobs)
+    def compile(self, launches: Sequence[Launch], progress: Progress | None = None) -> dict[Launch, str]:
+        """Compile `launches`; returns those that failed, with their error (they compile again, and fail
+        visibly, at their first launch). `progress` is called as `Progress` says."""
+        total = len(launches)
+        if progress is not None:
+            progress(0, total, None)
+        jobs = [(self.compile_fn, i, (launch, self.target)) for i, launch in enumerate(launches)]
+        if self._pool is None and self.workers > 1 and total > 1:
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+        results = (self._pool.imap_unordered(_indexed, jobs) if self._pool is not None and total > 1
+                   else map(_indexed, jobs))
+        failed: dict[Launch, str] = {}
         for done, (i, error) in enumerate(results, 1):
-            launch = launches[i]
             if error is not None:
-                failed[launch] = error
-                log.warning("compiling %s ahead failed: %s", launch.label(), error)
+                failed[launches[i]] = error
+                log.warning("compiling %s ahead failed: %s", launches[i].label(), error)
             if progress is not None:
-                progress(done, total, launch)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-    return failed
+                progress(done, total, launches[i])
+        return failed
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> ParallelCompiler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def cache_dir() -> str:
+    """Where Triton keeps compiled kernels across runs (TRITON_CACHE_DIR, default ~/.triton/cache)."""
+    from triton import knobs
+
+    return knobs.cache.dir

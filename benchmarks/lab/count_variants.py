@@ -68,7 +68,8 @@ def main() -> None:
     for label, shapes in models.items():
         for name in codecs:
             for b in bits:
-                found = compile_ahead.cache_launches(name, b, shapes, "cpu", backend=backend, defer_checks=True)
+                found = compile_ahead.cache_launches(name, b, shapes, "cpu", backend=backend,
+                                                     defer_checks=True)
                 everything[label].update(found)
                 per = collections.Counter(launch.name for launch in found)
                 print(f"| {label} | {name} | {b} | {len(found)} | "
