@@ -5,9 +5,10 @@ each launch's variant derived for sm_90 as Triton derives it.
 
     python benchmarks/lab/count_variants.py [--codecs all] [--bits 2,3,4] [--by-kernel]
 
-Rows: the embedded default model (4 heads, d=64, B=1: 2 rows with guidance) and the released AAR size
-(16 heads, d=64) at B=1 and B=64. The CUDA decisions are imitated (no GPU here), so the coordinator's GPU
-count (`compile_ahead` on the device) is the one to trust; this script is for comparing kernel changes.
+Rows: the embedded default model (4 heads, d=64, B=1: 2 rows with guidance; bf16 as generation runs on
+CUDA, and fp32 as eval's teacher forcing runs) and the released AAR size (16 heads, d=64) at B=1 and B=64.
+The CUDA decisions are imitated (no GPU here), so a count on the GPU (`compile_ahead` there) is the one to
+trust; this script is for comparing kernel changes.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def main() -> None:
     codecs = list(kernel_codecs()) if args.codecs == "all" else args.codecs.split(",")
     bits = [int(b) for b in args.bits.split(",")]
     models = {"default model (4 h, d=64, B=1)": compile_ahead.UnitShapes(4, 64, RELEASE_UNITS, 2),
+              "default model, fp32 (teacher forcing)": compile_ahead.UnitShapes(4, 64, RELEASE_UNITS, 2,
+                                                                                torch.float32),
               "AAR d16 (16 h, d=64, B=1)": compile_ahead.UnitShapes(16, 64, RELEASE_UNITS, 2),
               "AAR d16 (16 h, d=64, B=64)": compile_ahead.UnitShapes(16, 64, RELEASE_UNITS, 128)}
     print("| shapes | codec | b | variants | per kernel |")
