@@ -69,6 +69,7 @@ print(json.dumps({"layers": len(fresh), "real": sorted(x.label() for x in real),
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec, bits, v_bits", [("octopus", 2, 2), ("turboquant-mse", 3, 3),
                                                   ("octopus-qjl", 2, 4), ("polarquant", 4, 2)],
                          ids=["octopus-b2", "turboquant-mse-b3", "octopus-qjl-k2v4", "polarquant-k4v2"])
