@@ -132,6 +132,17 @@ def test_unit_shapes_are_validated():
         ahead.UnitShapes(4, 64, (1, 2), 2, torch.int32)
 
 
+def _compiled_kernels_run(script: str, cache: Path) -> dict:
+    """Run `script` in a fresh Python with compiled (not interpreted) kernels and Triton's cache at `cache`;
+    its last stdout line, as JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 _REAL_COMPILE = """
 import json, torch
 from triton.backends.compiler import GPUTarget
@@ -152,12 +163,7 @@ print(json.dumps({"before": before, "error": error, "after": ahead.is_cached(lau
 @pytest.mark.slow
 def test_a_recorded_launch_compiles_for_sm90_into_the_triton_cache(tmp_path):
     """The worker's real job (no GPU needed): the variant is not cached, compiles, then is."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, "-c", _REAL_COMPILE], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _compiled_kernels_run(_REAL_COMPILE, tmp_path / "cache")
     assert found == {"before": False, "error": None, "after": True, "dir": str(tmp_path / "cache")}
 
 
@@ -199,11 +205,6 @@ print(json.dumps({"variants": r.variants, "compiled": r.compiled, "failed": r.fa
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_generation_after_compile_ahead_compiles_nothing(tmp_path):
     """With an empty Triton cache, compile ahead, then generate: every kernel comes from the cache."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, "-c", _CUDA_NOTHING_LEFT], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _compiled_kernels_run(_CUDA_NOTHING_LEFT, tmp_path / "cache")
     assert found["variants"] > 0 and found["compiled"] == found["variants"] and not found["failed"]
     assert found["misses"] == []
