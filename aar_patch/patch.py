@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
-from octopus_audio.cache import check_caches, check_flags
+from octopus_audio.cache_checks import check_caches, check_flags
 from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
 from octopus_audio.rotation import layer_seed
 

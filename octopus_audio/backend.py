@@ -166,6 +166,15 @@ class CachePlan:
             self._packed_keys, self._packed_values = PackedKeys, PackedValues
         self._empty = None  # (batch, PackedKeys, PackedValues) of an empty store, for window-only attention
 
+    def fused_encoder(self, quantizer):
+        """`encode_unit` (keys and values of a unit in one launch, written into the store in place, data
+        checks recorded by the kernel) when this plan runs the encode kernels and the values (`quantizer`)
+        come in groups it takes; else None (separate encodes, then copies into the store)."""
+        if quantizer is None or not self.kernel_encode or quantizer.group < 8 or quantizer.group & (
+                quantizer.group - 1):
+            return None
+        return self.ops.encode_unit
+
     def encode_keys(self, codec, k: torch.Tensor):
         """k [B, H, T, d] -> KeyState (codec none: k itself, the store copies it)."""
         if self.native:

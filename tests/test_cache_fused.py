@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import kernel_ops  # noqa: E402
 
-from octopus_audio import CompressedKVCache  # noqa: E402
-from octopus_audio import cache as cache_module  # noqa: E402
+from octopus_audio import CompressedKVCache, cache_checks  # noqa: E402
+from octopus_audio import backend as backend_module  # noqa: E402
 
 B, H, D = 2, 2, 64
 SIZES = (1, 3, 5, 2, 4)  # five units of uneven size (scales)
@@ -46,7 +46,7 @@ def _fill(cache, units):
 
 
 def _unfused(monkeypatch):
-    monkeypatch.setattr(CompressedKVCache, "_fused_encoder", lambda self: None)
+    monkeypatch.setattr(backend_module.CachePlan, "fused_encoder", lambda self, quantizer: None)
 
 
 # every kernel codec with a store grown from its first unit; octopus also grown once (9) and reserved (64)
@@ -110,11 +110,11 @@ def test_fused_checks_are_recorded_while_capturing_and_read_after(monkeypatch):
     k, v = units[-1]
     units[-1] = (k.clone().fill_(float("nan")), v)
     cache = _fill(CompressedKVCache("turboquant-mse", 2, D, window=1, defer_checks=True), units)
-    monkeypatch.setattr(cache_module, "_capturing", lambda: True)
+    monkeypatch.setattr(cache_checks, "capturing", lambda: True)
     cache.check()  # no read while capturing; the window unit is recorded
-    monkeypatch.setattr(cache_module, "_capturing", lambda: False)
+    monkeypatch.setattr(cache_checks, "capturing", lambda: False)
     with pytest.raises(ValueError, match="non-finite keys"):
-        cache_module.check_flags([cache.deferred_flags()])
+        cache_checks.check_flags([cache.deferred_flags()])
 
 
 @pytest.mark.parametrize("name", ["octopus", "turboquant-qjl"])

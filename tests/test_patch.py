@@ -15,7 +15,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import octopus_audio
-from octopus_audio import cache as cache_module
+from octopus_audio import cache_checks
 from octopus_audio.aar_patch.patch import compressed_kv, find_attention, patch_aar, replay_check, unpatch
 from octopus_audio.rotation import layer_seed
 
@@ -369,12 +369,12 @@ def test_replay_check_runs_the_checks_a_graph_capture_skipped(monkeypatch):
     assert replay_check(model)() is None  # unpatched: nothing to check
     with patch_aar(model, "turboquant-mse", 2) as handle:
         _defer(handle)
-        monkeypatch.setattr(cache_module, "_capturing", lambda: True)
+        monkeypatch.setattr(cache_checks, "capturing", lambda: True)
         hook = _nan_at_call(model.blocks[0].attn, call=4)
         model.generate()  # "captured": no error yet
         hook.remove()
         check = replay_check(model)
-        monkeypatch.setattr(cache_module, "_capturing", lambda: False)
+        monkeypatch.setattr(cache_checks, "capturing", lambda: False)
         with pytest.raises(ValueError, match="non-finite keys"):
             check()
         model.generate()
