@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 STAGES = ("sat", "aar", "all")
 SIZES = ("default", "tiny")
+
+
 # --- sizes --------------------------------------------------------------------------------------------------
 
 def model_configs(size: str):
