@@ -17,7 +17,7 @@ numbers (nothing is compressed).
 
 `EvalConfig.bf16_floor` (on in the CLI, off with `--no-floor` too) adds a second floor row, codec
 `reference (bf16 KV)` (KV_FLOOR): the uncompressed model at the reference's seed with every key and value
-rounded to bfloat16 as it enters the KV cache (`eval.kv_rounding.rounded_kv_cache`): the smallest
+rounded to bfloat16 as it enters the KV cache (the patch's `kv_dtype`, codec none): the smallest
 perturbation of the cache a 16-bit store makes, i.e. how near ANY perturbation of the cache can keep the
 sampled outputs. It has every metric a codec row has, teacher-forced ones included (the model with the
 rounded cache fed the reference's tokens), and no KV numbers (16-bit storage is what the ratios compare with).
@@ -282,7 +282,7 @@ class AARBackend:
 
     B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn`,
     `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the package's `generate`,
-    `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `eval.kv_rounding.rounded_kv_cache` (tests
+    `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `compressed_kv` with `kv_dtype` (tests
     inject fakes). Generation runs at `generate`'s default
     precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
     """
@@ -304,9 +304,7 @@ class AARBackend:
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
-        if rounded_kv_fn is None:
-            from octopus_audio.eval.kv_rounding import rounded_kv_cache as rounded_kv_fn
-        self._rounded_kv = rounded_kv_fn
+        self._rounded_kv = rounded_kv_fn or aar_patch.compressed_kv
 
     def _cond(self, cond_D: np.ndarray):
         import torch
@@ -339,7 +337,9 @@ class AARBackend:
     def bf16_kv(self):
         import torch
 
-        return self._rounded_kv(self.pipe, dtype=torch.bfloat16)
+        from octopus_audio.codecs import UNCOMPRESSED
+
+        return self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)
 
 
 # keys that the patch's stats may use for the three numbers the report prints
