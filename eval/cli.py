@@ -147,10 +147,11 @@ def set_threads(threads: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopus_audio.eval.backends import AARBackend, LazyBackend
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
     from octopus_audio.eval.distributed import DistInfo, resolve_device
     from octopus_audio.eval.identity import model_identity
-    from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate
+    from octopus_audio.eval.runner import EvalConfig, evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
     check_out_path(args.out)

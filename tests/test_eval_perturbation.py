@@ -16,7 +16,8 @@ from test_eval_runner import (
     make_clips,
 )
 
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, AARBackend, EvalConfig, LazyBackend, evaluate
+from octopus_audio.eval.backends import AARBackend, LazyBackend
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig, evaluate
 from octopus_audio.eval.sources import list_folder
 
 torch = pytest.importorskip("torch")
