@@ -148,7 +148,7 @@ def set_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
-    from octopus_audio.eval.distributed import DistInfo, resolve_device
+    from octopus_audio.eval.distributed import DistInfo, resolve_device, use_device
     from octopus_audio.eval.identity import model_identity
     from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
                         v_bits=parse_bits(args.v_bits, "--v-bits"))
     check_model_paths(args.aar, args.sat)
     set_threads(args.threads)
-    info = DistInfo.from_env()
-    device = resolve_device(args.device, info.local_rank)
+    device = resolve_device(args.device, DistInfo.from_env())
+    use_device(device)  # before any CUDA work: the conditioner below may load onto the GPU
     clips = args.clips or str(default_clips_dir())
     if args.clips is None and not default_clips_dir().is_dir():
         raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")
