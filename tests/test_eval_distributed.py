@@ -226,3 +226,32 @@ def test_a_device_no_process_can_use_is_refused(monkeypatch, spec, info, gpus, m
     fake_gpus(monkeypatch, gpus)
     with pytest.raises(UsageError, match=match):
         resolve_device(spec, info)
+
+
+def test_every_eval_flag_passes_through_torchruns_parser():
+    """torchrun parses the whole command line with abbreviations on, so a flag after `-m octopus_audio eval`
+    that abbreviates its own flags is refused there (`--n`: --nnodes, --nproc-per-node, ...): each eval flag
+    has a spelling torchrun hands on untouched (`--n-clips` for `--n`)."""
+    import argparse
+
+    from torch.distributed.run import get_args_parser
+
+    from octopus_audio.eval.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    passing = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        passing[action.dest] = []
+        for flag in action.option_strings:
+            argv = ["--nproc_per_node", "2", "-m", "octopus_audio", "eval", flag, "1", "--out", "o"]
+            try:
+                args = get_args_parser().parse_args(argv)
+            except SystemExit:
+                continue
+            if args.training_script_args == argv[4:]:
+                passing[action.dest].append(flag)
+    assert passing["n"] == ["--n-clips"]
+    assert not [dest for dest, flags in passing.items() if not flags]
