@@ -9,7 +9,8 @@ model load, every clip, the merge and report). Every run's merged rows are compa
 rows equal but for their wall time (`seconds`), the largest difference of any metric otherwise, and the WAVs
 byte for byte. Writes a Markdown table (and JSON beside it) to --out.
 
-    python benchmarks/bench_eval_dist.py --procs 1,2 --clips 100 --work /tmp/evaldist --out $OUT/eval_dist.md
+    python benchmarks/bench_eval_dist.py --procs 1 --work out/eval_dist --out $OUT/eval_dist.md  # then:
+    python benchmarks/bench_eval_dist.py --procs 1,2 --work out/eval_dist --out $OUT/eval_dist.md
     python benchmarks/bench_eval_dist.py --size small --device cpu --procs 1,2 --clips 3 --threads 1 \\
         --work /tmp/evaldist-cpu --out /tmp/evaldist-cpu.md  # a smoke test of this script on the CPU (gloo)
 """
@@ -55,7 +56,9 @@ def prepare(work: Path, size: str, clips: int) -> tuple[Path, Path]:
 
 
 def run_eval(procs: int, model: Path, clips: Path, out: Path, args: argparse.Namespace) -> float:
-    """One eval afresh into `out` with `procs` processes; its wall time in seconds."""
+    """One eval afresh into `out` with `procs` processes; its wall time in seconds. A finished run's time is
+    kept in `<out>.json` and reused while the command is the same (one call of this script per process count
+    fits a 10-minute limit on command length)."""
     launch = ([sys.executable] if procs == 1 else
               [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)])
     command = [*launch, "-m", "octopus_audio", "eval", "--aar", str(model), "--clips", str(clips),
@@ -65,11 +68,17 @@ def run_eval(procs: int, model: Path, clips: Path, out: Path, args: argparse.Nam
         command.append("--no-floor")
     if args.threads:
         command += ["--threads", str(args.threads)]
+    done = out.with_suffix(".json")
+    if done.is_file() and (out / "rows.jsonl").is_file():
+        earlier = json.loads(done.read_text())
+        if earlier["command"] == command:
+            return earlier["seconds"]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    done.write_text(json.dumps({"command": command, "seconds": seconds}) + "\n")
     return seconds
 
 
@@ -104,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", default="1,2", help="comma list of process (GPU) counts; the first is the "
                                                        "baseline the others are compared with")
     parser.add_argument("--clips", type=int, default=100, help="synthetic clips (default 100)")
-    parser.add_argument("--codecs", default="octopus,turboquant-mse", help="eval --codecs")
-    parser.add_argument("--bits", default="2,4", help="eval --bits")
+    parser.add_argument("--codecs", default="octopus", help="eval --codecs (default octopus)")
+    parser.add_argument("--bits", default="2", help="eval --bits (default 2)")
     parser.add_argument("--no-floor", action="store_true", help="eval --no-floor")
     parser.add_argument("--size", choices=("full", "small"), default="full",
                         help="full: the released size; small: bench_aar.py's CPU smoke-test size")

@@ -63,7 +63,8 @@ def use_device(device: str) -> None:
     if device.startswith("cuda"):
         import torch
 
-        torch.cuda.set_device(torch.device(device))
+        if torch.device(device).index is not None:  # a bare `cuda` is the current GPU already
+            torch.cuda.set_device(torch.device(device))
 
 
 class ProcessGroup:
@@ -88,8 +89,8 @@ class ProcessGroup:
             import torch
             import torch.distributed as dist
 
-            if self.device.startswith("cuda"):
-                dist.barrier(device_ids=[torch.device(self.device).index])
+            if self.device.startswith("cuda"):  # this process's GPU (use_device made it the current one)
+                dist.barrier(device_ids=[torch.cuda.current_device()])
             else:
                 dist.barrier()
 

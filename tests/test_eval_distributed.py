@@ -255,3 +255,26 @@ def test_every_eval_flag_passes_through_torchruns_parser():
                 passing[action.dest].append(flag)
     assert passing["n"] == ["--n-clips"]
     assert not [dest for dest, flags in passing.items() if not flags]
+
+
+def test_the_gpu_is_made_current_before_the_conditioner_is_built(monkeypatch, tmp_path):
+    """`eval --device cuda` makes the local rank's GPU the current one before any CUDA work (the conditioner
+    may load onto the GPU; Triton launches and NCCL's object collectives use the current GPU)."""
+    from test_eval_runner import make_clips
+
+    import octopus_audio.eval.conditioning as conditioning
+    from octopus_audio.cli import main
+
+    fake_gpus(monkeypatch, 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    order = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: order.append(("set_device", str(d))))
+
+    def conditioner(spec, device):
+        order.append(("conditioner", device))
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(conditioning, "make_conditioner", conditioner)
+    assert main(["eval", "--device", "cuda", "--clips", str(make_clips(tmp_path / "c", n=1)),
+                 "--out", str(tmp_path / "o"), "--clap", "spectral", "--no-progress"]) == 2
+    assert order == [("set_device", "cuda:1"), ("conditioner", "cuda:1")]
