@@ -68,13 +68,7 @@ from octopus_audio.eval.rows import (
     merge_rows,
     row_key,
 )
-from octopus_audio.eval.run_folder import (
-    check_fingerprint,
-    claim_out_dir,
-    read_settings,
-    run_fingerprint,
-    warn_thread_change,
-)
+from octopus_audio.eval.run_folder import claim_out_dir, run_fingerprint, warn_thread_change
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
 from octopus_audio.wav import write_wav
 
@@ -430,11 +424,13 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         fingerprint = run_fingerprint(config, backend, conditioner, device)
         run_id = digest(fingerprint)
         clip_hashes = {r.clip_id: clip_sha256(r) for r in refs}
+        problem = None
         if info.rank == 0:
-            claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
-        group.barrier()
-        if info.rank != 0:
-            check_fingerprint(out_dir, fingerprint, read_settings(out_dir) or {})
+            try:
+                claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
+            except UsageError as e:  # every rank raises it (start_together), none waits for rank 0
+                problem = str(e)
+        group.start_together(problem, fingerprint, [(r.clip_id, clip_hashes[r.clip_id]) for r in refs])
         jobs = config.jobs()
         earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
                    if r["status"] == "ok"]
