@@ -54,6 +54,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
@@ -105,10 +106,10 @@ class EvalConfig:
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
-    seed: int = 42
-    cfg: float = 4.0
-    top_k: int = 200
-    top_p: float = 0.95
+    seed: int = SamplingConfig.seed  # sampling: the released inference defaults, aar_patch's one definition
+    cfg: float = SamplingConfig.cfg
+    top_k: int = SamplingConfig.top_k
+    top_p: float = SamplingConfig.top_p
     window: int = 1
     v_group: int = 16
     patch_seed: int = 0
