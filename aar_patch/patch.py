@@ -23,6 +23,12 @@ original, so the output is bit-identical to the unpatched model.
 On a CUDA model every layer's cache builds its codec tables at patch time (`CompressedKVCache.prepare`), so a
 generation copies nothing from the host and syncs with it once, at its end (the data checks).
 
+`kv_dtype` (with the uncompressed codec only): every key and value is rounded to that dtype as it enters the
+cache, and nothing else changes (queries, residual stream and weights keep their precision; outside caching
+mode the model is untouched). With bfloat16 this is the eval's `reference (bf16 KV)` floor: the smallest
+perturbation of the cache that a 16-bit store makes. It is a patch option, not a codec: the codec lists do not
+name it. Under a model already in bf16 (autocast on CUDA) the rounding changes nothing.
+
 Choices where the design is silent: patching a patched model is a RuntimeError; `unpatch(model)` on a model
 without a patch is a RuntimeError; `handle.unpatch()` a second time is a no-op; unpatching while a
 generation holds a cache is a RuntimeError (leaving `with compressed_kv(...)` through an exception abandons
@@ -43,7 +49,7 @@ from torch import nn
 
 import octopus_audio
 from octopus_audio.cache_checks import check_caches, check_flags
-from octopus_audio.codecs import DEFAULT_CODEC
+from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
 from octopus_audio.rotation import layer_seed
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,8 @@ _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_m
 @dataclasses.dataclass(frozen=True)
 class PatchConfig:
     """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
-    bits), native window (units), value group, base seed."""
+    bits), native window (units), value group, base seed, and the dtype keys and values are rounded to as they
+    enter an uncompressed cache (None: kept as the model makes them)."""
 
     codec: str = DEFAULT_CODEC
     bits: int = 2
@@ -68,6 +75,7 @@ class PatchConfig:
     v_group: int = 16
     seed: int = 0
     v_bits: int | None = None
+    kv_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in octopus_audio.CODECS:
@@ -78,11 +86,20 @@ class PatchConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.kv_dtype is not None:
+            if not isinstance(self.kv_dtype, torch.dtype) or not self.kv_dtype.is_floating_point:
+                raise ValueError(f"kv_dtype must be a floating torch dtype such as torch.bfloat16, got "
+                                 f"{self.kv_dtype!r}")
+            if codec_class(self.codec).compressed:
+                raise ValueError(f"kv_dtype rounds the keys and values of the uncompressed cache (codec "
+                                 f"{UNCOMPRESSED}); codec {self.codec!r} encodes them itself: pass codec "
+                                 f"{UNCOMPRESSED!r} or leave kv_dtype None")
 
     @property
     def bits_label(self) -> str:
-        """`b=2` when keys and values share the width, else `K b=2 V b=4`."""
-        return f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
+        """`b=2` when keys and values share the width, else `K b=2 V b=4`; `kv_dtype` is named after it."""
+        label = f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
+        return label if self.kv_dtype is None else f"{label} K/V rounded to {str(self.kv_dtype)[6:]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +184,9 @@ class CacheStats:
         def row(s: LayerStats) -> dict:
             return {**dataclasses.asdict(s), "nbytes": s.nbytes, "ratio": s.ratio,
                     "store_ratio": s.store_ratio, "k_bits": s.k_bits, "v_bits": s.v_bits}
-        return {"config": dataclasses.asdict(self.config), "total": row(self.total),
+        config = dataclasses.asdict(self.config)
+        config["kv_dtype"] = None if self.config.kv_dtype is None else str(self.config.kv_dtype)
+        return {"config": config, "total": row(self.total),
                 "layers": [row(s) for s in self.layers]}
 
 
@@ -276,6 +295,9 @@ class _LayerPatch:
             raise ValueError(f"attention layer {self.index} was called in caching mode with an attention "
                              f"mask; the compressed cache attends over whole scales and takes attn_bias=None")
         q_BHLD, k_BHLD, v_BHLD = m._qkv(x_BLC) if self.own_qkv else self._qkv(x_BLC)
+        kv_dtype = self.config.kv_dtype
+        if kv_dtype is not None:  # rounded to kv_dtype (nearest even), kept in the model's dtype
+            k_BHLD, v_BHLD = k_BHLD.to(kv_dtype).to(k_BHLD.dtype), v_BHLD.to(kv_dtype).to(v_BHLD.dtype)
         cache = self.cache
         cache.append(k_BHLD, v_BHLD)
         self.units += 1
@@ -428,20 +450,24 @@ class PatchHandle:
         c = self.config
         state = "active" if self.active else "removed"
         return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, v_bits={c.v_bits}, window={c.window}, "
-                f"v_group={c.v_group}, "
-                f"seed={c.seed}, layers={self.num_layers}, backend={self.backend}, {state})")
+                f"v_group={c.v_group}, seed={c.seed}, "
+                + (f"kv_dtype={c.kv_dtype}, " if c.kv_dtype is not None else "")
+                + f"layers={self.num_layers}, backend={self.backend}, {state})")
 
 
 def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
-              seed: int = 0, v_bits: int | None = None) -> PatchHandle:
+              seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
     have the released attribute names. Layer l's cache uses the codec seed `layer_seed(seed, l)`. `bits` is
     the key codec's width and `v_bits` the values' (None: `bits` for both), as KIVI's `k_bits` / `v_bits`.
+    `kv_dtype` (codec none only): keys and values rounded to it as they enter the cache (the bf16-KV floor:
+    `patch_aar(pipe, "none", 16, kv_dtype=torch.bfloat16)`).
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
-    config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits)
+    config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
+                         kv_dtype=kv_dtype)
     modules = find_attention(model)
     if not modules:
         raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
@@ -507,10 +533,12 @@ def unpatch(model: object) -> None:
 
 @contextlib.contextmanager
 def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
-                  v_group: int = 16, seed: int = 0, v_bits: int | None = None) -> Iterator[PatchHandle]:
+                  v_group: int = 16, seed: int = 0, v_bits: int | None = None,
+                  kv_dtype: torch.dtype | None = None) -> Iterator[PatchHandle]:
     """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
-    (`v_bits`: the values' width, None for `bits`)."""
-    with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits) as handle:
+    (`v_bits`: the values' width, None for `bits`; `kv_dtype`: see `patch_aar`)."""
+    with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
+                   kv_dtype=kv_dtype) as handle:
         yield handle
 
 

@@ -1,6 +1,7 @@
 """Training data for the default model: CC0 files of Debian's sonic-pi-samples (chosen by the package's
 copyright file), any folder of audio, packed into .npy arrays that a machine without audio libraries reads,
-and random 1 s crops drawn from them."""
+and random 1 s crops drawn from them. Reading and embedding the audio is the caller's (`eval/train_cli.py`:
+`eval.sources.read_mono_24k`, `eval.conditioning.condition_vector`)."""
 
 from __future__ import annotations
 
@@ -118,26 +119,6 @@ def clip_sources(clips_dir: Path) -> dict[str, str]:
 def list_audio(folder: Path) -> list[Path]:
     """Audio files directly inside `folder`, sorted."""
     return [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES]
-
-
-def read_mono_24k(path: Path) -> np.ndarray:
-    """A file as the model hears it: float32 mono at 24 kHz (channel mean, polyphase resampling, as the eval
-    sources do), scaled down only where the peak exceeds 0.999 (as the shipped clips were)."""
-    from octopus_audio.eval import sources
-
-    clip = sources.decode(sources.ClipRef(clip_id=path.stem, origin=str(path), path=str(path)))
-    x_T = sources.resample(clip.audio_T, clip.sample_rate, SAMPLE_RATE)
-    peak = float(np.abs(x_T).max(initial=0.0))
-    return (x_T * (0.999 / peak) if peak > 0.999 else x_T).astype(np.float32)
-
-
-def condition_vector(audio_24k: np.ndarray, conditioner) -> np.ndarray:
-    """The condition of a whole file as the eval pipeline computes it for a clip: the 24 kHz audio resampled
-    to 48 kHz, padded or cropped to 10 s, embedded by `conditioner` (e.g. `make_conditioner("spectral")`)."""
-    from octopus_audio.eval import sources
-
-    clip = sources.Clip(clip_id="train", origin="train", audio_T=audio_24k, sample_rate=SAMPLE_RATE)
-    return np.asarray(conditioner.embed(sources.prepare(clip, sources.CLAP_RATE)), dtype=np.float32)
 
 
 # --- packed arrays ----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ MODEL_CARD.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,16 +27,17 @@ class ReconstructionRow:
     lowpass_snr_db: float
 
 
-def held_out_audio(samples_dir: Path, names: tuple[str, ...]) -> list[tuple[str, np.ndarray]]:
-    """`(file name, 24 kHz mono audio)` of the held-out stems found in `samples_dir`; every stem must be
-    there."""
-    from octopus_audio.aar_patch.train_data import AUDIO_SUFFIXES, read_mono_24k
+def held_out_audio(samples_dir: Path, names: tuple[str, ...],
+                   read: Callable[[Path], np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """`(file name, 24 kHz mono audio)` of the held-out stems found in `samples_dir`, each file read by
+    `read` (the caller's decoder, e.g. `eval.sources.read_mono_24k`); every stem must be there."""
+    from octopus_audio.aar_patch.train_data import AUDIO_SUFFIXES
 
     found = {p.stem: p for p in sorted(samples_dir.iterdir()) if p.suffix in AUDIO_SUFFIXES}
     missing = [n for n in names if n not in found]
     if missing:
         raise FileNotFoundError(f"held-out files missing from {samples_dir}: {', '.join(missing)}")
-    return [(found[n].name, read_mono_24k(found[n])) for n in names]
+    return [(found[n].name, read(found[n])) for n in names]
 
 
 @torch.no_grad()
@@ -62,8 +64,8 @@ def lowpass(audio_T: np.ndarray, sample_rate: int) -> np.ndarray:
 def reconstruction_table(sat, clips: list[tuple[str, np.ndarray]],
                          sample_rate: int = 24000) -> list[ReconstructionRow]:
     """Per held-out file: tokenizer and baseline log-mel MSE and SNR against the file itself."""
-    from octopus_audio.eval.logmel import logmel_mse
-    from octopus_audio.eval.snr import snr_db
+    from octopus_audio.audio_metrics.logmel import logmel_mse
+    from octopus_audio.audio_metrics.snr import snr_db
 
     rows = []
     for name, x in clips:

@@ -27,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clips", default=None,
                    help="a folder of audio files (wav, flac, ogg, mp3 where libsndfile reads it) or "
                         "`audioset-20k` (default: the shipped clips/ folder)")
-    p.add_argument("--n", type=int, default=100,
-                   help="clips to draw (seeded by --seed; all if fewer; default 100)")
+    p.add_argument("--n", "--n-clips", dest="n", type=int, default=100,
+                   help="clips to draw (seeded by --seed; all if fewer; default 100); under torchrun write "
+                        "--n-clips: torchrun's own parser refuses --n, which abbreviates its flags")
     from octopus_audio.codecs import CODECS
 
     p.add_argument("--codecs", default="all",
@@ -60,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=1, help="native residual window in scales (default 1)")
     p.add_argument("--v-group", type=int, default=16, help="value quantization group size (default 16)")
     p.add_argument("--device", default="auto",
-                   help="auto, cpu, cuda or cuda:N (under torchrun: the local rank's GPU)")
+                   help="auto, cpu, cuda or cuda:N (default auto: a GPU when one is visible); under torchrun "
+                        "auto and cuda give each process its local rank's GPU, and cuda:N is refused")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per process (default: torch's own, from OMP_NUM_THREADS or "
                         "the core count); 1 can be faster on CPU when other processes share the cores")
@@ -147,10 +149,11 @@ def set_threads(threads: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from octopus_audio.eval.backends import AARBackend, LazyBackend
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
-    from octopus_audio.eval.distributed import DistInfo, resolve_device
+    from octopus_audio.eval.distributed import DistInfo, resolve_device, use_device
     from octopus_audio.eval.identity import model_identity
-    from octopus_audio.eval.runner import AARBackend, EvalConfig, LazyBackend, evaluate
+    from octopus_audio.eval.runner import EvalConfig, evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
     check_out_path(args.out)
@@ -171,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
                         v_bits=parse_bits(args.v_bits, "--v-bits"))
     check_model_paths(args.aar, args.sat)
     set_threads(args.threads)
-    info = DistInfo.from_env()
-    device = resolve_device(args.device, info.local_rank)
+    device = resolve_device(args.device, DistInfo.from_env())
+    use_device(device)  # before any CUDA work: the conditioner below may load onto the GPU
     clips = args.clips or str(default_clips_dir())
     if args.clips is None and not default_clips_dir().is_dir():
         raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")

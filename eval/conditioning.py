@@ -26,7 +26,15 @@ import numpy as np
 
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.identity import sha256_file
-from octopus_audio.eval.sources import CLAP_RATE, check_folder_or_hub_id, hub_quiet, safe_id
+from octopus_audio.eval.sources import (
+    CLAP_RATE,
+    MODEL_RATE,
+    Clip,
+    check_folder_or_hub_id,
+    hub_quiet,
+    prepare,
+    safe_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +66,8 @@ class SpectralConditioner:
     fingerprint = "spectral-v1"
 
     def embed(self, audio_T: np.ndarray) -> np.ndarray:
-        from octopus_audio.eval.audio_pair import stft_frames
-        from octopus_audio.eval.logmel import mel_filterbank
+        from octopus_audio.audio_metrics.audio_pair import stft_frames
+        from octopus_audio.audio_metrics.logmel import mel_filterbank
 
         x = np.asarray(audio_T, dtype=np.float64)
         power = np.abs(stft_frames(x, 2048, 480)) ** 2
@@ -215,6 +223,13 @@ def make_conditioner(spec: str, device: str = "cpu"):
         return LaionClapConditioner(file, amodel or "HTSAT-base", device)
     raise UsageError(f"unknown --clap {spec!r}; accepted: auto, spectral, hf:HUB_ID_OR_DIR, "
                      f"laion:FILE[#AMODEL]")
+
+
+def condition_vector(audio_24k: np.ndarray, conditioner) -> np.ndarray:
+    """The condition of a whole file as the eval pipeline computes it for a clip: the 24 kHz audio resampled
+    to 48 kHz, padded or cropped to 10 s, embedded by `conditioner` (e.g. `make_conditioner("spectral")`)."""
+    clip = Clip(clip_id="train", origin="train", audio_T=audio_24k, sample_rate=MODEL_RATE)
+    return np.asarray(conditioner.embed(prepare(clip, CLAP_RATE)), dtype=np.float32)
 
 
 @dataclass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from octopus_audio.eval.latent import latent_cosine
-from octopus_audio.eval.logmel import logmel_mse
-from octopus_audio.eval.lsd import lsd_db
-from octopus_audio.eval.snr import snr_db
+from octopus_audio.audio_metrics.latent import latent_cosine
+from octopus_audio.audio_metrics.logmel import logmel_mse
+from octopus_audio.audio_metrics.lsd import lsd_db
+from octopus_audio.audio_metrics.snr import snr_db
 
 
 @dataclass(frozen=True)

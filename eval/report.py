@@ -330,7 +330,7 @@ def spectrogram_png(wav_path: Path, png_path: Path, ref_db: float | None = None,
     from matplotlib import colormaps
     from PIL import Image
 
-    from octopus_audio.eval.audio_pair import stft_frames
+    from octopus_audio.audio_metrics.audio_pair import stft_frames
 
     audio, _ = soundfile.read(str(wav_path), dtype="float64", always_2d=True)
     x = audio.mean(axis=1)

@@ -17,7 +17,7 @@ numbers (nothing is compressed).
 
 `EvalConfig.bf16_floor` (on in the CLI, off with `--no-floor` too) adds a second floor row, codec
 `reference (bf16 KV)` (KV_FLOOR): the uncompressed model at the reference's seed with every key and value
-rounded to bfloat16 as it enters the KV cache (`eval.kv_rounding.rounded_kv_cache`): the smallest
+rounded to bfloat16 as it enters the KV cache (the patch's `kv_dtype`, codec none): the smallest
 perturbation of the cache a 16-bit store makes, i.e. how near ANY perturbation of the cache can keep the
 sampled outputs. It has every metric a codec row has, teacher-forced ones included (the model with the
 rounded cache fed the reference's tokens), and no KV numbers (16-bit storage is what the ratios compare with).
@@ -42,7 +42,6 @@ The model sits behind a small backend interface (`generate(cond, seed)`, `teache
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -51,11 +50,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import compute_metrics
@@ -68,14 +69,8 @@ from octopus_audio.eval.rows import (
     merge_rows,
     row_key,
 )
-from octopus_audio.eval.run_folder import (
-    check_fingerprint,
-    claim_out_dir,
-    read_settings,
-    run_fingerprint,
-    warn_thread_change,
-)
-from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, MODEL_RATE, ClipRef, decode, prepare
+from octopus_audio.eval.run_folder import claim_out_dir, run_fingerprint, warn_thread_change
+from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
@@ -111,10 +106,10 @@ class EvalConfig:
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
-    seed: int = 42
-    cfg: float = 4.0
-    top_k: int = 200
-    top_p: float = 0.95
+    seed: int = SamplingConfig.seed  # sampling: the released inference defaults, aar_patch's one definition
+    cfg: float = SamplingConfig.cfg
+    top_k: int = SamplingConfig.top_k
+    top_p: float = SamplingConfig.top_p
     window: int = 1
     v_group: int = 16
     patch_seed: int = 0
@@ -218,158 +213,15 @@ class Job(NamedTuple):
     v_bits: int | None = None
 
 
-class Generated(NamedTuple):
-    """One generation: audio (T,) float32, latent fhat float32 (any shape), tokens per scale [(pn,) int64]."""
-
-    audio: np.ndarray
-    fhat: np.ndarray
-    tokens: list[np.ndarray]
-
-
-class Backend(Protocol):
-    """What the runner needs from a model; `name` identifies it in reports, `identity` by content (for
-    example {"aar_sha256": ..., "sat_sha256": ...}, eval.identity.model_identity) in the run's fingerprint."""
-
-    name: str
-    sample_rate: int
-    identity: dict
-
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
-        """One generation for a (512,) condition."""
-
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
-        """Per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens` forced."""
-
-    def compressed(self, codec: str, bits: int | None,
-                   v_bits: int | None = None) -> contextlib.AbstractContextManager:
-        """A context inside which `generate` runs under the codec (keys at `bits`, values at `v_bits`, None:
-        `bits`); its value has `stats()`."""
-
-    def bf16_kv(self) -> contextlib.AbstractContextManager:
-        """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
-        and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
-
-
-class LazyBackend:
-    """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
-
-    def __init__(self, build: Callable[[], Backend], name: str, sample_rate: int = MODEL_RATE,
-                 identity: dict | None = None) -> None:
-        self._build = build
-        self._backend: Backend | None = None
-        self.name = name
-        self.sample_rate = sample_rate
-        self.identity = dict(identity or {})
-
-    @property
-    def backend(self) -> Backend:
-        if self._backend is None:
-            self._backend = self._build()
-            if (self._backend.name, self._backend.sample_rate) != (self.name, self.sample_rate):
-                raise RuntimeError(f"the model built as {self._backend.name!r} at "
-                                   f"{self._backend.sample_rate} Hz was announced as {self.name!r} at "
-                                   f"{self.sample_rate} Hz")
-        return self._backend
-
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
-        return self.backend.generate(cond_D, seed)
-
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
-        return self.backend.teacher_forced(cond_D, tokens)
-
-    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
-        return self.backend.compressed(codec, bits, v_bits)
-
-    def bf16_kv(self):
-        return self.backend.bf16_kv()
-
-
-class AARBackend:
-    """`octopus_audio.aar_patch` behind the runner's interface.
-
-    B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn`,
-    `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the package's `generate`,
-    `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `eval.kv_rounding.rounded_kv_cache` (tests
-    inject fakes). Generation runs at `generate`'s default
-    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
-    """
-
-    def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
-                 generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
-                 teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
-                 identity: dict | None = None) -> None:
-        import octopus_audio.aar_patch as aar_patch
-
-        self.pipe = pipe
-        self.config = config
-        self.name = name
-        self.identity = dict(identity or {})
-        self.device = device
-        self.sample_rate = MODEL_RATE
-        self._generate = generate_fn or aar_patch.generate
-        self._compressed_kv = compressed_kv_fn or aar_patch.compressed_kv
-        if teacher_forced_fn is None:
-            from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
-        self._teacher_forced = teacher_forced_fn
-        if rounded_kv_fn is None:
-            from octopus_audio.eval.kv_rounding import rounded_kv_cache as rounded_kv_fn
-        self._rounded_kv = rounded_kv_fn
-
-    def _cond(self, cond_D: np.ndarray):
-        import torch
-
-        return torch.from_numpy(np.asarray(cond_D, dtype=np.float32)[None, :]).to(self.device)
-
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
-        import torch
-
-        c = self.config
-        with torch.inference_mode():
-            g = self._generate(self.pipe, self._cond(cond_D), cfg=c.cfg, top_k=c.top_k, top_p=c.top_p,
-                               seed=seed)
-        return Generated(g.audio[0].reshape(-1).float().cpu().numpy(), g.fhat[0].float().cpu().numpy(),
-                         [t[0].to(torch.int64).cpu().numpy() for t in g.tokens])
-
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
-        import torch
-
-        tokens_1l = [torch.from_numpy(np.asarray(t, dtype=np.int64)[None, :]).to(self.device) for t in tokens]
-        with torch.inference_mode():
-            probs = self._teacher_forced(self.pipe, self._cond(cond_D), tokens_1l, cfg=self.config.cfg)
-        return [p.float().cpu() for p in probs]
-
-    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
-        c = self.config
-        return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
-                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
-
-    def bf16_kv(self):
-        import torch
-
-        return self._rounded_kv(self.pipe, dtype=torch.bfloat16)
-
-
-# keys that the patch's stats may use for the three numbers the report prints
-_KV_KEYS = {"ratio": ("kv_ratio", "ratio", "compression_ratio"),
-            "k_bits": ("eff_bits_k", "k_bits", "effective_bits_k", "bits_per_coord_k"),
-            "v_bits": ("eff_bits_v", "v_bits", "effective_bits_v", "bits_per_coord_v")}
+KV_NUMBERS = ("ratio", "k_bits", "v_bits")  # a row's "kv": the patch stats' totals the report prints
 
 
 def kv_summary(stats: Any) -> dict[str, float | None]:
-    """KV compression ratio and effective bits per K / V coordinate from a patch handle's `stats()`.
-
-    Accepts a flat dict, a dict with a `total` entry, or an object with `as_dict()`; a number that is missing
-    or NaN becomes None (shown as '-' in reports), never 0.
-    """
-    d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
-    if isinstance(d.get("total"), dict):
-        d = {**d, **d["total"]}
-    out: dict[str, float | None] = {}
-    for name, keys in _KV_KEYS.items():
-        value = next((d[k] for k in keys if k in d), None)
-        value = float(value) if value is not None else None
-        out[name] = value if value is not None and math.isfinite(value) else None
-    return out
+    """KV compression ratio and effective bits per K / V coordinate: the `total` of a patch handle's
+    `stats().as_dict()` (aar_patch.CacheStats); a number that is NaN (nothing compressed) becomes None (shown
+    as '-' in reports), never 0."""
+    total = stats.as_dict()["total"]
+    return {name: float(total[name]) if math.isfinite(total[name]) else None for name in KV_NUMBERS}
 
 
 def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None) -> str:
@@ -580,11 +432,13 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         fingerprint = run_fingerprint(config, backend, conditioner, device)
         run_id = digest(fingerprint)
         clip_hashes = {r.clip_id: clip_sha256(r) for r in refs}
+        problem = None
         if info.rank == 0:
-            claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
-        group.barrier()
-        if info.rank != 0:
-            check_fingerprint(out_dir, fingerprint, read_settings(out_dir) or {})
+            try:
+                claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
+            except UsageError as e:  # every rank raises it (start_together), none waits for rank 0
+                problem = str(e)
+        group.start_together(problem, fingerprint, [(r.clip_id, clip_hashes[r.clip_id]) for r in refs])
         jobs = config.jobs()
         earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
                    if r["status"] == "ok"]

@@ -257,3 +257,12 @@ def fit_length(x_T: np.ndarray, length: int) -> np.ndarray:
 def prepare(clip: Clip, rate: int, seconds: float = CLIP_SECONDS) -> np.ndarray:
     """The clip at `rate`, padded or cropped to `seconds` (float32, shape (round(rate*seconds),))."""
     return fit_length(resample(clip.audio_T, clip.sample_rate, rate), int(round(rate * seconds)))
+
+
+def read_mono_24k(path: Path) -> np.ndarray:
+    """A file as the model hears it: float32 mono at 24 kHz (`decode`'s channel mean, `resample`), scaled
+    down only where the peak exceeds 0.999 (as the shipped clips were). What `octopus-audio train` packs."""
+    clip = decode(ClipRef(clip_id=path.stem, origin=str(path), path=str(path)))
+    x_T = resample(clip.audio_T, clip.sample_rate, MODEL_RATE)
+    peak = float(np.abs(x_T).max(initial=0.0))
+    return (x_T * (0.999 / peak) if peak > 0.999 else x_T).astype(np.float32)

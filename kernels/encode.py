@@ -73,37 +73,7 @@ def _key_norm(xf):
 
 @triton.jit
 def _encode_keys_kernel(
-    k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr, near_ptr,
-    had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
-    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
-    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
-    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
-    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
-):
-    """Keys of every codec, one block of BLOCK_T rows per program (`_encode_key_rows`). Octopus runs twice:
-    EXACT 1 writes near_ptr[pid] (the block holds a near tie, `_octopus_tile`), then EXACT 2 redoes just
-    those blocks in the reference's arithmetic (a separate kernel keeps that rare path's registers out of
-    the first)."""
-    pid = tl.program_id(0)
-    go = True  # EXACT 2: only the blocks the first launch flagged
-    if EXACT == 2:
-        go = tl.load(near_ptr + pid) != 0
-    if go:
-        _encode_key_rows(
-            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-            flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
-            S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
-
-
-@triton.jit
-def _encode_key_rows(
-    pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
+    k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
@@ -114,9 +84,9 @@ def _encode_key_rows(
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
 ):
-    """Rows [BLOCK_T] (block `pid`) of a unit K [B, H, T, D] (row r is token r % T of head (r // T) % H; the
-    input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to rows
-    (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
+    """Rows [BLOCK_T] (block `tl.program_id(0)`) of a unit K [B, H, T, D] (row r is token r % T of head
+    (r // T) % H; the input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to
+    rows (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
     plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`mark_bad`).
 
     gamma = ||k|| (fp32, `_key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
@@ -128,37 +98,47 @@ def _encode_key_rows(
     Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `aux_ptr` the xi neighbour table; the winner's
     rho index from its score against the direction table `dir_ptr` [3, 4^b_dir]); the -qjl codecs add
     sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
-    ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `_pack`'s word map.
+    ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `pack_tile`'s word
+    map.
+    EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
+    encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
+    writes near_ptr[pid] (the block holds a near tie), then 2 redoes just those blocks in the reference's
+    arithmetic (a separate launch keeps that rare path's registers out of the first).
     """
-    ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
-                                   BLOCK_T, ALIGNED)
-    dcol = tl.arange(0, D)[None, :]
-    x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
-    xf = x.to(tl.float32)
-    if CHECK:
-        if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
-            mark_bad(flag_ptr)
-    gamma, rscale = _key_norm(xf)
-    tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
-    gmax = tl.maximum(gamma, 1e-30)[:, None]
-    inv_g = tl.math.div_rn(1.0, gmax)
-    sgn = tl.load(rs_ptr + hoff + dcol)
-    if DOT_NATIVE:
-        xsg = x * sgn  # +-1 in the input dtype: exact
-    else:
-        xsg = xf * sgn
-    words, wmap, proj, gamma_r = encode_codes(
-        xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, LP,
-        HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
-    if K_WORDS > 0:
-        tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
-                 mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
-    if HAS_QJL:
-        tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
-        sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
-        scol = tl.arange(0, S_WP)[None, :]
-        tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
+    pid = tl.program_id(0)
+    go = True  # EXACT 2: only the blocks the first launch flagged
+    if EXACT == 2:
+        go = tl.load(near_ptr + pid) != 0
+    if go:
+        ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
+                                       BLOCK_T, ALIGNED)
+        dcol = tl.arange(0, D)[None, :]
+        x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
+        xf = x.to(tl.float32)
+        if CHECK:
+            if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
+                mark_bad(flag_ptr)
+        gamma, rscale = _key_norm(xf)
+        tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
+        gmax = tl.maximum(gamma, 1e-30)[:, None]
+        inv_g = tl.math.div_rn(1.0, gmax)
+        sgn = tl.load(rs_ptr + hoff + dcol)
+        if DOT_NATIVE:
+            xsg = x * sgn  # +-1 in the input dtype: exact
+        else:
+            xsg = xf * sgn
+        words, wmap, proj, gamma_r = encode_codes(
+            xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
+            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, LP,
+            HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
+        if K_WORDS > 0:
+            tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
+                     mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
+        if HAS_QJL:
+            tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
+            sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
+            scol = tl.arange(0, S_WP)[None, :]
+            tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 
 
 @triton.jit(do_not_specialize=["n_rows", "T", "OFFSET", "key_programs", "n_groups"])
@@ -177,13 +157,13 @@ def _encode_unit_kernel(
     GROUP: tl.constexpr, V_BITS: tl.constexpr, ROW_UNITS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """One unit's keys and values in one launch, straight into a store [B, H, T_OUT, .] at token OFFSET:
-    programs [0, key_programs) encode BLOCK_T key rows each (`_encode_key_rows`), the rest BLOCK_G value
+    programs [0, key_programs) encode BLOCK_T key rows each (`_encode_keys_kernel`), the rest BLOCK_G value
     groups each (`encode_value_groups`). CHECK: flag_ptr[0] is set for a non-finite key, flag_ptr[1] for a
     value that is NaN or beyond the fp16 range."""
     pid = tl.program_id(0)
     if pid < key_programs:
-        _encode_key_rows(
-            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+        _encode_keys_kernel(
+            k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
             DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,

@@ -1,6 +1,8 @@
 """`octopus-audio bench`: GPU timings of the fused kernels (attention from the compressed cache, encode).
 
-Rows: attention at AAR shapes (2B rows, 16 heads, d=64, 75 queries against 380 compressed + 75 native keys)
+Rows: attention through the public `CompressedKVCache.attend` (the launch a user's cache makes; with `--tune`,
+the launcher with each class's fastest configuration as an extra row) at AAR shapes (2B rows, 16 heads, d=64,
+75 queries against 380 compressed + 75 native keys)
 and at long context (1 query, 8k/32k/128k keys, d=64 x 16 heads and d=128 x 32 heads), every kernel codec
 at each bit width, against torch SDPA in bf16 over the same number of native keys and against the library's
 decode-then-SDPA; encode throughput at 64k tokens x 16 heads. Each row: median time (CUDA events through
@@ -16,6 +18,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import subprocess
 import time
@@ -96,13 +99,17 @@ def tuning_jobs() -> dict[str, list[Job]]:
 
 
 def plan(suite: str, codecs: list[str], bits: list[int], chosen: dict[str, object]) -> list[Job]:
-    """The rows of a suite, each with its class's chosen launch configuration."""
+    """The rows of a suite: attention through the public `CompressedKVCache.attend` (the launch users get),
+    plus, where `--tune` chose a configuration for the shape's class, the launcher with it as an extra row;
+    encode with the class's chosen configuration (None: the launchers' heuristics)."""
     jobs = []
     for shape in attention_shapes(suite):
         cfg = chosen.get(shape_class(shape))
         for name in codecs:
             for b in bits:
-                jobs.append(Job("attention", name, b, shape, config=cfg))
+                jobs.append(Job("attention", name, b, shape))
+                if cfg is not None:
+                    jobs.append(Job("attention", name, b, shape, config=cfg))
     for name in codecs:
         for b in bits:
             jobs.append(Job("encode-k", name, b, config=chosen.get("encode-k")))
@@ -145,33 +152,52 @@ def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _attention_inputs(job: Job, device):
+def _attention_inputs(job: Job, device) -> dict:
+    """What a row times. Default launch (`job.config` None): a `CompressedKVCache` on `device` holding
+    `length` random N(0, 1) bf16 keys and values appended as one unit (encoded by the cache's own kernels) and
+    the window as the next unit, timed through the public `cache.attend`. A tuning configuration: a store of
+    random packed codes given to the kernels' `attention` launcher with that configuration."""
     import torch
 
-    from octopus_audio import backend
+    from octopus_audio import CompressedKVCache, backend
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues
     from octopus_audio.values import ValueQuantizer
 
     s = job.shape
     gen = torch.Generator(device=device).manual_seed(1234)
+
+    def normal(n):
+        return torch.randn(s.rows, s.heads, n, s.d, generator=gen, device=device, dtype=torch.bfloat16)
+
+    q = normal(s.tq)
+    k_win, v_win = normal(s.window), normal(s.window)
+    if job.config is None:
+        cache = CompressedKVCache(job.codec, job.bits, s.d, window=1, capacity=s.length)
+        cache.append(normal(s.length), normal(s.length))
+        cache.append(k_win, v_win)
+        ks, vs = cache.store.valid()
+        return {"codec": cache.codec, "quant": cache.value_quantizer, "ks": ks, "vs": vs, "q": q,
+                "k_win": k_win, "v_win": v_win, "cache": cache}
     codec = get_codec(job.codec, job.bits, s.d)
-    quant = ValueQuantizer(job.bits, s.d)
     ks, vs = _random_store(s, codec, job.bits, gen, device)
-    q = torch.randn(s.rows, s.heads, s.tq, s.d, generator=gen, device=device, dtype=torch.bfloat16)
-    k_win = torch.randn(s.rows, s.heads, s.window, s.d, generator=gen, device=device, dtype=torch.bfloat16)
-    v_win = torch.randn_like(k_win)
-    keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
-    values = PackedValues(vs.codes, vs.scale, vs.minimum, job.bits)
-    kc = backend.kernel_codec(codec, s.heads, device)
-    return codec, quant, ks, vs, q, k_win, v_win, keys, values, kc
+    return {"codec": codec, "quant": ValueQuantizer(job.bits, s.d), "ks": ks, "vs": vs, "q": q,
+            "k_win": k_win, "v_win": v_win, "keys": PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r),
+            "values": PackedValues(vs.codes, vs.scale, vs.minimum, job.bits),
+            "kernel": backend.kernel_codec(codec, s.heads, device)}
 
 
-def _ours_attention(job: Job, inputs):
+def _ours_attention(job: Job, inputs: dict):
+    """The timed call: `cache.attend(q, 1/sqrt(d))` (default launch) or the launcher with the row's config."""
     from octopus_audio.kernels import attention
 
-    codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
-    return lambda: attention(q, keys, values, job.shape.length, k_win, v_win, kc, config=job.config)
+    q, scale = inputs["q"], 1.0 / math.sqrt(job.shape.d)
+    if "cache" in inputs:
+        cache = inputs["cache"]
+        return lambda: cache.attend(q, scale)
+    keys, values, k_win, v_win = inputs["keys"], inputs["values"], inputs["k_win"], inputs["v_win"]
+    return lambda: attention(q, keys, values, job.shape.length, k_win, v_win, inputs["kernel"], scale=scale,
+                             config=job.config)
 
 
 def _encode_inputs(job: Job, device):
@@ -262,14 +288,16 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
 
     device = torch.device(_DEVICE)
     s = job.shape
-    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits}
+    row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits,
+           "launch": "cache.attend" if job.config is None else f"tuned {job.config!r}"}
     if s not in sdpa_ms:
         q0, k0, v0 = _sdpa_inputs(s, device)
         sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
         sdpa_ms[s, "graph"] = _bench(_graphed(lambda: F.scaled_dot_product_attention(q0, k0, v0)), rep_ms)
         del q0, k0, v0
     inputs = _attention_inputs(job, device)
-    codec, quant, ks, vs, q, k_win, v_win, keys, values, kc = inputs
+    codec, quant, ks, vs, q = (inputs[k] for k in ("codec", "quant", "ks", "vs", "q"))
+    k_win, v_win = inputs["k_win"], inputs["v_win"]
     ours = _ours_attention(job, inputs)
     out = ours()
     ms = _bench(ours, rep_ms)
@@ -283,7 +311,7 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
     def decode_sdpa():
         k_all = torch.cat([codec.decode(ks, torch.bfloat16), k_win], 2)
         v_all = torch.cat([quant.decode(vs, torch.bfloat16), v_win], 2)
-        return F.scaled_dot_product_attention(q, k_all, v_all)
+        return F.scaled_dot_product_attention(q, k_all, v_all, scale=1.0 / math.sqrt(s.d))
 
     try:
         ref = decode_sdpa().float()
@@ -406,8 +434,10 @@ def table(rows: list[dict]) -> str:
             continue
         if r["kind"] == "attention":
             check = _fmt(r.get("rel_err_vs_decode_sdpa"), ".1e")
+            tuned = r.get("launch", "cache.attend") != "cache.attend"
+            shape = r["shape"] + (f" [{r['launch']}]" if tuned else "")
             lines.append(
-                f"| attention | {r['shape']} | {codec} | {r['bits']} | {r['ms']:.4f} "
+                f"| attention | {shape} | {codec} | {r['bits']} | {r['ms']:.4f} "
                 f"| {r['sdpa_bf16_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} "
                 f"| {_fmt(r.get('graph_ms'), '.4f')} | {_fmt(r.get('sdpa_graph_ms'), '.4f')} "
                 f"| {_fmt(r.get('speedup_vs_sdpa_graph'), '.2f')} "

@@ -13,7 +13,7 @@ from octopus_audio.errors import UsageError
 # subcommand -> (module, one-line help). Modules are imported only when their command runs, so a missing
 # optional dependency of one command never breaks another.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("octopus_audio.aar_patch.generate_cli",
+    "generate": ("octopus_audio.eval.generate_cli",
                  "1 s of audio under a KV-cache codec (default: the embedded model and condition)"),
     "eval": ("octopus_audio.eval.cli",
              "every codec at every width against the uncompressed output: tables, plots, a listening page"),
@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "synthetic codec tables: MSE, inner products, needle, equal-rate comparison"),
     "bench": ("octopus_audio.bench", "(CUDA GPU) time the fused attention and encode kernels against SDPA"),
     "codebooks": ("octopus_audio.codebooks", "list, verify or regenerate the shipped Lloyd-Max codebooks"),
-    "train": ("octopus_audio.aar_patch.train", "train a small AAR-architecture model on a folder of audio"),
+    "train": ("octopus_audio.eval.train_cli", "train a small AAR-architecture model on a folder of audio"),
 }
 
 

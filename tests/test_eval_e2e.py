@@ -91,9 +91,9 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     assert saved["token_sizes"].tolist() == [t.shape[1] for t in gen.tokens]
 
     # the sampling floor: the same model at seed 42 + 1, the sampled metrics against the reference
-    from octopus_audio.eval.latent import latent_cosine
-    from octopus_audio.eval.lsd import lsd_db
-    from octopus_audio.eval.snr import snr_db
+    from octopus_audio.audio_metrics.latent import latent_cosine
+    from octopus_audio.audio_metrics.lsd import lsd_db
+    from octopus_audio.audio_metrics.snr import snr_db
 
     with torch.inference_mode():
         other = aar_patch.generate(pipe, torch.from_numpy(saved["cond"])[None], cfg=4.0, top_k=200,

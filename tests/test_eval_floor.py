@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_eval_runner import FakeConditioner, FakePipe, fake_generate, make_clips, run_fake
 
-from octopus_audio.eval.latent import latent_cosine
-from octopus_audio.eval.logmel import logmel_mse
-from octopus_audio.eval.lsd import lsd_db
+from octopus_audio.audio_metrics.latent import latent_cosine
+from octopus_audio.audio_metrics.logmel import logmel_mse
+from octopus_audio.audio_metrics.lsd import lsd_db
+from octopus_audio.audio_metrics.snr import snr_db
 from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig
-from octopus_audio.eval.snr import snr_db
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
 torch = pytest.importorskip("torch")

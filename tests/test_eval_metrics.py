@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from octopus_audio.eval.latent import latent_cosine
-from octopus_audio.eval.logmel import logmel_mse, mel_filterbank
-from octopus_audio.eval.lsd import lsd_db
+from octopus_audio.audio_metrics.latent import latent_cosine
+from octopus_audio.audio_metrics.logmel import logmel_mse, mel_filterbank
+from octopus_audio.audio_metrics.lsd import lsd_db
+from octopus_audio.audio_metrics.snr import snr_db
 from octopus_audio.eval.metrics import compute_metrics
-from octopus_audio.eval.snr import snr_db
 
 
 def noise(n, seed=0, scale=0.1):
@@ -108,7 +108,7 @@ def test_mel_filterbank_equals_librosa(sr, n_fft, n_mels):
 
 def test_lsd_stft_matches_torch_stft_framing():
     torch = pytest.importorskip("torch")
-    from octopus_audio.eval.audio_pair import stft_frames
+    from octopus_audio.audio_metrics.audio_pair import stft_frames
 
     x = noise(5000)
     ours = stft_frames(x, 2048, 512)

@@ -1,6 +1,7 @@
-"""The eval's bf16-KV floor: `eval.kv_rounding.rounded_kv_cache` (keys and values rounded to bf16 as they
-enter the KV cache, nothing else changed) on a tiny real AAR, and the row `reference (bf16 KV)` it gives the
-runner: on by default in the CLI with the other floor, off with --no-floor, resumable."""
+"""The eval's bf16-KV floor: the patch with codec none and `kv_dtype=torch.bfloat16` (keys and values
+rounded to bf16 as they enter the KV cache, nothing else changed) on a tiny real AAR, and the row
+`reference (bf16 KV)` it gives the runner: on by default in the CLI with the other floor, off with --no-floor,
+resumable."""
 
 import contextlib
 import json
@@ -15,7 +16,8 @@ from test_eval_runner import (
     make_clips,
 )
 
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, AARBackend, EvalConfig, LazyBackend, evaluate
+from octopus_audio.eval.backends import AARBackend, LazyBackend
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig, evaluate
 from octopus_audio.eval.sources import list_folder
 
 torch = pytest.importorskip("torch")
@@ -59,6 +61,19 @@ def tiny_pipe(bf16_cache: bool = False):
     return pipe
 
 
+def bf16_kv(pipe, dtype=None):
+    """The floor's cache, as the runner puts it under the model: the patch, codec none, K/V rounded."""
+    from octopus_audio.aar_patch import compressed_kv
+    from octopus_audio.codecs import UNCOMPRESSED
+
+    return compressed_kv(pipe, UNCOMPRESSED, 16, kv_dtype=torch.bfloat16 if dtype is None else dtype)
+
+
+def patched(module):
+    """Whether the patch is on `module` (it installs its `forward` as an instance attribute)."""
+    return "forward" in module.__dict__
+
+
 def cond():
     return torch.randn(1, 512, generator=torch.Generator().manual_seed(7))
 
@@ -67,12 +82,11 @@ def run_both(pipe):
     """Generation (seed SEED) and teacher forcing on its tokens, without and with the rounded cache."""
     from octopus_audio.aar_patch import generate
     from octopus_audio.eval.fidelity import teacher_forced_probs
-    from octopus_audio.eval.kv_rounding import rounded_kv_cache
 
     with torch.inference_mode():
         ref = generate(pipe, cond(), seed=SEED)
         probs_ref = teacher_forced_probs(pipe, cond(), ref.tokens)
-        with rounded_kv_cache(pipe):
+        with bf16_kv(pipe):
             got = generate(pipe, cond(), seed=SEED)
             probs_got = teacher_forced_probs(pipe, cond(), ref.tokens)
     return ref, got, probs_ref, probs_got
@@ -99,20 +113,21 @@ def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not()
     """Teacher forcing feeds layer 0 the same inputs in both runs, so its cache must be exactly the
     reference's keys and values rounded, and its output the attention of the unrounded queries over them."""
     from octopus_audio.eval.fidelity import teacher_forced_probs
-    from octopus_audio.eval.kv_rounding import rounded_kv_cache
 
     pipe = tiny_pipe()
     first, last = pipe.aar.blocks[0].attn, pipe.aar.blocks[-1].attn
-    seen = {}
+    seen, patch = {}, {}
 
-    def record(name):
+    def record(name, layer):
         def hook(module, args, output):
-            if module.caching:
-                seen[name] = (args[0].clone(), output.clone(), module.cached_k.clone(),
-                              module.cached_v.clone())
+            if module.caching:  # the model's own cache, or under the patch the layer's cache as it holds it
+                k, v = ((module.cached_k, module.cached_v) if "handle" not in patch
+                        else patch["handle"].caches[layer].decoded_kv())
+                seen[name] = (args[0].clone(), output.clone(), k.clone(), v.clone())
         return hook
 
-    handles = [first.register_forward_hook(record("first")), last.register_forward_hook(record("last"))]
+    handles = [first.register_forward_hook(record("first", 0)),
+               last.register_forward_hook(record("last", len(pipe.aar.blocks) - 1))]
     try:
         with torch.inference_mode():
             tokens = [torch.randint(0, 256, (1, pn), generator=torch.Generator().manual_seed(pn))
@@ -120,7 +135,7 @@ def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not()
             teacher_forced_probs(pipe, cond(), tokens)
             x_ref, _, k_ref, v_ref = seen["first"]
             assert not bf16_exact(k_ref) and not bf16_exact(v_ref)  # the reference's cache is fp32
-            with rounded_kv_cache(pipe):
+            with bf16_kv(pipe) as patch["handle"]:
                 teacher_forced_probs(pipe, cond(), tokens)
     finally:
         for h in handles:
@@ -140,32 +155,33 @@ def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not()
 
 def test_leaving_the_block_restores_the_model_even_after_an_error():
     from octopus_audio.aar_patch import generate
-    from octopus_audio.eval.kv_rounding import rounded_kv_cache
 
     pipe = tiny_pipe()
     attns = [b.attn for b in pipe.aar.blocks]
     with torch.inference_mode():
         before = generate(pipe, cond(), seed=SEED, top_k=0, top_p=0.0)
-        with pytest.raises(KeyError), rounded_kv_cache(pipe) as wrapped:
-            assert wrapped == attns and all("_qkv" in m.__dict__ for m in attns)
+        with pytest.raises(KeyError), bf16_kv(pipe) as handle:
+            assert handle.num_layers == len(attns) and all(patched(m) for m in attns)
             raise KeyError("inside")
-        assert not any("_qkv" in m.__dict__ for m in attns)
+        assert not handle.active and not any(patched(m) for m in attns)
         after = generate(pipe, cond(), seed=SEED, top_k=0, top_p=0.0)
     assert torch.equal(before.fhat, after.fhat)
 
 
 def test_bad_uses_are_refused_before_any_module_is_touched():
-    from octopus_audio.eval.kv_rounding import rounded_kv_cache
+    from octopus_audio.aar_patch import compressed_kv
 
     pipe = tiny_pipe()
-    with pytest.raises(ValueError, match="no attention modules"), rounded_kv_cache(torch.nn.Linear(2, 2)):
+    with pytest.raises(ValueError, match="no attention modules"), bf16_kv(torch.nn.Linear(2, 2)):
         pass
-    with pytest.raises(ValueError, match="floating torch dtype"), rounded_kv_cache(pipe, dtype=torch.int8):
+    with pytest.raises(ValueError, match="floating torch dtype"), bf16_kv(pipe, dtype=torch.int8):
         pass
-    with rounded_kv_cache(pipe), pytest.raises(RuntimeError, match="already has its own"), \
-            rounded_kv_cache(pipe):
+    with pytest.raises(ValueError, match="encodes them itself"), \
+            compressed_kv(pipe, "octopus", 2, kv_dtype=torch.bfloat16):
         pass
-    assert not any("_qkv" in b.attn.__dict__ for b in pipe.aar.blocks)
+    with bf16_kv(pipe), pytest.raises(RuntimeError, match="already patched"), bf16_kv(pipe):
+        pass
+    assert not any(patched(b.attn) for b in pipe.aar.blocks)
 
 
 # --- the eval row ------------------------------------------------------------------------------------------
@@ -222,8 +238,8 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
 # --- resume and the CLI, with the runner tests' fake model ----------------------------------------------
 
 @contextlib.contextmanager
-def fake_rounded_kv(pipe, dtype):
-    assert dtype == torch.bfloat16
+def fake_rounded_kv(pipe, codec, bits, kv_dtype):
+    assert (codec, bits, kv_dtype) == ("none", 16, torch.bfloat16)
     pipe.active = (KV_FLOOR, 16)  # the fakes add noise of 2^-16 and change every token
     try:
         yield None

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from octopus_audio.errors import UsageError
-from octopus_audio.eval.runner import FLOOR, AARBackend, EvalConfig, LazyBackend, evaluate, kv_summary
+from octopus_audio.eval.backends import AARBackend, LazyBackend
+from octopus_audio.eval.runner import FLOOR, EvalConfig, evaluate, kv_summary
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -319,13 +320,20 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("stats,expected", [
-    ({"kv_ratio": 7.5, "eff_bits_k": 2.25, "eff_bits_v": 2.5}, {"ratio": 7.5, "k_bits": 2.25, "v_bits": 2.5}),
-    ({"total": {"ratio": 4.0, "k_bits": 3.0, "v_bits": float("nan")}},
-     {"ratio": 4.0, "k_bits": 3.0, "v_bits": None}),
     (FakeStats(2), {"ratio": 6.4, "k_bits": 2.25, "v_bits": 4.0}),
-], ids=["flat-dict", "total-dict-nan", "stats-object"])
+    (FakeStats(3, 4), {"ratio": 16.0 / 3.5, "k_bits": 3.25, "v_bits": 6.0}),
+], ids=["b2", "k3v4"])
 def test_kv_summary_reads_the_patch_stats(stats, expected):
     assert kv_summary(stats) == expected
+
+
+def test_kv_summary_of_nothing_compressed_is_none_not_zero():
+    class Uncompressed:
+        def as_dict(self):
+            return {"config": {}, "total": {"ratio": 1.0, "k_bits": float("nan"), "v_bits": float("nan")},
+                    "layers": []}
+
+    assert kv_summary(Uncompressed()) == {"ratio": 1.0, "k_bits": None, "v_bits": None}
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -18,6 +18,7 @@ from octopus_audio.aar_patch.sat import SAT
 from octopus_audio.aar_patch.train_aar import AARLossConfig, aar_token_losses, whiten_condition_init_
 from octopus_audio.aar_patch.train_sat import SATLossConfig, ema_update_, quantize_for_training, sat_losses
 from octopus_audio.errors import UsageError
+from octopus_audio.eval import train_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ def test_held_out_files_and_clips_cut_from_them_are_not_trained_on(tmp_path):
     for name in names:
         (folder / name).write_bytes(b"")
     args = type("Args", (), {"sonic_pi": False, "data": [str(folder), str(REPO / "clips")]})()
-    chosen = train._gather_sources(args, tmp_path)
+    chosen = train_cli._gather_sources(args, tmp_path)
     stems = [p.stem for p in chosen]
     assert "kept_one" in stems and "kept_two" in stems
     assert not set(stems) & set(train_data.HELD_OUT)
@@ -243,7 +244,7 @@ def _train(packed: Path, out: Path, *extra: str) -> None:
     argv = ["--packed", str(packed), "--out", str(out), "--size", "tiny", "--sat-steps", "4",
             "--aar-steps", "4", "--sat-batch", "2", "--aar-batch", "2", "--log-every", "1",
             "--ckpt-every", "3", "--no-progress", "--aar-precompute", "8", "--whiten-cond", *extra]
-    assert train.main(argv) == 0
+    assert train_cli.main(argv) == 0
 
 
 def test_resume_equals_uninterrupted_training(packed, tmp_path):
@@ -279,9 +280,10 @@ def test_exported_weights_are_fp16_in_the_release_wrappers_and_load_strictly(pac
 
 def test_usage_errors(packed, tmp_path):
     with pytest.raises(UsageError, match="needs data"):
-        train.run(train.build_args(["--packed", str(packed), "--prepare-only"]))
+        train_cli.run(train_cli.build_args(["--packed", str(packed), "--prepare-only"]))
     with pytest.raises(UsageError, match="not a packed training folder"):
-        train.run(train.build_args(["--packed", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]))
+        train_cli.run(train_cli.build_args(["--packed", str(tmp_path / "nothing"), "--out",
+                                            str(tmp_path / "o")]))
     with pytest.raises(UsageError, match="unknown model size"):
         train.model_configs("huge")
 

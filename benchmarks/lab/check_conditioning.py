@@ -25,7 +25,7 @@ import numpy as np
 
 def mean_log_mel(x_T: np.ndarray, sample_rate: int = 24000) -> np.ndarray:
     """(80,) time-averaged log-mel spectrum of a signal (the eval log-mel, averaged over frames)."""
-    from octopus_audio.eval.logmel import log_mel
+    from octopus_audio.audio_metrics.logmel import log_mel
 
     return log_mel(np.asarray(x_T, np.float64), sample_rate).mean(axis=0)
 
@@ -45,14 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.default_model import default_paths
     from octopus_audio.aar_patch.generation import generate
     from octopus_audio.aar_patch.loading import load_aar
-    from octopus_audio.aar_patch.train_data import HELD_OUT, condition_vector, install_sonic_pi
+    from octopus_audio.aar_patch.train_data import HELD_OUT, install_sonic_pi
     from octopus_audio.aar_patch.train_report import held_out_audio
-    from octopus_audio.eval.conditioning import make_conditioner
+    from octopus_audio.eval.conditioning import condition_vector, make_conditioner
+    from octopus_audio.eval.sources import read_mono_24k
 
     aar_path, sat_path = (args.aar, args.sat) if args.aar or args.sat else default_paths()
     pipe = load_aar(aar_path, sat_path)
     samples_dir, _ = install_sonic_pi(Path("/tmp/octopus-audio-train"))
-    clips = held_out_audio(samples_dir, HELD_OUT)
+    clips = held_out_audio(samples_dir, HELD_OUT, read_mono_24k)
     conditioner = make_conditioner("spectral")
     cond_NE = torch.from_numpy(np.stack([condition_vector(x, conditioner) for _, x in clips]))
     ref_NM = np.stack([mean_log_mel(x) for _, x in clips])

@@ -6,8 +6,8 @@ its settings (seed, cfg, top-k, top-p, window, value group, patch seed), regener
 clip to check it matches the saved tokens, then generates under each codec and bit width with the same
 condition and seed (the eval's own generation: one clip a call, fp32 on the CPU). The first row is the eval's
 `reference (bf16 KV)` floor: the uncompressed model with every key and value rounded to bf16 as it enters the
-KV cache (`eval.kv_rounding.rounded_kv_cache`), same condition and seed; where the run saved that row's WAV,
-its regenerated audio is checked against it.
+KV cache (the patch's `kv_dtype`, as the eval's row runs it), same condition and seed; where the run saved
+that row's WAV, its regenerated audio is checked against it.
 
     python benchmarks/lab/first_flip.py --eval out/eval [--codecs all] [--bits 2,4] [--json OUT.json]
 """
@@ -59,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.generation import generate
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.codecs import CODECS
-    from octopus_audio.eval.kv_rounding import rounded_kv_cache
     from octopus_audio.eval.runner import KV_FLOOR, wav_name
 
     root = Path(args.eval)
@@ -92,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                   "model and torch build?", file=sys.stderr)
             return 1
         for codec, b in jobs:
-            context = (rounded_kv_cache(pipe, dtype=torch.bfloat16) if codec == KV_FLOOR
-                       else compressed_kv(pipe, codec=codec, bits=b, **patch))
+            context = (compressed_kv(pipe, codec="none", bits=16, kv_dtype=torch.bfloat16)
+                       if codec == KV_FLOOR else compressed_kv(pipe, codec=codec, bits=b, **patch))
             with context:
                 got = generate(pipe, cond_1E, **sampling)
             got_S = [t[0].numpy() for t in got.tokens]

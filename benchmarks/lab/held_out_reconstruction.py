@@ -28,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.loading import load_sat
     from octopus_audio.aar_patch.train_data import HELD_OUT, install_sonic_pi
     from octopus_audio.aar_patch.train_report import held_out_audio, reconstruction_table, table_markdown
+    from octopus_audio.eval.sources import read_mono_24k
 
     sat_path = args.sat or default_paths()[1]
     sat = load_sat(sat_path)
     samples_dir, _ = install_sonic_pi(Path("/tmp/octopus-audio-train"))
-    rows = reconstruction_table(sat, held_out_audio(samples_dir, HELD_OUT))
+    rows = reconstruction_table(sat, held_out_audio(samples_dir, HELD_OUT, read_mono_24k))
     print(table_markdown(rows))
     sat_mse = float(np.mean([r.sat_logmel_mse for r in rows]))
     base_mse = float(np.mean([r.lowpass_logmel_mse for r in rows]))

@@ -16,6 +16,7 @@ codec's kind of error, not the patch's exact draw. fp32 on the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -27,6 +28,35 @@ def kl_per_scale(probs_ref, probs_hat) -> np.ndarray:
     from octopus_audio.eval.fidelity import fidelity
 
     return np.array([fidelity([p], [q])["kl_nats"][0] for p, q in zip(probs_ref, probs_hat, strict=True)])
+
+
+@contextlib.contextmanager
+def transformed_kv_cache(model, transform):
+    """Inside the block, every key and value entering a KV cache of `model` (our `SelfAttention` modules,
+    found as the patch finds them) is replaced by `transform(layer_index, k_BHLD, v_BHLD) -> (k, v)`: each
+    module's `_qkv` is wrapped by an instance attribute while `caching` is on, and restored on leaving."""
+    from octopus_audio.aar_patch.patch import find_attention
+
+    modules = find_attention(model)
+    if not modules or not all(callable(getattr(m, "_qkv", None)) for m in modules):
+        raise ValueError("the model needs attention modules with `_qkv` (octopus_audio.aar_patch's)")
+
+    def install(m, index):
+        original = m._qkv
+
+        def _qkv(x_BLC):
+            q_BHLD, k_BHLD, v_BHLD = original(x_BLC)
+            return (q_BHLD, *transform(index, k_BHLD, v_BHLD)) if m.caching else (q_BHLD, k_BHLD, v_BHLD)
+
+        m._qkv = _qkv
+
+    try:
+        for i, m in enumerate(modules):
+            install(m, i)
+        yield modules
+    finally:
+        for m in modules:
+            m.__dict__.pop("_qkv", None)
 
 
 def round_trip(codec_name: str, bits: int, keys: bool, values: bool, first_native: bool):
@@ -68,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.codecs import CODECS
     from octopus_audio.eval.fidelity import teacher_forced_probs
-    from octopus_audio.eval.kv_rounding import transformed_kv_cache
 
     refs = sorted((Path(args.eval) / "refs").glob("*.npz"))[:args.clips]
     if not refs or args.codec not in CODECS or args.codec == "none" or not 2 <= args.bits <= 4:

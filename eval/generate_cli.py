@@ -65,8 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .generation import generate
-    from .loading import load_aar
+    from octopus_audio.aar_patch.generation import generate
+    from octopus_audio.aar_patch.loading import load_aar
 
     _check_args(args)
     device = _device(args.device)
@@ -112,10 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument check that needs no model and no audio decoding, before any work."""
+    from octopus_audio.aar_patch.generation import SamplingConfig, seed_problem
     from octopus_audio.codecs import CODECS, DEFAULT_CODEC, bits_problem, codec_class
     from octopus_audio.values import VALUE_BITS
-
-    from .generation import SamplingConfig, seed_problem
 
     for flag, path in (("--clip", args.clip), ("--cond", args.cond)):
         if path is not None and path.is_dir():
@@ -182,7 +181,7 @@ def _load_condition(args: argparse.Namespace, device: str) -> tuple[np.ndarray, 
     elif args.cond:
         cond, stem = _read_cond(args.cond), args.cond.stem
     else:
-        from .default_model import default_condition
+        from octopus_audio.aar_patch.default_model import default_condition
 
         cond, what, stem = default_condition()
         print(f"no --clip or --cond: conditioning on the default condition, {what}")
@@ -217,7 +216,7 @@ def _read_cond(path: Path) -> np.ndarray:
     The header is read first, so a file of another kind, or of objects, is named as such."""
     from numpy.lib import format as npy
 
-    from .generation import condition_problem
+    from octopus_audio.aar_patch.generation import condition_problem
 
     if not path.is_file():
         raise UsageError(f"the condition file {path} does not exist")
@@ -259,9 +258,8 @@ def _apply_codec(pipe, args: argparse.Namespace):
     `--codec none` goes through the patch too (bit-identical to the model's own cache), so the cache
     accounting line is printed for every codec.
     """
+    from octopus_audio.aar_patch.patch import patch_aar
     from octopus_audio.codecs import codec_class
-
-    from .patch import patch_aar
 
     if not codec_class(args.codec).compressed:
         return patch_aar(pipe, args.codec, 16)
@@ -278,11 +276,10 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
     """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
     and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows
     (`bits`: the codec's widths as the accounting line names them)."""
-    from octopus_audio.eval.latent import latent_cosine
-    from octopus_audio.eval.lsd import lsd_db
-    from octopus_audio.eval.snr import snr_db
-
-    from .generation import generate
+    from octopus_audio.aar_patch.generation import generate
+    from octopus_audio.audio_metrics.latent import latent_cosine
+    from octopus_audio.audio_metrics.lsd import lsd_db
+    from octopus_audio.audio_metrics.snr import snr_db
 
     ref = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=fast)
     args.out.mkdir(parents=True, exist_ok=True)

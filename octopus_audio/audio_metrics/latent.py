@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from octopus_audio.eval.audio_pair import as_pair
+from octopus_audio.audio_metrics.audio_pair import as_pair
 
 
 def latent_cosine(fhat, fhat_hat) -> float:

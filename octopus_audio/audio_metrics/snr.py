@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from octopus_audio.eval.audio_pair import as_pair
+from octopus_audio.audio_metrics.audio_pair import as_pair
 
 LIMIT_DB = 120.0
 _RATIO = 10.0 ** (-LIMIT_DB / 10.0)  # 1e-12

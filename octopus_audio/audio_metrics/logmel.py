@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from octopus_audio.eval.audio_pair import as_pair, stft_frames
+from octopus_audio.audio_metrics.audio_pair import as_pair, stft_frames
 
 N_MELS = 80
 N_FFT = 1024

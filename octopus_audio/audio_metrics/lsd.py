@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from octopus_audio.eval.audio_pair import as_pair, stft_frames
+from octopus_audio.audio_metrics.audio_pair import as_pair, stft_frames
 
 N_FFT = 2048
 HOP = 512

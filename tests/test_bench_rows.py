@@ -1,0 +1,70 @@
+"""What `octopus-audio bench` times: the public `CompressedKVCache.attend` of a cache it filled, or with a
+tuning configuration the launcher over a random store; both against the row's decode-then-SDPA reference.
+
+Runs the Triton kernels on the CPU under TRITON_INTERPRET=1 (small shapes); with
+OCTOPUS_AUDIO_TEST_DEVICE=cuda on the GPU. Times nothing.
+"""
+
+import math
+import os
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from helpers import kernel_ops  # noqa: E402
+
+from octopus_audio import CompressedKVCache  # noqa: E402
+from octopus_audio.bench import AttnShape, Job, _attention_inputs, _ours_attention, plan  # noqa: E402
+
+# 2 rows x 2 heads, 5 queries against 37 compressed + 4 window keys (odd sizes), and one query
+SHAPES = [AttnShape("small", 2, 2, 5, 37, 4, 64), AttnShape("one query", 1, 2, 1, 29, 1, 64)]
+
+
+@pytest.fixture(autouse=True)
+def _triton(monkeypatch):
+    kernel_ops(DEVICE)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+
+
+def _decode_sdpa(inputs, d):
+    ks, vs, q = inputs["ks"], inputs["vs"], inputs["q"]
+    k_all = torch.cat([inputs["codec"].decode(ks, torch.float32), inputs["k_win"].float()], 2)
+    v_all = torch.cat([inputs["quant"].decode(vs, torch.float32), inputs["v_win"].float()], 2)
+    return F.scaled_dot_product_attention(q.float(), k_all, v_all, scale=1 / math.sqrt(d))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label.replace(" ", "-"))
+@pytest.mark.parametrize("codec", ["octopus", "turboquant-qjl"])
+def test_default_rows_time_the_public_cache_attend(codec, shape):
+    inputs = _attention_inputs(Job("attention", codec, 2, shape), torch.device(DEVICE))
+    cache = inputs["cache"]
+    assert isinstance(cache, CompressedKVCache) and cache.length == shape.length
+    assert cache.window_tokens == shape.window and cache.backend == "triton"
+    got = _ours_attention(Job("attention", codec, 2, shape), inputs)()
+    assert torch.equal(got, cache.attend(inputs["q"], 1 / math.sqrt(shape.d)))
+    torch.testing.assert_close(got.float(), _decode_sdpa(inputs, shape.d), rtol=2e-2, atol=2e-2)
+
+
+def test_tuned_rows_run_the_launcher_with_their_configuration():
+    from octopus_audio.kernels import AttnConfig
+
+    shape, config = SHAPES[0], AttnConfig(64, 64, 4, 1)
+    job = Job("attention", "octopus", 2, shape, config=config)
+    inputs = _attention_inputs(job, torch.device(DEVICE))
+    assert "cache" not in inputs
+    got = _ours_attention(job, inputs)()
+    torch.testing.assert_close(got.float(), _decode_sdpa(inputs, shape.d), rtol=2e-2, atol=2e-2)
+
+
+def test_the_plan_times_every_attention_row_publicly_and_adds_tuned_rows():
+    from octopus_audio.kernels import AttnConfig
+
+    untuned = plan("full", ["octopus"], [2], {})
+    assert all(j.config is None for j in untuned if j.kind == "attention")
+    tuned = plan("full", ["octopus"], [2], {"aar": AttnConfig(64, 64, 4, 1)})
+    aar = [j for j in tuned if j.kind == "attention" and j.shape.tq > 1]
+    assert [j.config is None for j in aar] == [True, False] * (len(aar) // 2)
