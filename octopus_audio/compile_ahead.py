@@ -58,26 +58,27 @@ class UnitShapes:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """One compiled variant: the kernel (`module:name`), Triton's signature (argument name -> type),
-    constexpr and attribute (alignment) maps keyed by argument position, and the compile options, each as
-    sorted tuples so that equal variants compare and hash equal."""
+    """One compiled variant: the kernel (`module:name`) and what `JITFunction.run` hands Triton's compiler for
+    it, as it hands them (the order and types of `attrs` and `options` enter the cache key): the signature
+    (argument name -> type), constexprs and attributes (alignment) keyed by argument path, and the compile
+    options. Equal variants compare and hash equal through `key`."""
 
     kernel: str
-    signature: tuple
-    constexprs: tuple
-    attrs: tuple
-    options: tuple
+    key: str
+    signature: dict = dataclasses.field(compare=False)
+    constexprs: dict = dataclasses.field(compare=False)
+    attrs: dict = dataclasses.field(compare=False)
+    options: dict = dataclasses.field(compare=False)
 
     @property
     def name(self) -> str:
         return self.kernel.rsplit(":", 1)[-1]
 
     def label(self) -> str:
-        consts = dict(self.constexprs)
-        names = [n for n, _ in self.signature]
-        shown = {names[i[0]]: v for i, v in consts.items()
+        names = list(self.signature)
+        shown = {names[i[0]]: v for i, v in self.constexprs.items()
                  if names[i[0]] in ("DECODE", "K_BITS", "V_BITS", "BLOCK_M", "BLOCK_N", "BLOCK_T", "DIRECT",
-                                    "EXACT", "CHECK", "ALIGNED")}
+                                    "EXACT", "CHECK", "ALIGNED", "OPD")}
         return f"{self.name}({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
@@ -130,15 +131,6 @@ def _as_jit(kernel):
     return twin
 
 
-def _frozen(mapping: dict) -> tuple:
-    def freeze(v):
-        if isinstance(v, list | tuple):
-            return tuple(freeze(x) for x in v)
-        return v
-
-    return tuple(sorted(((k, freeze(v)) for k, v in mapping.items()), key=lambda kv: str(kv[0])))
-
-
 def describe(kernel, args: tuple, kwargs: dict, backend) -> Launch:
     """The variant a launch `kernel[grid](*args, **kwargs)` compiles for `backend` (a Triton compiler
     backend for the target GPU), derived as `JITFunction.run` derives it (binder, then `_pack_args`)."""
@@ -156,8 +148,10 @@ def describe(kernel, args: tuple, kwargs: dict, backend) -> Launch:
         binder = binders[id(backend)] = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    return Launch(f"{fn.fn.__module__}:{fn.fn.__qualname__}", tuple(signature.items()), _frozen(constexprs),
-                  _frozen(attrs), _frozen(options.__dict__))
+    kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
+    key = repr((kernel, sorted(signature.items()), sorted(constexprs.items(), key=repr), attrs,
+                sorted(options.__dict__.items())))
+    return Launch(kernel, key, signature, constexprs, attrs, dict(options.__dict__))
 
 
 def target_backend(target=None):
@@ -230,8 +224,7 @@ def _source(launch: Launch):
 
     module, name = launch.kernel.split(":")
     fn = _as_jit(getattr(importlib.import_module(module), name))
-    return ASTSource(fn, dict(launch.signature), constexprs=dict(launch.constexprs),
-                     attrs={k: [list(a) for a in v] for k, v in launch.attrs})
+    return ASTSource(fn, launch.signature, constexprs=launch.constexprs, attrs=launch.attrs)
 
 
 def is_cached(launch: Launch, target) -> bool:
@@ -245,7 +238,7 @@ def is_cached(launch: Launch, target) -> bool:
 
     src = _source(launch)
     backend = make_backend(target)
-    options = backend.parse_options(dict(dict(launch.options), **src.parse_options()))
+    options = backend.parse_options(dict(launch.options, **src.parse_options()))
     key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
     manager = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
     return manager.get_group(f"{src.name[:150]}.json") is not None
@@ -258,7 +251,7 @@ def compile_launch(item: tuple[Launch, object]) -> str | None:
     try:
         import triton
 
-        triton.compile(_source(launch), target=target, options=dict(launch.options))
+        triton.compile(_source(launch), target=target, options=launch.options)
     except Exception as e:  # reported to the caller, which names the variant
         return f"{type(e).__name__}: {e}"
     return None

@@ -89,14 +89,14 @@ def test_enumerated_variants_equal_a_real_generation_of_the_default_model(codec,
 
 
 def _launch(i: int) -> ahead.Launch:
-    return ahead.Launch(f"tests.fake:kernel{i}", (("x_ptr", "*fp32"), ("N", "constexpr")),
-                        (((1,), i),), (((0,), (("tt.divisibility", 16),)),), (("num_warps", 4),))
+    return ahead.Launch(f"tests.fake:kernel{i}", f"kernel{i}", {"x_ptr": "*fp32", "N": "constexpr"},
+                        {(1,): i}, {(0,): [["tt.divisibility", 16]]}, {"num_warps": 4})
 
 
 def _fake_compile(item) -> str | None:
     """A stand-in compile (a worker's job): marks the launch in the folder passed as the target."""
     launch, folder = item
-    n = dict(launch.constexprs)[(1,)]
+    n = launch.constexprs[(1,)]
     Path(folder, f"{n}.{os.getpid()}.{uuid.uuid4().hex}").write_text("compiled")
     return "boom: no such kernel" if n == 3 else None
 
@@ -144,7 +144,10 @@ def _compiled_kernels_run(script: str, cache: Path) -> dict:
 
 
 _REAL_COMPILE = """
-import json, torch
+import json, pickle, torch
+from triton import knobs
+from triton.compiler import ASTSource
+from triton.runtime.jit import create_function_from_signature
 from triton.backends.compiler import GPUTarget
 from octopus_audio import compile_ahead as ahead
 from octopus_audio.kernels import flash
@@ -153,10 +156,18 @@ opart, lse, out = torch.zeros(3, 40, 64), torch.zeros(3, 40), torch.zeros(40, 64
 with ahead.recording() as calls:
     flash._merge_kernel[(2,)](opart, lse, out, 40, 3, D=64, BLOCK_R=32, num_warps=4)
 (launch,) = ahead.launches_of(calls, backend)
+# the source a worker rebuilds from the pickled variant has the key of the one JITFunction.run builds
+fn, args, kwargs = calls[0]
+kwargs = {**kwargs, "debug": False, "instrumentation_mode": knobs.compilation.instrumentation_mode,
+          "fpsan_homomorphic_casts": knobs.compilation.fpsan_homomorphic_casts}
+bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+same_source = ahead._source(pickle.loads(pickle.dumps(launch))).hash() == ASTSource(
+    fn, signature, constexprs, attrs).hash()
 before = ahead.is_cached(launch, target)
 error = ahead.compile_launch((launch, target))
 print(json.dumps({"before": before, "error": error, "after": ahead.is_cached(launch, target),
-                  "dir": ahead.cache_dir()}))
+                  "dir": ahead.cache_dir(), "same_source": same_source}))
 """
 
 
@@ -164,7 +175,8 @@ print(json.dumps({"before": before, "error": error, "after": ahead.is_cached(lau
 def test_a_recorded_launch_compiles_for_sm90_into_the_triton_cache(tmp_path):
     """The worker's real job (no GPU needed): the variant is not cached, compiles, then is."""
     found = _compiled_kernels_run(_REAL_COMPILE, tmp_path / "cache")
-    assert found == {"before": False, "error": None, "after": True, "dir": str(tmp_path / "cache")}
+    assert found == {"before": False, "error": None, "after": True, "dir": str(tmp_path / "cache"),
+                     "same_source": True}
 
 
 def test_progress_line_names_the_configuration_and_the_cache():
