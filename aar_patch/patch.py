@@ -431,6 +431,15 @@ class PatchHandle:
                 lp.orig_kv_caching(False)
         self.active = False
 
+    def compile_ahead(self, batch: int = 1, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+                      workers: int | None = None, progress=None) -> list:
+        """On CUDA, compile the Triton kernels that generations of `batch` conditions launch under this patch
+        (attention in each of `dtypes`) in parallel processes before the first generation; nothing on the
+        CPU. `aar_patch.compile_ahead.compile_ahead` says more."""
+        from .compile_ahead import compile_ahead
+
+        return compile_ahead(self.model, [self.config], batch, dtypes, workers, progress)
+
     def __enter__(self) -> PatchHandle:
         return self
 
@@ -482,16 +491,24 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     return handle
 
 
-def _store_tokens(model: object, window: int) -> int | None:
-    """Tokens a generation leaves in the compressed store (every scale but the last `window`), when the model
-    says its scales (`patch_nums` on the model, its `.aar`, or their `.config`); None when it does not."""
+def model_patch_nums(model: object) -> tuple[int, ...] | None:
+    """The model's scales, tokens per scale (`patch_nums` on the model, its `.aar`, or their `.config`); None
+    when it does not say."""
     for owner in (model, getattr(model, "aar", None)):
         for holder in (owner, getattr(owner, "config", None)):
             patch_nums = getattr(holder, "patch_nums", None)
             if patch_nums is not None:
-                patch_nums = [int(pn) for pn in patch_nums]
-                return sum(patch_nums[:len(patch_nums) - window]) if window else sum(patch_nums)
+                return tuple(int(pn) for pn in patch_nums)
     return None
+
+
+def _store_tokens(model: object, window: int) -> int | None:
+    """Tokens a generation leaves in the compressed store (every scale but the last `window`), when the model
+    says its scales (`model_patch_nums`); None when it does not."""
+    patch_nums = model_patch_nums(model)
+    if patch_nums is None:
+        return None
+    return sum(patch_nums[:len(patch_nums) - window]) if window else sum(patch_nums)
 
 
 def replay_check(model: object) -> Callable[[], None]:

@@ -189,7 +189,14 @@ def run(args: argparse.Namespace) -> int:
 
     def make_backend(dev: str) -> LazyBackend:
         def build() -> AARBackend:
-            return AARBackend(load_model(args.aar, args.sat, dev), config, name, dev, identity=identity)
+            import torch
+
+            from octopus_audio.aar_patch.compile_ahead import compile_ahead, stderr_progress
+
+            pipe = load_model(args.aar, args.sat, dev)
+            compile_ahead(pipe, config.patch_configs(), 1, (torch.bfloat16, torch.float32),  # CUDA only
+                          progress=stderr_progress())  # generation in bf16, teacher forcing in fp32
+            return AARBackend(pipe, config, name, dev, identity=identity)
 
         return LazyBackend(build, name, identity=identity)
 

@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     pipe = load_aar(args.aar, args.sat, device=device)
     handle = _apply_codec(pipe, args)
     fast = {"auto": None, "fp32": False, "bf16": True}[args.precision]
+    from octopus_audio.aar_patch.compile_ahead import stderr_progress
+
+    dtypes = (torch.float32,) if fast is False else (torch.bfloat16,)
+    handle.compile_ahead(cond_BE.shape[0], dtypes, progress=stderr_progress())  # CUDA: kernels compiled first
     result = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       fast=fast)
     print(handle.stats().line())

@@ -188,6 +188,13 @@ class EvalConfig:
             out.extend([Job(c, k, v) for k, v in self.bit_pairs()] if compresses(c) else [Job(c)])
         return out
 
+    def patch_configs(self) -> list:
+        """The KV-cache patch of each compressed job (what `AARBackend.compressed` installs), in job order."""
+        from octopus_audio.aar_patch.patch import PatchConfig
+
+        return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits)
+                for job in self.jobs() if job.bits is not None]
+
     def identity(self) -> dict:
         """The settings that must match for a rerun to reuse earlier rows: every field but JOB_FIELDS
         (codecs, bits and the floors may change: a rerun adds the missing rows)."""

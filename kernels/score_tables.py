@@ -115,7 +115,7 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
         tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_rows", "n_splits"])
 def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr,
                          BLOCK_S: tl.constexpr):
     """out[r] = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), one program per row r, BLOCK_S splits a step
@@ -268,7 +268,10 @@ def _window_scores(qn_ptr, kw_base, stride_kwt, r, t_win, qk_scale, D: tl.conste
     return tl.where(n_ok, tl.sum(kt.to(tl.float32) * qn[None, :], axis=1) * qk_scale, float("-inf"))
 
 
-@triton.jit
+# the per-call integers used only in bounds, masks and split indices are not specialised on (== 1, % 16), as
+# flash.PER_CALL_INTS: a decode step's store length and window, the split count and the rows; t_cap (row base
+# of the score scratch), chunk (a split's first key) and the strides keep it (they align vector accesses)
+@triton.jit(do_not_specialize=["t_comp", "t_win", "n_splits", "total_rows"])
 def _adc_attn_kernel(
     lut_ptr, qlut_ptr, qn_ptr, rho_ptr,
     kc_ptr, kg_ptr, ks_ptr, kr_ptr,

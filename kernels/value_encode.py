@@ -120,7 +120,7 @@ def encode_value_groups(pid, v_ptr, stride_vb, stride_vh, stride_vt, codes_ptr, 
         tl.store(codes_ptr + byte[:, :, None] + p, piece, mask=okc[:, :, None] & (p < BITS))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _encode_values_any_group_kernel(v_ptr, codes_ptr, scale_ptr, min_ptr, n_rows,
                           D: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
                           WP: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr):
