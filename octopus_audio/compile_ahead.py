@@ -141,7 +141,8 @@ def describe(kernel, args: tuple, kwargs: dict, backend) -> Launch:
     kwargs = dict(kwargs)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # Triton >= 3.7 passes it too (3.6 does not)
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
     binders = fn.__dict__.setdefault("_ahead_binders", {})
     binder = binders.get(id(backend))
     if binder is None:

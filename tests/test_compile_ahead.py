@@ -158,8 +158,9 @@ with ahead.recording() as calls:
 (launch,) = ahead.launches_of(calls, backend)
 # the source a worker rebuilds from the pickled variant has the key of the one JITFunction.run builds
 fn, args, kwargs = calls[0]
-kwargs = {**kwargs, "debug": False, "instrumentation_mode": knobs.compilation.instrumentation_mode,
-          "fpsan_homomorphic_casts": knobs.compilation.fpsan_homomorphic_casts}
+kwargs = {**kwargs, "debug": False, "instrumentation_mode": knobs.compilation.instrumentation_mode}
+if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # Triton >= 3.7
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
 bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
 options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
 same_source = ahead._source(pickle.loads(pickle.dumps(launch))).hash() == ASTSource(
