@@ -60,12 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: cuda when available, else cpu")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on cuda, fp32 (the released numerics) on cpu")
+    parser.add_argument("--eager", action="store_true",
+                        help="on cuda, run the scale loop eagerly instead of capturing it once as a CUDA "
+                             "graph and replaying it (the default there; the same tokens); cpu and "
+                             "--precision fp32 always run eagerly")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from octopus_audio.aar_patch.generation import generate
     from octopus_audio.aar_patch.loading import load_aar
 
     _check_args(args)
@@ -87,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     dtypes = (torch.float32,) if fast is False else (torch.bfloat16,)
     handle.compile_ahead(cond_BE.shape[0], dtypes, progress=stderr_progress())  # CUDA: kernels compiled first
-    result = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                      fast=fast)
+    result = _generate(pipe, cond_BE, args, fast)
     print(handle.stats().line())
     handle.unpatch()
     # recorded as generate's own before any is written, so a later run into --out knows them
@@ -108,6 +110,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {written} WAV file{'s' * (written != 1)} to {args.out}"
           + (f" and latents to {args.save_latents}" if args.save_latents else ""))
     return 0
+
+
+def _generate(pipe, cond_BE, args: argparse.Namespace, fast: bool | None):
+    """One generation of the rows of `cond_BE`: captured as a CUDA graph and replayed (`GraphedGenerator`) on
+    cuda unless --eager or --precision fp32 (the graph runs the bf16 path, whose tokens `generate(fast=True)`
+    gives too), else `generate`."""
+    from octopus_audio.aar_patch.generation import GraphedGenerator, generate
+
+    if pipe.device.type == "cuda" and not args.eager and fast is not False:
+        log.info("generating through a CUDA graph of the scale loop (--eager to run it eagerly)")
+        graphed = GraphedGenerator(pipe, cond_BE.shape[0], cfg=args.cfg, top_k=args.top_k, top_p=args.top_p)
+        return graphed(cond_BE, seed=args.seed)
+    return generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                    fast=fast)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -276,12 +292,11 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
     """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
     and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows
     (`bits`: the codec's widths as the accounting line names them)."""
-    from octopus_audio.aar_patch.generation import generate
     from octopus_audio.audio_metrics.latent import latent_cosine
     from octopus_audio.audio_metrics.lsd import lsd_db
     from octopus_audio.audio_metrics.snr import snr_db
 
-    ref = generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=fast)
+    ref = _generate(pipe, cond_BE, args, fast)
     args.out.mkdir(parents=True, exist_ok=True)
     ref_BN = ref.audio[:, 0].float().cpu().numpy()
     for path, audio_N in zip(ref_wavs, ref_BN, strict=True):
