@@ -27,6 +27,8 @@ class _WeightNormed(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_channels))
         self.weight_g = nn.Parameter(torch.empty(v_shape[0], 1, 1))
         self.weight_v = nn.Parameter(torch.empty(v_shape))
+        if self.weight_v.is_meta:  # shapes only (a checkpoint's weights replace them): no init, and no norm
+            return  # on meta tensors, whose Python decomposition would import torch._dynamo (3 s on a CPU)
         with torch.no_grad():  # torch's default conv init, then g = ||v|| so that weight == v at start
             nn.init.kaiming_uniform_(self.weight_v, a=math.sqrt(5))
             self.weight_g.copy_(self.weight_v.norm(dim=(1, 2), keepdim=True))

@@ -50,7 +50,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"octopus-audio: error: {message} (see `{usage} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not an option), or None."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[0] if words and words[0] in COMMANDS else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; only `command`'s module is imported (for its flags), so a command loads
+    nothing another command needs and the top-level help lists every command without importing any."""
     from octopus_audio import __version__
 
     parser = _Parser(prog="octopus-audio", description=DESCRIPTION, epilog=EPILOG,
@@ -61,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
+        if name != command:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -75,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(chosen_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

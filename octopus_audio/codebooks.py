@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from octopus_audio import marginals
 from octopus_audio.errors import UsageError
-from octopus_audio.lloyd_max import lloyd_max
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +78,10 @@ def _file_name(kind: str, d: int | None) -> str:
     return f"{kind}_d{d}.json" if kind in D_KINDS else f"{kind}.json"
 
 
-def _marginal(kind: str, d: int | None) -> marginals.Marginal:
+def _marginal(kind: str, d: int | None):
+    """The density of `kind` (octopus_audio.marginals, imported here: scipy is only needed to compute)."""
+    from octopus_audio import marginals
+
     if kind == "coord":
         return marginals.coord(d)
     if kind == "rho":
@@ -97,6 +98,8 @@ def compute(kind: str, d: int | None, bits: int) -> tuple[np.ndarray, float]:
         m = 2**bits
         width = 2 * math.pi / m
         return (np.arange(m) + 0.5) * width, width * width / 12
+    from octopus_audio.lloyd_max import lloyd_max
+
     result = lloyd_max(_marginal(kind, d if kind in D_KINDS else None), bits)
     return result.centroids, result.distortion
 
