@@ -306,9 +306,13 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
     window_split, when there is room for more programs). folded: the section gathers codes (folded rows).
 
-    One query row (H200 sweep, octopus b=2): no tensor cores, 32 keys a step, 4 warps, word tiles, ~8
-    programs per SM (1.50 ms at 128k keys x 32 heads, d=128, against 1.81-3.94 ms for the 16-row tensor-core
-    variants). A block of queries: up to 128 rows (64 at d > 64), 64 keys a step, 4 warps; gathered codes
+    One query row (the codecs without score tables; the octopus codecs take `_table_attention`): no tensor
+    cores, word tiles; at d <= 64 256 keys a step, 8 warps, 8 programs per SM, at d = 128 128 keys, 4 warps,
+    4 programs per SM: the configurations `bench --tune` picked (H200, turboquant-mse b=2, 1 q x 8k/32k/128k
+    keys: 0.028 / 0.089 / 0.300 ms at d=64 x 16 heads, 0.061 / 0.180 / 0.759 ms at d=128 x 32 heads, against
+    0.053 / 0.130 / 0.411 and 0.100 / 0.313 / 1.132 ms with the earlier 32 keys, 4 warps, 8 programs per SM,
+    which an octopus b=2 sweep had chosen before octopus moved to score tables). A block of queries: up to
+    128 rows (64 at d > 64), 64 keys a step, 4 warps; gathered codes
     for folded octopus rows, word tiles otherwise. The H200 sweep at AAR shapes (d=64, 16-bit operands),
     octopus b=2 at 128 rows, 64 keys a step, 4 warps: gathered codes with folded rows 0.278 ms at B=64 and
     2.105 ms at B=512, against 0.324 / 2.49 ms unfolded from word tiles, 0.288 / 2.196 ms for folded rows
@@ -318,13 +322,15 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     """
     single = n_rows == 1
     block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
-    block_n = cfg.block_n or (32 if single or d > 64 else 64)
+    # one row: (keys a step, warps, programs per SM) = (256, 8, 8) at d <= 64, (128, 4, 4) above
+    block_n = cfg.block_n or ((256 if d <= 64 else 128) if single else (32 if d > 64 else 64))
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
         block_n = 128
-    num_warps = cfg.num_warps or 4
+    num_warps = cfg.num_warps or (8 if single and d <= 64 else 4)
     tile = not (folded and block_m > 1)
     programs = programs_bh * _cdiv(n_rows, block_m)
-    want = _cdiv((cfg.programs_per_sm or 8) * _sm_count(device), programs)
+    per_sm = cfg.programs_per_sm or (4 if single and d > 64 else 8)
+    want = _cdiv(per_sm * _sm_count(device), programs)
     num_splits = max(1, min(want, _cdiv(length, cfg.split_min_keys or 4 * block_n)))
     num_splits, chunk = split_chunk(length, num_splits, block_n)
     if want > 1 and t_win and length and (cfg.window_split is None or cfg.window_split):
