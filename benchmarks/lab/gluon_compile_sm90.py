@@ -1,6 +1,7 @@
 """Lab (no GPU needed; a Triton with the Gluon API and ptxas): compile the product Gluon attention kernel
 (kernels/gluon_flash.py) for GPUTarget("cuda", 90, 32) for every codec and key bits in its scope
-(gluon_scope.KEY_BITS) and every value bit width it takes, and print the shared memory per variant, so a GPU session starts from kernels known to compile. Exit code 1 when any variant fails.
+(gluon_scope.KEY_BITS) and every value bit width it takes, and print the shared memory per variant, so a
+GPU session starts from kernels known to compile. Exit code 1 when any variant fails.
 
     PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_compile_sm90.py   # the GPU image's Triton 3.6
 """
@@ -81,7 +82,8 @@ def main() -> int:
             print(f"{name} b={bits} v_bits={v_bits}: ok {res}", flush=True)
         except Exception as exc:  # one failing variant still lets the others report
             failed += 1
-            print(f"{name} b={bits} v_bits={v_bits}: FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+            print(f"{name} b={bits} v_bits={v_bits}: FAILED {type(exc).__name__}: {str(exc)[:2000]}",
+                  flush=True)
     print(f"{'all compiled' if not failed else f'{failed} failed'}", flush=True)
     return 1 if failed else 0
 
