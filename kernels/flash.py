@@ -13,6 +13,7 @@ import triton.language as tl
 
 from .bits import store_rounded
 from .codec_decode import SECTIONS, _mm_nn, _mm_nt, _operand, _project, key_scores, qjl_scores, query_operands
+from .gluon_scope import announce, device_capability, gluon_api, gluon_limit
 from .launch import (
     _cdiv,
     _check_pow2,
@@ -351,10 +352,29 @@ def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, sc
                          programs_per_sm=cfg.programs_per_sm or (3 if wide else 8))
 
 
+def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:
+    """gluon_scope.gluon_limit for one call (None: the Gluon kernel runs it)."""
+    dev = q_BHTD.device
+    capability = device_capability(dev)
+    return gluon_limit(capability=capability, api_error=gluon_api() if capability is not None else None,
+                       interpreting=_interpreting(), q_dtype=q_BHTD.dtype,
+                       window_dtype=None if k_window is None or not k_window.shape[2] else k_window.dtype,
+                       decode=codec.decode, has_qjl=codec.has_qjl, head_dim=codec.head_dim,
+                       code_bits=codec.code_bits, v_bits=values.bits, v_group=values.group, rows=n_rows,
+                       programs=programs, sm_count=_sm_count(dev))
+
+
+def attention_gluon(*args):
+    """gluon_flash.attention_gluon, imported at first use (a Triton without Gluon never imports it)."""
+    from .gluon_flash import attention_gluon as run
+
+    return run(*args)
+
+
 def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
               scale: float | None = None, num_splits: int | None = None,
-              config: AttnConfig | None = None) -> torch.Tensor:
+              config: AttnConfig | None = None, gluon: bool = True) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
 
     q [B, Hq, Tq, d] (any float dtype, any strides); `keys`/`values` buffers [B, H, Tcap, ...] of
@@ -364,6 +384,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts
     happen in the kernel's prologue, so the host does no tensor math. One query row per KV head of a codec
     with score tables (the triplet section, a window of at most 64 tokens) runs the table-lookup kernel.
+    `gluon` (default True): where `gluon_scope.gluon_limit` finds the call in scope (an H200, bf16, d=64, up
+    to 80 query rows a KV head...) and neither `num_splits` nor `config` is given, the Gluon kernel
+    (gluon_flash.py) runs instead; the choice is logged once per reason.
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -387,6 +410,12 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     grp = hq // h
     n_rows = grp * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if gluon and config is None and num_splits is None:
+        why = _gluon_limit(q_BHTD, values, k_window, codec, n_rows, b * h)
+        if why is None:
+            announce("gluon", "in scope")
+            return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale)
+        announce("triton", why)
     cfg = config or AttnConfig()
     if adc_limit(codec, n_rows, t_win) is None:
         return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,

@@ -151,6 +151,7 @@ class CachePlan:
         self.native = not codec.compressed
         self.kernel = None
         self.kernel_encode = self.kernel_attention = False
+        self.gluon = False  # flash.attention may run the Gluon kernel where in scope (kernels/gluon_scope.py)
         if self.backend == "triton":
             why_encode, why_attend = kernel_limit(codec), kernel_limit(codec, for_encode=False)
             if why_encode is not None:
@@ -161,6 +162,11 @@ class CachePlan:
             if self.kernel_encode or self.kernel_attention:
                 self.kernel = kernel_codec(codec, num_heads, device)
             self.ops = _ops()
+            from octopus_audio.kernels import gluon_scope
+
+            self.gluon = gluon_scope.requested_kernel() == "auto"
+            if not self.gluon:
+                gluon_scope.announce("triton", f"{gluon_scope.ENV_VAR}=triton")
             from octopus_audio.kernels import PackedKeys, PackedValues
 
             self._packed_keys, self._packed_values = PackedKeys, PackedValues
@@ -203,7 +209,8 @@ class CachePlan:
         else:
             keys, values = self._empty_store(q, cache.value_quantizer)
         k_win, v_win = window if window is not None else (None, None)
-        return self.ops.attention(q, keys, values, cache.length, k_win, v_win, self.kernel, scale=scale)
+        return self.ops.attention(q, keys, values, cache.length, k_win, v_win, self.kernel, scale=scale,
+                                  gluon=self.gluon)
 
     def _empty_store(self, q: torch.Tensor, quant):
         """An empty store of the right shapes (the first scale attends to the window only)."""

@@ -225,6 +225,8 @@ def _source(launch: Launch):
 
     module, name = launch.kernel.split(":")
     fn = _as_jit(getattr(importlib.import_module(module), name))
+    if getattr(fn, "is_gluon", lambda: False)():  # the Gluon attention kernel (kernels/gluon_flash.py)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     return ASTSource(fn, launch.signature, constexprs=launch.constexprs, attrs=launch.attrs)
 
 

@@ -1,0 +1,484 @@
+"""Attention over the compressed cache as a warp-specialised Gluon kernel for Hopper (sm_90): the default on
+an H200 where `gluon_scope.gluon_limit` finds the shape in scope; `flash.py`'s Triton kernel everywhere else.
+
+Math (as flash.py): out = softmax(scale q.[K_hat; K_win]) @ [V_hat; V_win], one softmax over the compressed
+store and the native window. A compressed key's score is gamma (q_rot . u_hat) [+ gamma (q_qjl . gamma_r
+sigma)], with q_rot = sqrt(d) R q scaled by qk_scale / sqrt(d) and q_qjl = d R' R q scaled by qk_scale
+sqrt(pi / (2d)) / d (qk_scale = scale log2 e: the softmax runs in exp2); a window key's score is
+qk_scale q . k. Values: group dequantization code * scale + minimum (fp16).
+
+One program per (batch row, KV head), 4 + 4 warps: a producer warp group decodes each 64-key tile of the
+store, then of the window, into a two-stage ring in shared memory (`gluon_decode.py`: the key tiles in the
+kernel's column order, the values in fp16, and per key a score scale, gamma or qk_scale, and a bias, 0 or
+-inf past the last key), loading the next tile's packed words into registers while it decodes this one. The
+default warp group rotates the query rows once through the head's query map (`query_map`, tile by tile, a
+wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wgmma (queries 0..63 as rows,
+64..79 swapped: S2^T = K Q2^T, 16 columns), applies the column scale and bias in one FMA, updates the online
+softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
+rows (loaded into tile a's buffer once the last compressed tile is done; tiles b and c are zero there). The
+epilogue divides by the row sums and puts each output column back at its place (`value_columns`).
+
+Launch (H200, Triton 3.6, AAR shapes 2B x 16 heads, 75 queries x (380 + 75) keys, d=64): 64 keys a tile, 2
+stages, 128 registers a thread (two programs an SM), the producer at 72 registers (88 for polarquant and
+octopus-qjl: the least without spills in its tile loop). Against stages=3, L1 prefetch 1-2 tiles ahead,
+loads at decode, producer 56 registers, 128-key tiles and 3 programs an SM, this configuration was fastest or
+within 4% (benchmarks/results/kernels.md, Gluon round 2): octopus b=2 1.63x SDPA's time against the Triton
+kernel's 2.64x at 2B=1024.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .gluon_decode import (
+    OCJ,
+    OCT,
+    POL,
+    TQJ,
+    TQM,
+    _mma,
+    _row_layout,
+    _smem,
+    _unit_decode,
+    _unit_raw,
+    _window_section,
+)
+from .gluon_scope import codec_id
+from .launch import _pow2
+from .spec import KernelCodec, PackedKeys, PackedValues
+
+BLOCK = 64  # keys a ring tile
+STAGES = 2  # ring stages
+MAXNREG = 128  # registers a thread: two programs of 8 warps an SM
+PRODUCER_REGS = {POL.value: 88, OCJ.value: 88}  # else 72
+
+
+# ---------------------------------------------------------------------------------------------------------
+# producer partition
+
+@gluon.jit
+def _next_stage(t, empty, STAGES: gl.constexpr):
+    """Wait until ring tile t's stage is released by the consumer (the empty barriers start complete: phase
+    1 passes at once); returns the stage."""
+    s = t % STAGES
+    mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+    return s
+
+
+@gluon.jit
+def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
+              kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_base, vw_base, skt, svt, qk_scale,
+              CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
+              V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr):
+    """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
+    arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
+    the last compressed tile every load is masked off)."""
+    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
+    LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    if TAB_SMEM:  # the table in registers for gl.gather
+        tab = gl.load(tab_ptr + gl.arange(0, TAB, LT))
+    else:
+        tab = gl.zeros([128], gl.int32, LT)
+    if (CODEC == TQM or CODEC == TQJ) and NB <= 2:  # the PRMT table of turboquant's 1-2 bit codes
+        tlo = gl.load(tab_ptr)
+        thi = gl.load(tab_ptr + 1)
+    else:
+        tlo = 0
+        thi = 0
+    raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB, KW,
+                    SW, V_BITS, V_GROUP)
+    for t in range(n_ct):
+        nxt = _unit_raw((t + 1) * 64, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                        CODEC, NB, KW, SW, V_BITS, V_GROUP)
+        s = _next_stage(t, empty, STAGES)
+        _unit_decode(raw, ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
+                     tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM)
+        fence_async_shared()
+        raw = nxt
+        mbarrier.arrive(ready.index(s))
+    for tw in range(n_wt):
+        s = _next_stage(n_ct + tw, empty, STAGES)
+        _window_section(ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt,
+                        tw * 64, t_win, qk_scale, HAS_B, HAS_C, V_BITS)
+        fence_async_shared()
+        mbarrier.arrive(ready.index(s))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# consumer partition (the default warp group): queries 0..63 as wgmma rows, 64..79 swapped
+
+
+@gluon.jit
+def _load_q(q_base, sqt, r0, TQ, M: gl.constexpr, LQ: gl.constexpr):
+    r = r0 + gl.arange(0, M, gl.SliceLayout(1, LQ))
+    c = gl.arange(0, 64, gl.SliceLayout(0, LQ))
+    return gl.load(q_base + r[:, None] * sqt + c[None, :], mask=(r < TQ)[:, None] & (c < 64)[None, :],
+                   other=0.0)
+
+
+@gluon.jit
+def _native_q(dst, q_base, sqt, r0, TQ):
+    """Query rows r0 .. r0 + 64 as they are into dst [64, 64], once every warp's dots reading dst are done."""
+    q = _load_q(q_base, sqt, r0, TQ, 64, _row_layout(64, 4))
+    gl.thread_barrier()
+    dst.store(q)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _rotate_tile(q, map_s, map_base, c0, DQ: gl.constexpr, dst, scale):
+    """dst [128, W] = bf16(q @ map[:, c0 .. c0 + W] * scale) (the head's map columns through map_s)."""
+    W: gl.constexpr = map_s.shape[1]
+    LM: gl.constexpr = _row_layout(W, 4)
+    r = gl.arange(0, 64, gl.SliceLayout(1, LM))
+    c = gl.arange(0, W, gl.SliceLayout(0, LM))
+    gl.thread_barrier()  # every warp's previous dot reading map_s is done
+    map_s.store(gl.load(map_base + r[:, None] * DQ + c0 + c[None, :]))
+    fence_async_shared()
+    mma: gl.constexpr = _mma(W)
+    acc = warpgroup_mma(gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)),
+                        map_s, gl.zeros([128, W], gl.float32, mma), use_acc=False)
+    dst.store((acc * scale).to(gl.bfloat16))
+
+
+@gluon.jit
+def _fx_issue(qa1, qb1, qc1, qa2, qb2, qc2, ka, kb, kc, HAS_B: gl.constexpr, HAS_C: gl.constexpr,
+              BLOCK: gl.constexpr):
+    """Start (async) S1 = Q1 K^T [64, BLOCK] and S2^T = K Q2^T [BLOCK, 16] over the stage's key tiles."""
+    s1 = warpgroup_mma(qa1, ka.permute((1, 0)), gl.zeros([64, BLOCK], gl.float32, _mma(BLOCK)), use_acc=False,
+                       is_async=True)
+    s2 = warpgroup_mma(ka, qa2.permute((1, 0)), gl.zeros([BLOCK, 16], gl.float32, _mma(16)), use_acc=False,
+                       is_async=True)
+    if HAS_B:
+        s1 = warpgroup_mma(qb1, kb.permute((1, 0)), s1, is_async=True)
+        s2 = warpgroup_mma(kb, qb2.permute((1, 0)), s2, is_async=True)
+    if HAS_C:
+        s1 = warpgroup_mma(qc1, kc.permute((1, 0)), s1, is_async=True)
+        s2 = warpgroup_mma(kc, qc2.permute((1, 0)), s2, is_async=True)
+    return s1, s2
+
+
+@gluon.jit
+def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.constexpr):
+    """Scores times the column scale plus the bias (one FMA), both online softmax updates (every ring tile
+    holds a valid key, so the running max is finite after the first), then start O1 += P1 V (P1 in
+    registers) and O2^T += V^T P2^T (P2^T through shared memory); fp16 P and V. The swapped queries' sums
+    stay per element (l2 [BLOCK, 16], reduced over the keys once, in the epilogue)."""
+    mmaR: gl.constexpr = _mma(BLOCK)
+    mmaC: gl.constexpr = _mma(16)
+    s1 = gl.fma(s1, cs.load(gl.SliceLayout(0, mmaR))[None, :], cb.load(gl.SliceLayout(0, mmaR))[None, :])
+    s2 = gl.fma(s2, cs.load(gl.SliceLayout(1, mmaC))[:, None], cb.load(gl.SliceLayout(1, mmaC))[:, None])
+    mn1 = gl.maximum(m1, gl.max(s1, axis=1))
+    a1 = gl.exp2(m1 - mn1)
+    p1 = gl.exp2(s1 - mn1[:, None])
+    l1 = l1 * a1 + gl.sum(p1, axis=1)
+    o1 = o1 * gl.convert_layout(a1, gl.SliceLayout(1, _mma(64)))[:, None]  # trivial: the same rows
+    mn2 = gl.maximum(m2, gl.max(s2, axis=0))
+    a2 = gl.exp2(m2 - mn2)
+    p2 = gl.exp2(s2 - mn2[None, :])
+    l2 = l2 * a2[None, :] + p2
+    o2 = o2 * a2[None, :]
+    gl.thread_barrier()  # every warp's previous P2^T dot is done (waited) before pt2 is rewritten
+    pt2.store(p2.to(gl.float16))
+    fence_async_shared()
+    p1d = gl.convert_layout(p1.to(gl.float16), gl.DotOperandLayout(operand_index=0, parent=_mma(64),
+                                                                    k_width=2))
+    o1 = warpgroup_mma(p1d, vt, o1, is_async=True)
+    o2 = warpgroup_mma(vt.permute((1, 0)), pt2, o2, is_async=True)
+    return mn1, l1, o1, mn2, l2, o2
+
+
+@gluon.jit
+def _fx_step(u, n_ct, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb,
+             qc, pt2, q_base, sqt, TQ, HAS_B: gl.constexpr, HAS_C: gl.constexpr, BLOCK: gl.constexpr,
+             STAGES: gl.constexpr):
+    """Ring tile u from stage u % STAGES (unrolling the loop over the stages, which makes the stage index a
+    constant, measured no fewer instructions: ptxas keeps the descriptors in regular registers and moves them
+    to uniform ones at every use either way)."""
+    st = u % STAGES
+    if u == n_ct:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
+        _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
+        _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
+    mbarrier.wait(ready.index(st), (u // STAGES) & 1)
+    s1, s2 = _fx_issue(qa.slice(0, 64), qb.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qb.slice(64, 16),
+                       qc.slice(64, 16), ka.index(st), kb.index(st), kc.index(st), HAS_B, HAS_C, BLOCK)
+    s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
+    m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
+                                        cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
+    o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
+    mbarrier.arrive(empty.index(st))
+    return m1, l1, o1, m2, l2, o2
+
+
+@gluon.jit
+def _true_col(c, V_BITS: gl.constexpr):
+    """The value (= output) column held at kernel column c: word w's pair j holds codes j, j + C/2."""
+    C: gl.constexpr = 32 // V_BITS
+    rem = c % C
+    return (c - rem) + rem // 2 + (rem % 2) * (C // 2)
+
+
+@gluon.jit
+def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
+    """O / l for queries 0..63 (rows) and 64..79 (O2^T), bf16, each column at its true place."""
+    LO: gl.constexpr = _mma(64)  # stored from the accumulator layout: the column order scatters anyway
+    l1 = gl.convert_layout(l1, gl.SliceLayout(1, LO))
+    o1 = (o1 / gl.where(l1 > 0, l1, 1.0)[:, None]).to(gl.bfloat16)
+    r = gl.arange(0, 64, gl.SliceLayout(1, LO))
+    c = _true_col(gl.arange(0, 64, gl.SliceLayout(0, LO)), V_BITS)
+    gl.store(out_base + r[:, None] * 64 + c[None, :], o1, mask=(r < TQ)[:, None] & (c < 64)[None, :])
+    mmaC: gl.constexpr = _mma(16)
+    l2 = gl.sum(l2, axis=0)
+    o2 = (o2 / gl.where(l2 > 0, l2, 1.0)[None, :]).to(gl.bfloat16)
+    cr = _true_col(gl.arange(0, 64, gl.SliceLayout(1, mmaC)), V_BITS)
+    q = 64 + gl.arange(0, 16, gl.SliceLayout(0, mmaC))
+    gl.store(out_base + q[None, :] * 64 + cr[:, None], o2, mask=(q < TQ)[None, :] & (cr < 64)[:, None])
+
+
+
+@gluon.jit
+def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, map_a, map_b, pt2, n_ct, n_wt, q_base, sqt,
+              map_base, out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr,
+              V_BITS: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr):
+    """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then one loop
+    over every ring tile (compressed, then window: the native query takes tile a's buffer once the last
+    compressed tile's dots are done; the producer zeroes tiles b and c of window tiles)."""
+    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
+    q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64), k_width=2))
+    _rotate_tile(q, map_a, map_base, 0, DQ, qa, rot_scale)
+    if HAS_B:
+        _rotate_tile(q, map_b, map_base, 64, DQ, qb, rot_scale)
+    if HAS_C:
+        C0: gl.constexpr = 64 + (map_b.shape[1] if HAS_B else 0)
+        _rotate_tile(q, map_a, map_base, C0, DQ, qc, qjl_scale)
+    fence_async_shared()
+    mmaR: gl.constexpr = _mma(BLOCK)
+    mmaC: gl.constexpr = _mma(16)
+    m1 = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, mmaR))
+    l1 = gl.zeros([64], gl.float32, gl.SliceLayout(1, mmaR))
+    o1 = gl.zeros([64, 64], gl.float32, _mma(64))
+    m2 = gl.full([16], float("-inf"), gl.float32, gl.SliceLayout(0, mmaC))
+    l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
+    o2 = gl.zeros([64, 16], gl.float32, mmaC)
+    for u in range(n_ct + n_wt):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, n_ct, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty,
+                                          qa, qb, qc, pt2, q_base, sqt, TQ, HAS_B, HAS_C, BLOCK, STAGES)
+    _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the kernel
+
+@gluon.jit
+def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                       t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
+                       KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
+                       TAB: gl.constexpr, TAB_SMEM: gl.constexpr, WB: gl.constexpr, BLOCK: gl.constexpr,
+                       STAGES: gl.constexpr, P_REGS: gl.constexpr):
+    """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
+    compressed keys (store rows pid * t_cap ..) and `t_win` native window keys."""
+    pid = gl.program_id(0)
+    b = pid // H
+    h = pid % H
+    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
+    DQ: gl.constexpr = 64 + WB + (64 if HAS_C else 0)
+    ka = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
+    qa = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
+    map_a = gl.allocate_shared_memory(gl.bfloat16, [64, 64], _smem([64, 64], gl.bfloat16))
+    if HAS_B:
+        kb = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, WB], _smem([BLOCK, WB], gl.bfloat16))
+        qb = gl.allocate_shared_memory(gl.bfloat16, [128, WB], _smem([128, WB], gl.bfloat16))
+        map_b = gl.allocate_shared_memory(gl.bfloat16, [64, WB], _smem([64, WB], gl.bfloat16))
+    else:  # placeholders, never read
+        kb = ka
+        qb = qa
+        map_b = map_a
+    if HAS_C:
+        kc = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
+        qc = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
+    else:
+        kc = ka
+        qc = qa
+    vt = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.float16))
+    cv = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    pt2 = gl.allocate_shared_memory(gl.float16, [BLOCK, 16], _smem([BLOCK, 16], gl.float16))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    n_ct = gl.cdiv(length, BLOCK)
+    n_wt = gl.cdiv(t_win, BLOCK)
+    gl.warp_specialize([
+        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, map_a, map_b, pt2, n_ct, n_wt,
+                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
+                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES)),
+        (_producer, (ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
+                     ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
+                     vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
+                     TAB_SMEM, STAGES)),
+    ], [4], [P_REGS])
+
+
+_gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "t_cap", "length", "t_win"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# host side: the kernel's column orders, tables, query map, constants and launch
+
+def value_columns(v_bits: int) -> torch.Tensor:
+    """[64]: the value (and output) column held at kernel column c: within each word of C = 32 / v_bits
+    codes, kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and
+    16). The kernel's `_true_col` computes the same."""
+    c = torch.arange(64)
+    cw = 32 // v_bits
+    rem = c % cw
+    return (c - rem) + rem // 2 + (rem % 2) * (cw // 2)
+
+
+def _pair_columns(n: int, nb: int) -> torch.Tensor:
+    """[n]: the coordinate at kernel column c of a byte-permute decoded tile of nb-bit codes (nb = 1 or 2):
+    word w's pair p holds codes j and j + 8 / nb, j = p % (8 / nb) + 2 (8 / nb) (p // (8 / nb))."""
+    cw, dl = 32 // nb, 8 // nb
+    c = torch.arange(n)
+    w, rem = c // cw, c % cw
+    p, hh = rem // 2, rem % 2
+    return w * cw + p % dl + 2 * dl * (p // dl) + hh * dl
+
+
+def sign_columns(n: int) -> torch.Tensor:
+    """[n]: the QJL sign index at kernel column c: word w's pair j holds signs j and j + 16."""
+    c = torch.arange(n)
+    w, rem = c // 32, c % 32
+    return w * 32 + rem // 2 + (rem % 2) * 16
+
+
+def key_columns(kc: KernelCodec) -> list[torch.Tensor]:
+    """Per key tile of the kernel (a, then b for the triplet section, then c for QJL): the index into the
+    codec's `query_map` columns of each kernel column, -1 for a zero column. The one definition of the
+    kernel's key column order, from which `query_map` is built."""
+    cid, d = codec_id(kc.decode, kc.has_qjl), kc.head_dim
+    if cid in (OCT.value, OCJ.value):  # table rows (x, y, z, 0): column 4i + c holds component c of triplet i
+        lp = kc.triplet_lanes
+        i = torch.arange(24)[:, None]
+        comp = torch.arange(4)[None, :]
+        idx = torch.where((comp < 3) & (i < kc.num_codes), comp * lp + i, -1).reshape(-1)
+        tiles, qjl0 = [idx[:64], idx[64:96]], 3 * lp
+    elif cid in (TQM.value, TQJ.value) and kc.code_bits <= 2:
+        tiles, qjl0 = [_pair_columns(d, kc.code_bits)], d
+    else:
+        tiles, qjl0 = [torch.arange(d)], d
+    if kc.has_qjl:
+        tiles.append(qjl0 + sign_columns(d))
+    return tiles
+
+
+def query_map(kc: KernelCodec) -> torch.Tensor:
+    """[H, 64, DQ] bf16 (+-1, d-scaled integers or 0, exact): q @ map[h] = the query's projections in the
+    kernel's key column order (tile a | b | c), from `KernelCodec.query_map`; cached on the codec."""
+    cached = kc.__dict__.get("_gluon_map")
+    if cached is None:
+        qm = kc.query_map(torch.float32)
+        cols = [torch.where(idx.to(qm.device) >= 0, qm[:, :, idx.to(qm.device).clamp(min=0)], 0.0)
+                for idx in key_columns(kc)]
+        cached = kc.__dict__["_gluon_map"] = torch.cat(cols, 2).to(torch.bfloat16).contiguous()
+    return cached
+
+
+def _table_spec(kc: KernelCodec) -> tuple[int, bool]:
+    """(rows, through gl.gather) of the kernel's key table: tables gathered from registers are padded to at
+    least 128 rows (one or more a producer thread); triplet tables past 128 rows are read with gathered
+    global loads instead (octopus b >= 3); turboquant's 1-2 bit table sits in two registers."""
+    cid, nb = codec_id(kc.decode, kc.has_qjl), kc.code_bits
+    if cid in (OCT.value, OCJ.value):
+        return (1 << nb, False) if nb > 7 else (128, True)
+    if cid == POL.value:
+        return max(_pow2(6 << nb), 128), True
+    if nb <= 2:
+        return 4, False
+    return max(1 << nb, 128), True
+
+
+def key_table(kc: KernelCodec) -> torch.Tensor:
+    """The kernel's table (tab_ptr), zero padded to `_table_spec`'s rows: triplet, the folded rows (x, y, z,
+    0) in bf16 as int64; scalar with 1-2 bit codes, its 4 bf16 centroids as int32 [2]; scalar otherwise, bf16
+    centroids as int16; polar, (cos, sin) fp32 of level lvl's code at row lvl 2^n + code, int64. Cached on
+    the codec."""
+    cached = kc.__dict__.get("_gluon_table")
+    if cached is None:
+        from .codec_decode import SECTIONS, folded_directions
+
+        rows, _ = _table_spec(kc)
+        cid = codec_id(kc.decode, kc.has_qjl)
+        if cid in (OCT.value, OCJ.value):
+            vals = folded_directions(kc).reshape(-1, 4).to(torch.bfloat16).contiguous().view(torch.int64)
+        elif cid == POL.value:
+            cos, sin = SECTIONS[kc.decode].attention_tables(kc)
+            vals = torch.stack([cos, sin], 1).contiguous().view(torch.int64)
+        else:
+            vals = kc.table("centroids").to(torch.bfloat16).contiguous().view(torch.int16)
+        vals = vals.reshape(-1)
+        tab = torch.zeros(rows, dtype=vals.dtype, device=vals.device)
+        tab[:vals.numel()] = vals
+        cached = kc.__dict__["_gluon_table"] = tab.view(torch.int32) if rows == 4 else tab
+    return cached
+
+
+def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
+    """The kernel's constexprs for a KernelCodec in scope (gluon_scope.codec_limit) and its values."""
+    cid = codec_id(kc.decode, kc.has_qjl)
+    tab_rows, tab_smem = _table_spec(kc)
+    return dict(CODEC=cid, NB=kc.code_bits, KW=kc.code_words, SW=2 if kc.has_qjl else 1, V_BITS=v_bits,
+                V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem,
+                WB=32 if cid in (OCT.value, OCJ.value) else 0, BLOCK=BLOCK, STAGES=STAGES,
+                P_REGS=PRODUCER_REGS.get(cid, 72))
+
+
+def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                    k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                    scale: float) -> torch.Tensor:
+    """flash.attention's contract on the Gluon kernel, for arguments `flash.attention` has checked and
+    `gluon_scope.gluon_limit` found in scope: q [B, Hq, Tq, 64] bf16 with Hq = G*H and G*Tq <= 80 (query
+    head h*G + g reads KV head h), the packed store [B, H, Tcap, ...], window [B, H, Tw, 64] bf16 or None.
+    Returns [B, Hq, Tq, 64] bf16."""
+    b, hq, tq, d = q_BHTD.shape
+    h = keys.codes.shape[1]
+    rows = hq // h * tq
+    q = q_BHTD.reshape(b, h, rows, d)  # rows g*Tq + t of KV head h (a view when q's heads are contiguous)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    t_win = 0 if k_window is None else k_window.shape[2]
+    if not t_win:  # any bf16 tensor serves as the never-read window
+        k_window = v_window = q
+    k_window = k_window if k_window.stride(-1) == 1 else k_window.contiguous()
+    v_window = v_window if v_window.stride(-1) == 1 else v_window.contiguous()
+    codes, gamma = keys.codes.contiguous(), keys.gamma.contiguous()
+    signs = keys.signs.contiguous() if codec.has_qjl else codes  # never read without the side-car
+    gamma_r = keys.gamma_r.contiguous() if codec.has_qjl else gamma
+    out = torch.empty(b, h, rows, d, device=q.device, dtype=torch.bfloat16)
+    qk_scale = scale * 1.4426950408889634
+    rot_scale = qk_scale / math.sqrt(d)
+    qjl_scale = qk_scale * math.sqrt(math.pi / (2 * d)) / d
+    _gluon_attn_kernel[(b * h, )](
+        q, q.stride(0), q.stride(1), q.stride(2), query_map(codec), codes, gamma, signs, gamma_r,
+        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(), k_window, v_window,
+        k_window.stride(0), k_window.stride(1), k_window.stride(2), v_window.stride(0), v_window.stride(1),
+        v_window.stride(2), key_table(codec), out, h, rows, codes.shape[2], length, t_win, rot_scale,
+        qjl_scale, qk_scale, **kernel_constants(codec, values.bits, values.group), num_warps=4,
+        maxnreg=MAXNREG)
+    return out.view(b, hq, tq, d)

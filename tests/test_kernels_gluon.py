@@ -1,0 +1,201 @@
+"""The Gluon attention kernel (sm_90) against decode-then-softmax with the codec library, and the dispatch
+that picks it: the decision (a pure function) runs on the CPU; the kernel only with
+OCTOPUS_AUDIO_TEST_DEVICE=cuda on a compute capability 9.0 GPU (Gluon has no CPU interpreter)."""
+
+import logging
+import math
+import os
+
+import pytest
+import torch
+from helpers import decoded_attention
+
+from octopus_audio import backend
+from octopus_audio.cache import CompressedKVCache
+from octopus_audio.codecs import get_codec
+from octopus_audio.codecs.base import KeyState
+from octopus_audio.kernels import PackedKeys, PackedValues, flash, gluon_scope
+from octopus_audio.values import ValueState
+
+DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
+ON_SM90 = (DEVICE == "cuda" and torch.cuda.is_available()
+           and torch.cuda.get_device_capability() == gluon_scope.CAPABILITY)
+needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the Gluon kernel runs only on a compute capability 9.0 "
+                                "GPU (set OCTOPUS_AUDIO_TEST_DEVICE=cuda on an H100/H200)")
+TOL = 2e-3  # bf16 output, beyond the rounding floor (as test_kernels_attention.py)
+
+# the key bits each codec's Gluon decode takes at d=64, written out (not read from gluon_scope)
+IN_SCOPE = {"turboquant-mse": (1, 2, 3, 4), "turboquant-qjl": (2, 3, 4, 5), "polarquant": (1, 2, 3, 4),
+            "octopus": (1, 2, 3, 4), "octopus-qjl": (1, 2, 3, 4)}
+OUT_OF_SCOPE = {"turboquant-mse": (5, 8), "turboquant-qjl": (1, 6), "polarquant": (5,), "octopus": (5,),
+                "octopus-qjl": (5,)}
+V_BITS = {1: 2, 2: 2, 3: 8, 4: 4, 5: 2}  # value bits tried with each key bit width: 2, 4 and 8 all run
+
+
+def _limit(**change):
+    """gluon_limit for an in-scope call (octopus b=2 at AAR shapes on an H200), with `change` applied."""
+    args = dict(capability=(9, 0), api_error=None, interpreting=False, q_dtype=torch.bfloat16,
+                window_dtype=torch.bfloat16, decode="triplet", has_qjl=False, head_dim=64, code_bits=7,
+                v_bits=2, v_group=16, rows=75, programs=2048, sm_count=132)
+    args.update(change)
+    return gluon_scope.gluon_limit(**args)
+
+
+# ---- the decision, on the CPU ----
+
+def test_in_scope_at_aar_shapes():
+    assert _limit() is None
+    assert _limit(rows=80, programs=264, window_dtype=None) is None
+
+
+@pytest.mark.parametrize("change", [
+    dict(capability=None), dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=(9, 0),
+                                                                                  interpreting=True),
+    dict(api_error="the installed Triton lacks the Gluon API"), dict(q_dtype=torch.float16),
+    dict(q_dtype=torch.float32), dict(window_dtype=torch.float16), dict(head_dim=128), dict(head_dim=32),
+    dict(rows=1), dict(rows=81), dict(programs=263), dict(v_bits=3), dict(v_bits=1), dict(v_group=32),
+    dict(code_bits=16), dict(decode="polar", has_qjl=True), dict(decode="nope"),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_out_of_scope_says_why(change):
+    why = _limit(**change)
+    assert isinstance(why, str) and why
+
+
+@pytest.mark.parametrize("name", sorted(IN_SCOPE))
+def test_codec_scope_per_bits(name):
+    for bits, want in [(b, True) for b in IN_SCOPE[name]] + [(b, False) for b in OUT_OF_SCOPE[name]]:
+        kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
+        why = gluon_scope.codec_limit(kc.decode, kc.has_qjl, kc.head_dim, kc.code_bits, 2, 16)
+        assert (why is None) == want, f"{name} b={bits}: {why}"
+
+
+def test_requested_kernel(monkeypatch):
+    monkeypatch.delenv(gluon_scope.ENV_VAR, raising=False)
+    assert gluon_scope.requested_kernel() == "auto"
+    monkeypatch.setenv(gluon_scope.ENV_VAR, "Triton")
+    assert gluon_scope.requested_kernel() == "triton"
+    monkeypatch.setenv(gluon_scope.ENV_VAR, "gluon")
+    with pytest.raises(ValueError, match="auto, triton"):
+        gluon_scope.requested_kernel()
+
+
+def _tiny_call(bits=2, rows=2, heads=2):
+    codec = backend.kernel_codec(get_codec("octopus", bits, 64), heads, "cpu")
+    keys = PackedKeys(torch.zeros(1, heads, 4, codec.code_words, dtype=torch.int32),
+                      torch.ones(1, heads, 4, dtype=torch.bfloat16))
+    values = PackedValues(torch.zeros(1, heads, 4, 4, dtype=torch.int32),
+                          torch.ones(1, heads, 4, 4, dtype=torch.float16),
+                          torch.zeros(1, heads, 4, 4, dtype=torch.float16), 2)
+    q = torch.randn(1, heads, rows, 64).bfloat16()
+    return q, keys, values, codec
+
+
+class _ReachedTriton(Exception):
+    pass
+
+
+def test_attention_runs_gluon_where_in_scope(monkeypatch):
+    """flash.attention hands an in-scope call to the Gluon launcher, and keeps the Triton kernel with
+    gluon=False, an explicit config or split count (both launchers replaced: no sm_90 here)."""
+    calls = []
+    monkeypatch.setattr(flash, "gluon_limit", lambda **kw: None)
+    monkeypatch.setattr(flash, "attention_gluon", lambda *a: calls.append(a) or "gluon")
+
+    def triton_path(*args):
+        raise _ReachedTriton
+
+    monkeypatch.setattr(flash, "adc_limit", triton_path)  # the Triton path's first step
+    q, keys, values, codec = _tiny_call()
+    assert flash.attention(q, keys, values, 4, None, None, codec) == "gluon" and len(calls) == 1
+    for kwargs in (dict(gluon=False), dict(config=flash.AttnConfig()), dict(num_splits=1)):
+        with pytest.raises(_ReachedTriton):
+            flash.attention(q, keys, values, 4, None, None, codec, **kwargs)
+    assert len(calls) == 1
+
+
+def test_cpu_tensors_run_triton():
+    q, keys, values, codec = _tiny_call()
+    assert flash._gluon_limit(q, values, None, codec, 2, 2) == "not a CUDA device"
+
+
+# ---- the kernel, on an sm_90 GPU ----
+
+def make_case(name, bits, v_bits, *, batch, heads, groups, tq, length, window, seed=0):
+    """Random bf16 q and window, a store of random packed codes (capacity length + 5: any bit pattern is a
+    valid code); the library codec decodes it."""
+    g = torch.Generator().manual_seed(seed)
+    d = 64
+    codec = get_codec(name, bits, d, seed=seed + 1)
+    cap = length + 5
+
+    def words(n):
+        w = torch.randint(-2**31, 2**31, (batch, heads, cap, n), generator=g, dtype=torch.int64)
+        return w.to(torch.int32)
+
+    def positive(scale):
+        return (torch.rand(batch, heads, cap, generator=g) * scale + 0.1 * scale).bfloat16()
+
+    ks = KeyState(dtype=torch.bfloat16, codes=words(codec.code_words), gamma=positive(math.sqrt(d)),
+                  signs=words(2) if codec.qjl else None, gamma_r=positive(0.3) if codec.qjl else None)
+    vs = ValueState(dtype=torch.bfloat16, codes=words(d * v_bits // 32),
+                    scale=(torch.rand(batch, heads, cap, d // 16, generator=g) / 2**v_bits).half(),
+                    minimum=(torch.randn(batch, heads, cap, d // 16, generator=g) - 0.5).half())
+    q = (torch.randn(batch, heads * groups, tq, d, generator=g) * 2 / math.sqrt(d)).bfloat16()
+    k_win = torch.randn(batch, heads, window, d, generator=g).bfloat16()
+    v_win = torch.randn(batch, heads, window, d, generator=g).bfloat16()
+    keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
+    values = PackedValues(vs.codes, vs.scale, vs.minimum, v_bits)
+    return codec, q, keys, values, k_win, v_win
+
+
+# query rows, compressed length, window, batch rows, KV heads, GQA ratio
+SHAPES = {"q1-L100-w1-b1": (1, 100, 1, 1, 2, 1), "q5-L63-w0-b3": (5, 63, 0, 3, 2, 1),
+          "q75-L380-w75-b3": (75, 380, 75, 3, 2, 1), "q80-L455-w1-b1": (80, 455, 1, 1, 3, 1),
+          "q75-L0-w75-b1": (75, 0, 75, 1, 2, 1), "q75-L1-w0-b1": (75, 1, 0, 1, 2, 1),
+          "q40-L200-w1-b1-g2": (40, 200, 1, 1, 2, 2), "q5-L65-w1-b3-g4": (5, 65, 1, 3, 2, 4)}
+CASES = [(name, bits) for name, bit_list in IN_SCOPE.items() for bits in bit_list]
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+@pytest.mark.parametrize("case", CASES, ids=[f"{n}-b{b}" for n, b in CASES])
+def test_gluon_matches_library_decode(case, shape):
+    from octopus_audio.kernels.gluon_flash import attention_gluon
+
+    name, bits = case
+    tq, length, window, batch, heads, groups = SHAPES[shape]
+    codec, q, keys, values, k_win, v_win = make_case(name, bits, V_BITS[bits], batch=batch, heads=heads,
+                                                     groups=groups, tq=tq, length=length, window=window)
+    kc = backend.kernel_codec(codec, heads, "cuda")
+    dev = [t.cuda() if t is not None else None for t in (q, k_win, v_win)]
+    keys_d = PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
+                                                                        keys.gamma_r)])
+    values_d = PackedValues(values.codes.cuda(), values.scale.cuda(), values.minimum.cuda(), values.bits)
+    scale = 1 / math.sqrt(64)
+    got = attention_gluon(dev[0], keys_d, values_d, length, dev[1] if window else None,
+                          dev[2] if window else None, kc, scale)
+    want = decoded_attention(codec, q, keys, values, length, k_win, v_win, scale)
+    floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
+    rel = ((got.double().cpu() - want).norm() / want.norm()).item()
+    assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", sorted(IN_SCOPE))
+def test_cache_attend_runs_gluon(name, caplog):
+    """The public CompressedKVCache.attend at an AAR-like shape in scope (18 rows x 16 heads: 288 programs
+    on 132 SMs) runs the Gluon kernel and equals the cache's reference path (decode, then SDPA)."""
+    gluon_scope._announced.clear()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache = CompressedKVCache(name, 2, 64, window=1)
+    for n in (100, 155, 75):
+        cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
+                     torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
+    q = (torch.randn(18, 16, 75, 64, generator=g, device="cuda") / 4).bfloat16()
+    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
+        got = cache.attend(q, 0.125)
+    assert any("attention kernel: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    want = cache.attend_reference(q.float(), 0.125).double()
+    floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
+    rel = ((got.double() - want).norm() / want.norm()).item()
+    assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
