@@ -141,9 +141,9 @@ def per_row_draw(draw_of: Callable[[torch.Generator], Draw], generators: list[to
 
 def draw_noise(generator: torch.Generator | list[torch.Generator], batch: int, patch_nums: tuple[int, ...],
                vocab_size: int, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Every scale's Exp(1) noise [(batch * pn, V)], in the order `exponential_draw` draws it in the loop; with
-    a list of `batch` generators, row i's noise comes from generator i in the order a batch of one draws it
-    (`per_row_draw`).
+    """Every scale's Exp(1) noise [(batch * pn, V)], in the order `exponential_draw` draws it in the loop;
+    with a list of `batch` generators, row i's noise comes from generator i in the order a batch of one draws
+    it (`per_row_draw`).
 
     Fills `out` in place when given (the static buffers of a CUDA graph).
     """

@@ -1,6 +1,10 @@
 """The batch runner: per clip, the uncompressed reference and every (codec, bits), one condition and seed.
 
-Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as they finish; a rerun
+Clips run in batches (`evaluate(batch_size=...)`, `run_batch`): each generation and teacher-forced pass covers
+the batch, every clip sampling from its own random stream with the run's seed, so a row is what a batch of
+one gives up to float rounding and a run resumes under any batch size (the batch size is no part of the run's
+fingerprint). Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as each
+job finishes for the batch; a rerun
 skips rows already done (`status: ok`) and retries failed ones; a clip that fails to load, condition or
 generate is recorded with its error and the run goes on. Under `torchrun` the clips are sharded over the
 processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
@@ -35,8 +39,8 @@ a rerun into the same folder with another fingerprint is refused (UsageError, on
 differs) unless `overwrite`, which starts afresh. A folder without our `settings.json` that holds any file is
 refused too (unless `overwrite`): eval never writes beside files it did not write.
 
-The model sits behind a small backend interface (`generate(cond, seed)`, `teacher_forced(cond, tokens)`,
-`compressed(codec, bits)`) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
+The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
+tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
 `compressed_kv` and `eval.fidelity.teacher_forced_probs` to it.
 """
 
@@ -368,10 +372,10 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     Every row carries its identity: `run` (`run_id`, the digest of the run's fingerprint) and `clip_sha256`
     (the hash of the audio decoded here, None when it fails to load). An ok row records its wall time
-    (`seconds`: its share of its batch's generation and teacher forcing, plus its own metrics) and the intra-op
-    thread count it ran with (`threads`); neither reaches the report. Every row records the sampling seed of
-    its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row runs as a
-    codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
+    (`seconds`: its share of its batch's generation and teacher forcing, plus its own metrics) and the
+    intra-op thread count it ran with (`threads`); neither reaches the report. Every row records the sampling
+    seed of its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row
+    runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
     """
     import torch
 
@@ -386,6 +390,12 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             emit({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
                   "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
                   "seconds": None, "threads": None})
+
+    def sample(seed: int) -> Callable[[list[Clip]], list]:
+        return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
+
+    def forced(cs: list[Clip]) -> list:
+        return backend.teacher_forced(_stack(cs), [c.reference.tokens for c in cs])
 
     def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
         write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
@@ -407,7 +417,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     floor = [c for c in clips if Job(FLOOR) in c.todo]
     start = time.perf_counter()
-    others = _each(lambda cs: backend.generate(_stack(cs), [floor_seed(config.seed)] * len(cs)), floor)
+    others = _each(sample(floor_seed(config.seed)), floor)
     share = (time.perf_counter() - start) / max(len(floor), 1)
     for clip, other in zip(floor, others, strict=True):
         if isinstance(other, Exception):
@@ -425,7 +435,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     clips = [c for c in clips if any(job != Job(FLOOR) for job in c.todo)]
     # the unpatched model on the reference's own tokens: what every codec is compared with
-    probs = _each(lambda cs: backend.teacher_forced(_stack(cs), [c.reference.tokens for c in cs]), clips)
+    probs = _each(forced, clips)
     for clip, p in zip(clips, probs, strict=True):
         if isinstance(p, Exception):
             fail(clip, [job for job in clip.todo if job != Job(FLOOR)], "fidelity", p)
@@ -440,13 +450,12 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             context = (backend.bf16_kv() if job.codec == KV_FLOOR
                        else backend.compressed(job.codec, job.bits, job.v_bits))
             with context as handle:
-                outs = _each(lambda cs: backend.generate(_stack(cs), [config.seed] * len(cs)), these)
+                outs = _each(sample(config.seed), these)
                 kv = None
                 if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
                     kv = kv_summary(handle.stats())
                 done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
-                forced = iter(_each(lambda cs: backend.teacher_forced(_stack(cs),
-                                                                      [c.reference.tokens for c in cs]), done))
+                probs_hats = iter(_each(forced, done))
         except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
             for clip in these:
                 fail(clip, [job], "generate", e)
@@ -456,7 +465,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             if isinstance(out, Exception):
                 fail(clip, [job], "generate", out)
                 continue
-            probs_hat = next(forced)
+            probs_hat = next(probs_hats)
             if isinstance(probs_hat, Exception):
                 fail(clip, [job], "fidelity", probs_hat)
                 continue
