@@ -40,8 +40,9 @@ differs) unless `overwrite`, which starts afresh. A folder without our `settings
 refused too (unless `overwrite`): eval never writes beside files it did not write.
 
 The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
-tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
-`compressed_kv` and `eval.fidelity.teacher_forced_probs` to it.
+tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake;
+`AARBackend` adapts `octopus_audio.aar_patch.generate`, `compressed_kv` and
+`eval.fidelity.teacher_forced_probs` to it.
 """
 
 from __future__ import annotations
