@@ -38,7 +38,7 @@ class FakePipe:
 
     def __init__(self, interrupt_at=None, fail_codec=None, fail_cond=None):
         self.active = None
-        self.fail_cond = fail_cond  # the _cond_key of a clip whose every generation fails
+        self.fail_cond = fail_cond  # (_cond_key of a clip, pipe.active): that clip's generation fails there
         self.calls = 0
         self.interrupt_at = interrupt_at
         self.fail_codec = fail_codec
@@ -64,7 +64,7 @@ def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
 
 
 def _fake_row(pipe, cond_D, seed):
-    if pipe.fail_cond is not None and _cond_key(cond_D) == pipe.fail_cond:
+    if pipe.fail_cond is not None and (_cond_key(cond_D), pipe.active) == pipe.fail_cond:
         raise RuntimeError("injected failure of one clip")
     key = _cond_key(cond_D)
     base = np.random.default_rng([seed, key]).standard_normal(6000 + 128 * 75)
