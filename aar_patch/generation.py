@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,16 +127,33 @@ def exponential_draw(generator: torch.Generator) -> Draw:
                                  ).argmax(dim=-1)
 
 
-def draw_noise(generator: torch.Generator, batch: int, patch_nums: tuple[int, ...], vocab_size: int,
-               out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Every scale's Exp(1) noise [(batch * pn, V)], in the order `exponential_draw` draws it in the loop.
+def per_row_draw(draw_of: Callable[[torch.Generator], Draw], generators: list[torch.Generator]) -> Draw:
+    """Row i of the batch drawn by `draw_of(generators[i])` alone, as a batch of one would draw it: the rows'
+    tokens do not depend on each other's random streams."""
+    draws = [draw_of(g) for g in generators]
+
+    def draw(probs_NV: torch.Tensor, si: int) -> torch.Tensor:
+        probs_BlV = probs_NV.view(len(draws), -1, probs_NV.shape[-1])
+        return torch.cat([d(probs_BlV[i], si) for i, d in enumerate(draws)])
+
+    return draw
+
+
+def draw_noise(generator: torch.Generator | list[torch.Generator], batch: int, patch_nums: tuple[int, ...],
+               vocab_size: int, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Every scale's Exp(1) noise [(batch * pn, V)], in the order `exponential_draw` draws it in the loop;
+    with a list of `batch` generators, row i's noise comes from generator i in the order a batch of one draws
+    it (`per_row_draw`).
 
     Fills `out` in place when given (the static buffers of a CUDA graph).
     """
+    generators = generator if isinstance(generator, list) else [generator]
     if out is None:
-        out = [torch.empty(batch * pn, vocab_size, device=generator.device) for pn in patch_nums]
-    for noise_NV in out:
-        noise_NV.exponential_(1, generator=generator)
+        out = [torch.empty(batch * pn, vocab_size, device=generators[0].device) for pn in patch_nums]
+    rows = len(generators)
+    for g, row in zip(generators, range(rows), strict=True):
+        for noise_NV in out:
+            noise_NV.view(rows, -1, noise_NV.shape[-1])[row].exponential_(1, generator=g)
     return out
 
 
@@ -230,23 +247,49 @@ def resolve_fast(fast: bool | None, device: torch.device) -> bool:
 
 @torch.inference_mode()
 def generate(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray, cfg: float = 4.0, top_k: int = 200,
-             top_p: float = 0.95, seed: int = 42, *, fast: bool | None = None) -> Generation:
+             top_p: float = 0.95, seed: int | Sequence[int] = 42, *, fast: bool | None = None) -> Generation:
     """Generate one second of audio per condition row.
 
-    cond_BE: (B, 512) CLAP embeddings. fast: None picks bf16 autocast on CUDA and fp32 elsewhere (see module
-    docstring); False forces the fp32 reference path that reproduces the released code.
+    cond_BE: (B, 512) CLAP embeddings. seed: one int seeds one generator that every row draws from (the
+    released behaviour); a sequence of B ints gives row i a generator of its own seeded with `seed[i]`, so its
+    tokens equal a batch of one with that seed, whatever its batch-mates (up to float rounding in the batched
+    matmuls). fast: None picks bf16 autocast on CUDA and fp32 elsewhere (see module docstring); False forces
+    the fp32 reference path that reproduces the released code.
     Returns tokens [(B, pn)] per scale, fhat (B, Cv, T) and audio (B, 1, samples).
     """
-    sampling = SamplingConfig(cfg=cfg, top_k=top_k, top_p=top_p, seed=seed)
+    sampling = SamplingConfig(cfg=cfg, top_k=top_k, top_p=top_p)  # the seeds: seeded_generators checks them
     _check_top_k(pipe, sampling)
     cond_BE = check_condition(pipe, cond_BE)
-    generator = torch.Generator(device=pipe.device)
-    generator.manual_seed(sampling.seed)
-    if resolve_fast(fast, pipe.device):
-        tokens, f_hat = run_scales(pipe, cond_BE, sampling, exponential_draw(generator), torch.bfloat16)
+    generators = seeded_generators(seed, cond_BE.shape[0], pipe.device)
+    fast = resolve_fast(fast, pipe.device)
+    make = exponential_draw if fast else multinomial_draw
+    draw = make(generators) if isinstance(generators, torch.Generator) else per_row_draw(make, generators)
+    if fast:
+        tokens, f_hat = run_scales(pipe, cond_BE, sampling, draw, torch.bfloat16)
     else:
-        tokens, f_hat = run_scales(pipe, cond_BE, sampling, multinomial_draw(generator))
+        tokens, f_hat = run_scales(pipe, cond_BE, sampling, draw)
     return Generation(tokens=tokens, fhat=f_hat, audio=pipe.sat.decode(f_hat))
+
+
+def seeded_generators(seed: int | Sequence[int], batch: int,
+                      device: torch.device) -> torch.Generator | list[torch.Generator]:
+    """One generator seeded with `seed` (an int), or one per row seeded with `seed[i]` (a sequence of `batch`
+    ints); a UsageError for a seed torch does not take or a sequence of another length."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        seeds, single = [seed], True
+    else:
+        seeds, single = list(seed), False
+        if len(seeds) != batch:
+            raise UsageError(f"per-row seeds: one per condition row, {batch} here; got {len(seeds)}")
+    generators = []
+    for s in seeds:
+        problem = seed_problem(s)
+        if problem:
+            raise UsageError(problem)
+        g = torch.Generator(device=device)
+        g.manual_seed(s)
+        generators.append(g)
+    return generators[0] if single else generators
 
 
 def _check_top_k(pipe: AARPipeline, sampling: SamplingConfig) -> None:
@@ -261,7 +304,8 @@ class GraphedGenerator:
 
     `GraphedGenerator(pipe, batch, cfg, top_k, top_p)(cond_BE, seed) -> Generation` gives the tokens of
     `generate(..., fast=True)` for the same inputs: the exponential noise of every scale is drawn before the
-    replay from a generator seeded with `seed`, in the order the eager loop draws it. Capture the graph after
+    replay from a generator seeded with `seed`, in the order the eager loop draws it (`seed` a sequence of
+    `batch` ints: row i's noise from its own generator, as `generate` does). Capture the graph after
     any patching of the model: a graph replays the kernels it saw at capture time. A model patched with a
     compressed KV cache (`patch_aar`) is captured the same way; the patch's data checks, which cannot read
     the device inside a capture, run after each replay (`patch.replay_check`), before anything is returned.
@@ -292,16 +336,15 @@ class GraphedGenerator:
         return run_scales(self.pipe, self.cond_BE, self.sampling, noise_draw(self.noise), torch.bfloat16)
 
     @torch.inference_mode()
-    def __call__(self, cond_BE: torch.Tensor | np.ndarray, seed: int = 42) -> Generation:
+    def __call__(self, cond_BE: torch.Tensor | np.ndarray, seed: int | Sequence[int] = 42) -> Generation:
         cond_BE = check_condition(self.pipe, cond_BE)
         if cond_BE.shape != self.cond_BE.shape:
             raise UsageError(f"this graph was captured for a condition of shape {tuple(self.cond_BE.shape)}; "
                              f"got {tuple(cond_BE.shape)}")
-        generator = torch.Generator(device=self.pipe.device)
-        generator.manual_seed(SamplingConfig(seed=seed).seed)  # the config validates the seed
+        generators = seeded_generators(seed, cond_BE.shape[0], self.pipe.device)
         self.cond_BE.copy_(cond_BE)
         c = self.pipe.aar.config
-        draw_noise(generator, cond_BE.shape[0], c.patch_nums, c.vocab_size, out=self.noise)
+        draw_noise(generators, cond_BE.shape[0], c.patch_nums, c.vocab_size, out=self.noise)
         self.graph.replay()
         self._check()
         f_hat = self.f_hat.clone()

@@ -5,7 +5,7 @@ model only when a row needs it. Tests inject fakes through the same interface.""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -32,11 +32,14 @@ class Backend(Protocol):
     sample_rate: int
     identity: dict
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
-        """One generation for a (512,) condition."""
+    def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
+        """One generation per (512,) condition row of `cond_BD`, row i sampled from its own random stream
+        seeded with `seeds[i]` (so its output does not depend on its batch-mates but through float
+        rounding)."""
 
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
-        """Per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens` forced."""
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
+        """Per row i, per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens[i]`
+        (that row's tokens per scale) forced."""
 
     def compressed(self, codec: str, bits: int | None,
                    v_bits: int | None = None) -> contextlib.AbstractContextManager:
@@ -69,11 +72,11 @@ class LazyBackend:
                                    f"{self.sample_rate} Hz")
         return self._backend
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
-        return self.backend.generate(cond_D, seed)
+    def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
+        return self.backend.generate(cond_BD, seeds)
 
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
-        return self.backend.teacher_forced(cond_D, tokens)
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
+        return self.backend.teacher_forced(cond_BD, tokens)
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         return self.backend.compressed(codec, bits, v_bits)
@@ -85,19 +88,28 @@ class LazyBackend:
 class AARBackend:
     """`octopus_audio.aar_patch` behind the runner's interface.
 
-    B = 1 per call, so results never depend on how clips are batched or sharded. `generate_fn`,
-    `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the package's `generate`,
-    `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `compressed_kv` with `kv_dtype` (tests
-    inject fakes). Generation runs at `generate`'s default
-    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
+    A call generates a batch of conditions, each row from its own seed (`generate(..., seed=[...])`), so a
+    row's tokens do not depend on how clips are batched or sharded but through float rounding in the batched
+    matmuls. `generate_fn`, `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the
+    package's `generate`, `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `compressed_kv` with
+    `kv_dtype` (tests inject fakes). Generation runs at `generate`'s default precision for the device (fp32
+    on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
+
+    `graphs` (CUDA only): generations run as one CUDA graph of the scale loop (`GraphedGenerator`, the same
+    tokens as the eager fast path), captured at the first generation of each batch size under the current
+    patch (or none) and replayed for every later one; entering or leaving `compressed` / `bf16_kv` releases
+    them first (a graph replays the kernels it saw at capture), so a capture always follows the patch and is
+    released before the unpatch.
     """
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
                  teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
-                 identity: dict | None = None) -> None:
+                 identity: dict | None = None, graphs: bool = False) -> None:
         import octopus_audio.aar_patch as aar_patch
 
+        if graphs and not str(device).startswith("cuda"):
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {device}")
         self.pipe = pipe
         self.config = config
         self.name = name
@@ -110,38 +122,67 @@ class AARBackend:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
         self._rounded_kv = rounded_kv_fn or aar_patch.compressed_kv
+        self.graphs = graphs
+        self._graphed: dict[int, Callable] = {}  # batch size -> GraphedGenerator under the current patch
 
-    def _cond(self, cond_D: np.ndarray):
+    def _cond(self, cond_BD: np.ndarray):
         import torch
 
-        return torch.from_numpy(np.asarray(cond_D, dtype=np.float32)[None, :]).to(self.device)
+        return torch.from_numpy(np.atleast_2d(np.asarray(cond_BD, dtype=np.float32))).to(self.device)
 
-    def generate(self, cond_D: np.ndarray, seed: int) -> Generated:
+    def _graph(self, batch: int):
+        if batch not in self._graphed:
+            from octopus_audio.aar_patch import GraphedGenerator
+
+            c = self.config
+            self._graphed[batch] = GraphedGenerator(self.pipe, batch, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p)
+        return self._graphed[batch]
+
+    def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
         import torch
 
         c = self.config
+        cond = self._cond(cond_BD)
         with torch.inference_mode():
-            g = self._generate(self.pipe, self._cond(cond_D), cfg=c.cfg, top_k=c.top_k, top_p=c.top_p,
-                               seed=seed)
-        return Generated(g.audio[0].reshape(-1).float().cpu().numpy(), g.fhat[0].float().cpu().numpy(),
-                         [t[0].to(torch.int64).cpu().numpy() for t in g.tokens])
+            if self.graphs:
+                g = self._graph(cond.shape[0])(cond, seed=list(seeds))
+            else:
+                g = self._generate(self.pipe, cond, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p, seed=list(seeds))
+        audio = g.audio.reshape(g.audio.shape[0], -1).float().cpu().numpy()
+        fhat = g.fhat.float().cpu().numpy()
+        tokens = [t.to(torch.int64).cpu().numpy() for t in g.tokens]
+        return [Generated(audio[i], fhat[i], [t[i] for t in tokens]) for i in range(cond.shape[0])]
 
-    def teacher_forced(self, cond_D: np.ndarray, tokens: list[np.ndarray]) -> list:
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
         import torch
 
-        tokens_1l = [torch.from_numpy(np.asarray(t, dtype=np.int64)[None, :]).to(self.device) for t in tokens]
+        tokens_Bl = [torch.from_numpy(np.stack([np.asarray(row[si], dtype=np.int64) for row in tokens]))
+                     .to(self.device) for si in range(len(tokens[0]))]
         with torch.inference_mode():
-            probs = self._teacher_forced(self.pipe, self._cond(cond_D), tokens_1l, cfg=self.config.cfg)
-        return [p.float().cpu() for p in probs]
+            probs = self._teacher_forced(self.pipe, self._cond(cond_BD), tokens_Bl, cfg=self.config.cfg)
+        probs = [p.float().cpu() for p in probs]
+        return [[p[i:i + 1] for p in probs] for i in range(len(tokens))]
+
+    @contextlib.contextmanager
+    def _released_graphs(self, context):
+        """`context` (a patch) entered with no graph of the model before it and left with none of it."""
+        self._graphed.clear()
+        with context as handle:
+            try:
+                yield handle
+            finally:
+                self._graphed.clear()
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         c = self.config
-        return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
-                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
+        return self._released_graphs(self._compressed_kv(
+            self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window, v_group=c.v_group,
+            seed=c.patch_seed, v_bits=v_bits))
 
     def bf16_kv(self):
         import torch
 
         from octopus_audio.codecs import UNCOMPRESSED
 
-        return self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)
+        return self._released_graphs(self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16,
+                                                      kv_dtype=torch.bfloat16))

@@ -86,7 +86,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and one at --seed with every key and value rounded to bfloat16 as it enters the KV "
                         "cache, the row `reference (bf16 KV)` (how near the smallest 16-bit perturbation of "
                         "the cache keeps the outputs, teacher-forced metrics included)")
+    p.add_argument("--batch-size", default=None,
+                   help="clips generated together in one batch: each (codec, bits), the reference, the floor "
+                        "rows and the teacher-forced passes run once per batch, every clip from its own "
+                        "random stream with the seed it has alone, so rows equal batch size 1's up to float "
+                        f"rounding and a run resumes under any batch size (default: {CPU_BATCH} on CPU; on "
+                        f"CUDA {CUDA_BATCH}, or fewer as the GPU's memory allows: one clip per "
+                        f"{CUDA_GIB_PER_CLIP} GiB of total memory)")
+    p.add_argument("--eager", action="store_true",
+                   help="on CUDA, generate eagerly instead of through one CUDA graph of the scale loop per "
+                        "batch size (captured under each codec's patch, the same tokens); on CPU generation "
+                        "is always eager and this changes nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+CPU_BATCH = 16  # measured on 2 cores with the embedded model: see the README's Timing
+CUDA_BATCH = 32
+CUDA_GIB_PER_CLIP = 2
+
+
+def parse_batch_size(text: str | None, device: str) -> int:
+    """--batch-size as an int >= 1 (exit 2 otherwise); unset: CPU_BATCH on CPU, on CUDA CUDA_BATCH or one
+    clip per CUDA_GIB_PER_CLIP GiB of the device's total memory, whichever is fewer."""
+    from octopus_audio.eval.runner import batch_size_problem
+
+    if text is None:
+        if not str(device).startswith("cuda"):
+            return CPU_BATCH
+        import torch
+
+        total_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30
+        return max(1, min(CUDA_BATCH, int(total_gib // CUDA_GIB_PER_CLIP)))
+    try:
+        value = int(text)
+    except ValueError:
+        value = text
+    problem = batch_size_problem(value)
+    if problem:
+        raise UsageError(problem)
+    return value
 
 
 def parse_codecs(text: str) -> tuple[str, ...]:
@@ -173,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
                         k_bits=parse_bits(args.k_bits, "--k-bits"),
                         v_bits=parse_bits(args.v_bits, "--v-bits"))
     check_model_paths(args.aar, args.sat)
+    if args.batch_size is not None:
+        parse_batch_size(args.batch_size, "cpu")  # refused before anything loads
     set_threads(args.threads)
     device = resolve_device(args.device, DistInfo.from_env())
     use_device(device)  # before any CUDA work: the conditioner below may load onto the GPU
@@ -186,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
     name = model_name(args.aar, args.sat)
 
     identity = model_identity(args.aar, args.sat)
+    batch_size = parse_batch_size(args.batch_size, device)
+    graphs = str(device).startswith("cuda") and not args.eager
+    log.info("eval batch size %d, %s generation", batch_size, "CUDA-graph" if graphs else "eager")
 
     def make_backend(dev: str) -> LazyBackend:
         def build() -> AARBackend:
@@ -194,15 +237,15 @@ def run(args: argparse.Namespace) -> int:
             from octopus_audio.aar_patch.compile_ahead import compile_ahead, stderr_progress
 
             pipe = load_model(args.aar, args.sat, dev)
-            compile_ahead(pipe, config.patch_configs(), 1, (torch.bfloat16, torch.float32),  # CUDA only
+            compile_ahead(pipe, config.patch_configs(), batch_size, (torch.bfloat16, torch.float32),  # CUDA
                           progress=stderr_progress())  # generation in bf16, teacher forcing in fp32
-            return AARBackend(pipe, config, name, dev, identity=identity)
+            return AARBackend(pipe, config, name, dev, identity=identity, graphs=graphs)
 
         return LazyBackend(build, name, identity=identity)
 
     meta = {"clips": args.clips or "clips/ (shipped)", "n_requested": args.n}
     results = evaluate(refs, args.out, config, make_backend, conditioner, meta=meta, device=device,
-                       progress=not args.no_progress, overwrite=args.overwrite)
+                       progress=not args.no_progress, overwrite=args.overwrite, batch_size=batch_size)
     if results is None:
         return 0
     out = Path(args.out)

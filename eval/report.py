@@ -32,7 +32,8 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, Job, bits_tag, wav_name
+from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, bits_tag, wav_name
+from octopus_audio.eval.runner import Job
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,10 @@
 """The batch runner: per clip, the uncompressed reference and every (codec, bits), one condition and seed.
 
-Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as they finish; a rerun
+Clips run in batches (`evaluate(batch_size=...)`, `run_batch`): each generation and teacher-forced pass covers
+the batch, every clip sampling from its own random stream with the run's seed, so a row is what a batch of
+one gives up to float rounding and a run resumes under any batch size (the batch size is no part of the run's
+fingerprint). Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as each
+job finishes for the batch; a rerun
 skips rows already done (`status: ok`) and retries failed ones; a clip that fails to load, condition or
 generate is recorded with its error and the run goes on. Under `torchrun` the clips are sharded over the
 processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
@@ -35,9 +39,10 @@ a rerun into the same folder with another fingerprint is refused (UsageError, on
 differs) unless `overwrite`, which starts afresh. A folder without our `settings.json` that holds any file is
 refused too (unless `overwrite`): eval never writes beside files it did not write.
 
-The model sits behind a small backend interface (`generate(cond, seed)`, `teacher_forced(cond, tokens)`,
-`compressed(codec, bits)`) so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`,
-`compressed_kv` and `eval.fidelity.teacher_forced_probs` to it.
+The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
+tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake;
+`AARBackend` adapts `octopus_audio.aar_patch.generate`, `compressed_kv` and
+`eval.fidelity.teacher_forced_probs` to it.
 """
 
 from __future__ import annotations
@@ -69,15 +74,28 @@ from octopus_audio.eval.rows import (
     merge_rows,
     row_key,
 )
+from octopus_audio.eval.run_files import (
+    FLOOR,
+    KV_FLOOR,
+    as_generated,
+    load_reference,
+    save_reference,
+    wav_name,
+)
 from octopus_audio.eval.run_folder import claim_out_dir, run_fingerprint, warn_thread_change
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
-KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 FLOOR_SEED_OFFSET = 1
+
+
+def batch_size_problem(batch_size) -> str | None:
+    """The sentence for a batch size that is not an integer >= 1, else None."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        return f"--batch-size must be an integer >= 1 (clips generated together), got {batch_size!r}"
+    return None
 
 
 def floor_seed(seed: int) -> int:
@@ -224,205 +242,250 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
     return {name: float(total[name]) if math.isfinite(total[name]) else None for name in KV_NUMBERS}
 
 
-def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None) -> str:
-    """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
-    `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
-    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`: sorting together."""
-    if codec in ("input", "reference"):
-        return f"{clip_id}__00_{codec}.wav"
-    if codec == FLOOR:
-        return f"{clip_id}__00_reference_other_seed.wav"
-    if codec == KV_FLOOR:
-        return f"{clip_id}__00_reference_bf16_kv.wav"
-    if bits is None:
-        return f"{clip_id}__{codec}.wav"
-    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}.wav"
-
-
-def bits_tag(bits: int, v_bits: int | None) -> str:
-    """`b2` when keys and values share the width (v_bits None or equal), else `k2v4`."""
-    return f"b{bits}" if v_bits in (None, bits) else f"k{bits}v{v_bits}"
-
-
 # per clip ------------------------------------------------------------------------------------------------
 
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _as_generated(g: Generated) -> Generated:
-    return Generated(np.asarray(g.audio, dtype=np.float32), np.asarray(g.fhat, dtype=np.float32),
-                     [np.asarray(t, dtype=np.int64).reshape(-1) for t in g.tokens])
+class Clip:
+    """One clip of a batch while it runs: its ref, the jobs it still needs, its rows' common fields, and (once
+    loaded) its condition, reference output and reference teacher-forced distributions."""
+
+    def __init__(self, ref: ClipRef, todo: Sequence[Job], run_id: str) -> None:
+        self.ref = ref
+        self.todo = list(todo)
+        self.base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
+        self.cond_D: np.ndarray | None = None
+        self.reference: Generated | None = None
+        self.probs_ref: list | None = None
 
 
-def _load_reference(path: Path, cond_D: np.ndarray, identity: str) -> Generated | None:
-    """The saved reference if it was made for this clip's audio by this run's fingerprint (`identity`, the
-    JSON of the row identity), with this condition, and holds its tokens; None (logged) if not."""
-    with np.load(path) as saved:
-        if "identity" not in saved or str(saved["identity"]) != identity:
-            log.warning("%s was made for other audio or by another run; generating the reference again", path)
-            return None
-        if saved["cond"].shape != cond_D.shape or not np.array_equal(saved["cond"], cond_D):
-            log.warning("%s was made with another condition; generating the reference again", path)
-            return None
-        if "tokens" not in saved:
-            log.warning("%s has no tokens (an older run); generating the reference again", path)
-            return None
-        tokens = np.split(saved["tokens"], np.cumsum(saved["token_sizes"])[:-1])
-        return Generated(saved["audio"], saved["fhat"], tokens)
-
-
-def _reference(out_dir: Path, ref: ClipRef, cond_D: np.ndarray, backend: Backend, seed: int,
-               row_id: dict) -> Generated:
-    """The uncompressed output for this clip, from `refs/<clip>.npz` when an earlier run saved it for the
-    same row identity (`row_id`: the clip's audio hash and the run's fingerprint digest).
-
-    The npz holds audio, fhat, the condition, the tokens (all scales concatenated, with `token_sizes`) and the
-    identity (JSON).
-    """
-    path = out_dir / "refs" / f"{ref.clip_id}.npz"
-    wav = out_dir / "wav" / wav_name(ref.clip_id, "reference", None)
-    identity = json.dumps(row_id, sort_keys=True)
-    if path.is_file():
-        saved = _load_reference(path, cond_D, identity)
-        if saved is not None:
-            if not wav.is_file():
-                write_wav(wav, saved.audio, backend.sample_rate)
-            return saved
-    out = _as_generated(backend.generate(cond_D, seed))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, audio=out.audio, fhat=out.fhat, cond=cond_D, tokens=np.concatenate(out.tokens),
-             token_sizes=np.array([t.size for t in out.tokens], dtype=np.int64), identity=np.array(identity))
-    os.replace(tmp, path)
-    write_wav(wav, out.audio, backend.sample_rate)
+def _each(call: Callable[[list], list], items: list) -> list:
+    """`call(items)` (one result per item, in order); if it raises, `call([item])` for each item alone, the
+    exception standing in for the result of an item that fails alone: one bad clip fails only its own rows."""
+    if not items:
+        return []
+    try:
+        return call(items)
+    except Exception as e:
+        if len(items) == 1:
+            return [e]
+    out = []
+    for item in items:
+        try:
+            out.extend(call([item]))
+        except Exception as e:
+            out.append(e)
     return out
 
 
-def run_clip(ref: ClipRef, todo: Sequence[Job], out_dir: Path, config: EvalConfig,
-             backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "") -> None:
-    """Every job in `todo` for one clip; each finished or failed job is passed to `emit` as one row.
+def _stack(clips: Sequence[Clip]) -> np.ndarray:
+    return np.stack([c.cond_D for c in clips])
+
+
+def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -> list:
+    """Each clip's uncompressed output (or the exception that stopped it): from `refs/<clip>.npz` when an
+    earlier run saved it for the same row identity (the clip's audio hash and the run's fingerprint digest),
+    else generated, all missing ones in one batch."""
+    results: dict[int, Any] = {}
+    missing = []
+    for i, clip in enumerate(clips):
+        path = out_dir / "refs" / f"{clip.ref.clip_id}.npz"
+        wav = out_dir / "wav" / wav_name(clip.ref.clip_id, "reference", None)
+        identity = json.dumps({"run": clip.base["run"], "clip_sha256": clip.base["clip_sha256"]},
+                              sort_keys=True)
+        saved = load_reference(path, clip.cond_D, identity) if path.is_file() else None
+        if saved is None:
+            missing.append((i, identity))
+            continue
+        if not wav.is_file():
+            write_wav(wav, saved.audio, backend.sample_rate)
+        results[i] = saved
+
+    def generate(items: list) -> list:
+        batch = [clips[i] for i, _ in items]
+        return [as_generated(g) for g in backend.generate(_stack(batch), [seed] * len(batch))]
+
+    for (i, identity), out in zip(missing, _each(generate, missing), strict=True):
+        if not isinstance(out, Exception):
+            try:
+                save_reference(out_dir, clips[i].ref.clip_id, clips[i].cond_D, out, identity,
+                               backend.sample_rate)
+            except Exception as e:
+                out = e
+        results[i] = out
+    return [results[i] for i in range(len(clips))]
+
+
+def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, config: EvalConfig,
+              backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "") -> None:
+    """Every job each clip of `batch` still needs (its `todo`); each finished or failed job is passed to
+    `emit` as one row, each job's rows as soon as that job has run for the whole batch.
+
+    Per batch: the reference (one generation of every clip without a saved one), the floor rows, the
+    reference's teacher-forced pass, then each job: one generation of the batch under the codec (patched once
+    for the batch) and one teacher-forced pass, then each clip's metrics and row. Every row of clip i samples
+    from its own random stream (`backend.generate`'s per-row seeds, the same seed a batch of one uses), so
+    batching changes no row but through float rounding. A clip that fails to load or condition gets its error
+    rows and leaves the batch; a batched call that raises is retried clip by clip (`_each`), so a bad clip
+    fails only its own rows.
 
     Every row carries its identity: `run` (`run_id`, the digest of the run's fingerprint) and `clip_sha256`
-    (the hash of the audio decoded here, None when it fails to load).
-
-    An ok row records its wall time (`seconds`, generation + teacher forcing + metrics) and the intra-op
-    thread count it ran with (`threads`); neither reaches the report. Every row records the sampling seed of
-    its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row runs as a
-    codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
+    (the hash of the audio decoded here, None when it fails to load). An ok row records its wall time
+    (`seconds`: its share of its batch's generation and teacher forcing, plus its own metrics) and the
+    intra-op thread count it ran with (`threads`); neither reaches the report. Every row records the sampling
+    seed of its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row
+    runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
     """
     import torch
 
     from octopus_audio.eval.fidelity import fidelity_row
 
-    base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
-
     def seed_of(codec: str) -> int:
         return floor_seed(config.seed) if codec == FLOOR else config.seed
 
-    def fail(jobs, stage: str, e: BaseException) -> None:
-        log.warning("clip %s: %s failed: %s", ref.clip_id, stage, _error_text(e))
+    def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
+        log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
         for codec, bits, v_bits in jobs:
-            emit({**base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
-                  "status": "error",
-                  "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
-                  "threads": None})
+            emit({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
+                  "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
+                  "seconds": None, "threads": None})
 
+    def sample(seed: int) -> Callable[[list[Clip]], list]:
+        return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
+
+    def forced(cs: list[Clip]) -> list:
+        return backend.teacher_forced(_stack(cs), [c.reference.tokens for c in cs])
+
+    def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
+        write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
+        emit({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
+              "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None, "metrics": metrics,
+              "kv": kv, "seconds": round(seconds, 3), "threads": torch.get_num_threads()})
+
+    clips = []
+    for ref, todo in batch:
+        clip = Clip(ref, todo, run_id)
+        if _prepare(clip, out_dir, backend, conditioner, fail):
+            clips.append(clip)
+    for clip, out in zip(clips, _references(out_dir, clips, backend, config.seed), strict=True):
+        if isinstance(out, Exception):
+            fail(clip, clip.todo, "reference", out)
+        else:
+            clip.reference = out
+    clips = [c for c in clips if c.reference is not None]
+
+    floor = [c for c in clips if Job(FLOOR) in c.todo]
+    start = time.perf_counter()
+    others = _each(sample(floor_seed(config.seed)), floor)
+    share = (time.perf_counter() - start) / max(len(floor), 1)
+    for clip, other in zip(floor, others, strict=True):
+        if isinstance(other, Exception):
+            fail(clip, [Job(FLOOR)], "generate", other)
+            continue
+        start = time.perf_counter()
+        other = as_generated(other)
+        try:  # sampled-output metrics only: see the module docstring
+            metrics = compute_metrics(clip.reference.audio, other.audio, clip.reference.fhat, other.fhat,
+                                      backend.sample_rate)
+        except Exception as e:
+            fail(clip, [Job(FLOOR)], "metrics", e)
+            continue
+        ok(clip, Job(FLOOR), other, metrics, None, share + time.perf_counter() - start)
+
+    clips = [c for c in clips if any(job != Job(FLOOR) for job in c.todo)]
+    # the unpatched model on the reference's own tokens: what every codec is compared with
+    probs = _each(forced, clips)
+    for clip, p in zip(clips, probs, strict=True):
+        if isinstance(p, Exception):
+            fail(clip, [job for job in clip.todo if job != Job(FLOOR)], "fidelity", p)
+        else:
+            clip.probs_ref = p
+    clips = [c for c in clips if c.probs_ref is not None]
+
+    for job in dict.fromkeys(job for c in clips for job in c.todo if job != Job(FLOOR)):
+        these = [c for c in clips if job in c.todo]
+        start = time.perf_counter()
+        try:
+            context = (backend.bf16_kv() if job.codec == KV_FLOOR
+                       else backend.compressed(job.codec, job.bits, job.v_bits))
+            with context as handle:
+                outs = _each(sample(config.seed), these)
+                kv = None
+                if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
+                    kv = kv_summary(handle.stats())
+                done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
+                probs_hats = iter(_each(forced, done))
+        except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
+            for clip in these:
+                fail(clip, [job], "generate", e)
+            continue
+        share = (time.perf_counter() - start) / len(these)
+        for clip, out in zip(these, outs, strict=True):
+            if isinstance(out, Exception):
+                fail(clip, [job], "generate", out)
+                continue
+            probs_hat = next(probs_hats)
+            if isinstance(probs_hat, Exception):
+                fail(clip, [job], "fidelity", probs_hat)
+                continue
+            start = time.perf_counter()
+            out = as_generated(out)
+            try:
+                metrics = {**compute_metrics(clip.reference.audio, out.audio, clip.reference.fhat, out.fhat,
+                                             backend.sample_rate),
+                           **fidelity_row(clip.probs_ref, probs_hat)}
+            except Exception as e:
+                fail(clip, [job], "metrics", e)
+                continue
+            ok(clip, job, out, metrics, kv, share + time.perf_counter() - start)
+
+
+def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable) -> bool:
+    """Load the clip, write its input WAV and embed its condition (`clip.cond_D`); False (after its error
+    rows) when it fails to load or condition. A conditioner that cannot load at all (a UsageError: --clap)
+    stops the run: the user's to fix, not this clip's failure."""
     try:
-        clip = decode(ref)
-        base["clip_sha256"] = audio_sha256(clip.audio_T, clip.sample_rate)
-        cond_audio = prepare(clip, CLAP_RATE)
+        audio = decode(clip.ref)
+        clip.base["clip_sha256"] = audio_sha256(audio.audio_T, audio.sample_rate)
+        cond_audio = prepare(audio, CLAP_RATE)
         # the input as heard: the clip's own length (at most CLIP_SECONDS), not the padded 10 s
-        own = min(CLIP_SECONDS, clip.audio_T.shape[0] / clip.sample_rate)
-        input_audio = prepare(clip, backend.sample_rate, seconds=own)
+        own = min(CLIP_SECONDS, audio.audio_T.shape[0] / audio.sample_rate)
+        input_audio = prepare(audio, backend.sample_rate, seconds=own)
     except Exception as e:
-        return fail(todo, "load", e)
+        fail(clip, clip.todo, "load", e)
+        return False
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
-    write_wav(out_dir / "wav" / wav_name(ref.clip_id, "input", None), input_audio, backend.sample_rate)
+    write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, "input", None), input_audio, backend.sample_rate)
     try:
-        cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
-    except UsageError:  # a conditioner that cannot load (--clap): the user's to fix, not this clip's failure
+        clip.cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
+    except UsageError:
         raise
     except Exception as e:
-        return fail(todo, "condition", e)
-    try:
-        reference = _reference(out_dir, ref, cond_D, backend, config.seed,
-                               {"run": run_id, "clip_sha256": base["clip_sha256"]})
-    except Exception as e:
-        return fail(todo, "reference", e)
-    if Job(FLOOR) in todo:
-        _floor(ref, out_dir, config, backend, cond_D, reference, base, emit, fail)
-    todo = [job for job in todo if job != Job(FLOOR)]
-    if not todo:
-        return None
-    try:  # the unpatched model on the reference's own tokens: what every codec is compared with
-        probs_ref = backend.teacher_forced(cond_D, reference.tokens)
-    except Exception as e:
-        return fail(todo, "fidelity", e)
-    for job in todo:
-        codec, bits, v_bits = job
-        start = time.perf_counter()
-        stage = "generate"
-        try:
-            context = backend.bf16_kv() if codec == KV_FLOOR else backend.compressed(codec, bits, v_bits)
-            with context as handle:
-                out = _as_generated(backend.generate(cond_D, config.seed))
-                kv = None if codec == KV_FLOOR else kv_summary(handle.stats())
-                stage = "fidelity"
-                probs_hat = backend.teacher_forced(cond_D, reference.tokens)
-        except Exception as e:
-            fail([job], stage, e)
-            continue
-        try:
-            metrics = {**compute_metrics(reference.audio, out.audio, reference.fhat, out.fhat,
-                                         backend.sample_rate),
-                       **fidelity_row(probs_ref, probs_hat)}
-        except Exception as e:
-            fail([job], "metrics", e)
-            continue
-        write_wav(out_dir / "wav" / wav_name(ref.clip_id, *job), out.audio, backend.sample_rate)
-        emit({**base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": config.seed, "status": "ok",
-              "stage": None,
-              "error": None, "metrics": metrics, "kv": kv, "seconds": round(time.perf_counter() - start, 3),
-              "threads": torch.get_num_threads()})
-
-
-def _floor(ref: ClipRef, out_dir: Path, config: EvalConfig, backend: Backend, cond_D: np.ndarray,
-           reference: Generated, base: dict, emit: Callable[[dict], None], fail: Callable) -> None:
-    """The sampling-floor row: the uncompressed model (no patch) at `floor_seed(seed)`, its sampled-output
-    metrics against the reference; no teacher-forced metrics and no KV numbers (see the module docstring)."""
-    import torch
-
-    start = time.perf_counter()
-    seed = floor_seed(config.seed)
-    try:
-        other = _as_generated(backend.generate(cond_D, seed))
-    except Exception as e:
-        return fail([Job(FLOOR)], "generate", e)
-    try:
-        metrics = compute_metrics(reference.audio, other.audio, reference.fhat, other.fhat,
-                                  backend.sample_rate)
-    except Exception as e:
-        return fail([Job(FLOOR)], "metrics", e)
-    write_wav(out_dir / "wav" / wav_name(ref.clip_id, FLOOR, None), other.audio, backend.sample_rate)
-    emit({**base, "codec": FLOOR, "bits": None, "v_bits": None, "seed": seed, "status": "ok", "stage": None,
-          "error": None,
-          "metrics": metrics, "kv": None, "seconds": round(time.perf_counter() - start, 3),
-          "threads": torch.get_num_threads()})
-    return None
+        fail(clip, clip.todo, "condition", e)
+        return False
+    return True
 
 
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
-             device: str = "cpu", progress: bool = True, overwrite: bool = False) -> dict | None:
+             device: str = "cpu", progress: bool = True, overwrite: bool = False,
+             batch_size: int = 1) -> dict | None:
     """Run this process's shard of `refs`, then (rank 0) merge all rows and write the report.
 
     make_backend(device) builds the model backend once the device is known; `conditioner` has `name`,
     `fingerprint` and `embed(audio_48k_T)`. `meta` is added to the report (clip source, requested n, ...).
-    `overwrite` starts afresh in a folder holding another run or other files (`claim_out_dir`). Returns the
-    report's results on rank 0 and None on the other ranks.
+    `overwrite` starts afresh in a folder holding another run or other files (`claim_out_dir`).
+    `batch_size`: clips generated together (`run_batch`); it schedules the work and changes no row but
+    through float rounding, so it is no part of the run's fingerprint. Returns the report's results on rank 0
+    and None on the other ranks.
     """
     from tqdm import tqdm
+
+    problem = batch_size_problem(batch_size)
+    if problem:
+        raise UsageError(problem)
 
     out_dir = Path(out_dir)
     info = DistInfo.from_env()
@@ -462,10 +525,10 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
                  info.rank, device, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "unset"))
         start = time.perf_counter()
         try:
-            for ref in mine:
-                todo = [job for job in jobs if (ref.clip_id, *job) not in done]
-                if todo:
-                    run_clip(ref, todo, out_dir, config, backend, conditioner, emit, run_id)
+            work = [(ref, [job for job in jobs if (ref.clip_id, *job) not in done]) for ref in mine]
+            work = [(ref, todo) for ref, todo in work if todo]
+            for i in range(0, len(work), batch_size):
+                run_batch(work[i:i + batch_size], out_dir, config, backend, conditioner, emit, run_id)
         finally:
             bar.close()
             writer.close()

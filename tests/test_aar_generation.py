@@ -157,3 +157,62 @@ def test_condition_dtype_and_nan_are_rejected(golden):
         generate(pipe, np.zeros((1, 512), dtype=np.int64))
     with pytest.raises(UsageError, match="NaN"):
         generate(pipe, torch.full((1, 512), math.nan))
+
+
+@pytest.fixture(scope="module")
+def embedded() -> AARPipeline:
+    return load_aar().eval()
+
+
+def per_row_conditions(n: int) -> torch.Tensor:
+    cond = torch.randn(n, 512, generator=torch.Generator().manual_seed(n))
+    return cond / cond.norm(dim=-1, keepdim=True)
+
+
+def test_per_row_seeds_equal_batches_of_one(embedded, fast=False):
+    """Row i of a batch with seeds [s_0, s_1, ...] draws from its own generator: its tokens are a batch of
+    one's with seed s_i (the fp32 reference path; the fast path's bf16 blocks round differently per batch
+    size, so there a near-tie can flip: see the README's determinism notes)."""
+    cond = per_row_conditions(3)
+    seeds = [5, 5, 2**64 - 1]
+    batch = generate(embedded, cond, seed=seeds, fast=fast)
+    for i, seed in enumerate(seeds):
+        one = generate(embedded, cond[i:i + 1], seed=seed, fast=fast)
+        for si, (a, b) in enumerate(zip(one.tokens, batch.tokens, strict=True)):
+            assert torch.equal(a[0], b[i]), f"row {i} scale {si}: tokens differ from a batch of one"
+        assert_rel_close(batch.fhat[i], one.fhat[0], 1e-5, f"row {i} fhat")
+    # one seed in a list is the int seed; one int seed for a batch is the released single stream
+    single = generate(embedded, cond[:1], seed=[5], fast=fast)
+    assert all(torch.equal(a, b) for a, b in zip(single.tokens, generate(embedded, cond[:1], seed=5,
+                                                                          fast=fast).tokens, strict=True))
+
+
+def test_per_row_noise_drawn_beforehand_equals_the_inline_draw(embedded):
+    """What GraphedGenerator replays: per-row noise drawn before the loop gives the inline draw's tokens,
+    and each row those of a batch of one drawing from its own generator (the exponential race in fp32)."""
+    from octopus_audio.aar_patch.generation import per_row_draw
+
+    cond = per_row_conditions(2)
+    c = embedded.aar.config
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in (9, 4)]
+
+    with torch.inference_mode():
+        inline, _ = run_scales(embedded, cond, SamplingConfig(), per_row_draw(exponential_draw, gens()))
+        noise = draw_noise(gens(), 2, c.patch_nums, c.vocab_size)
+        predrawn, _ = run_scales(embedded, cond, SamplingConfig(), noise_draw(noise))
+        ones = [run_scales(embedded, cond[i:i + 1], SamplingConfig(), exponential_draw(g))[0]
+                for i, g in enumerate(gens())]
+    assert all(torch.equal(a, b) for a, b in zip(inline, predrawn, strict=True))
+    for i, one in enumerate(ones):
+        assert all(torch.equal(a[0], b[i]) for a, b in zip(one, inline, strict=True)), f"row {i}"
+
+
+@pytest.mark.parametrize("seed, message", [([1, 2], "one per condition row, 3 here; got 2"),
+                                           ([1, 2, -1], "seed must be an integer from 0"),
+                                           ([1, True, 3], "seed must be an integer from 0")],
+                         ids=["too-few", "negative", "bool"])
+def test_bad_per_row_seeds_are_usage_errors(embedded, seed, message):
+    with pytest.raises(UsageError, match=message):
+        generate(embedded, per_row_conditions(3), seed=seed)

@@ -36,8 +36,9 @@ class FakePipe:
     """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec;
     remembers the tokens each teacher-forced pass was given."""
 
-    def __init__(self, interrupt_at=None, fail_codec=None):
+    def __init__(self, interrupt_at=None, fail_codec=None, fail_cond=None):
         self.active = None
+        self.fail_cond = fail_cond  # (_cond_key of a clip, pipe.active): that clip's generation fails there
         self.calls = 0
         self.interrupt_at = interrupt_at
         self.fail_codec = fail_codec
@@ -49,13 +50,23 @@ def _cond_key(cond_BD) -> int:
 
 
 def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
-    """Deterministic in (condition, seed); under a codec, noise of size 2^-bits, different per codec."""
+    """Deterministic in (condition, seed) per row (`seed`: an int, or one per row as the eval passes them);
+    under a codec, noise of size 2^-bits, different per codec. One call, however many rows."""
     pipe.calls += 1
     if pipe.interrupt_at is not None and pipe.calls >= pipe.interrupt_at:
         raise KeyboardInterrupt
     if pipe.active is not None and pipe.active == pipe.fail_codec:
         raise RuntimeError("injected generation failure")
-    key = _cond_key(cond_BD)
+    seeds = [seed] * cond_BD.shape[0] if isinstance(seed, int) else list(seed)
+    rows = [_fake_row(pipe, cond_BD[i], s) for i, s in enumerate(seeds)]
+    return FakeGeneration([torch.cat([r[0][si] for r in rows]) for si in range(len(FAKE_PATCH_NUMS))],
+                          torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows]))
+
+
+def _fake_row(pipe, cond_D, seed):
+    if pipe.fail_cond is not None and (_cond_key(cond_D), pipe.active) == pipe.fail_cond:
+        raise RuntimeError("injected failure of one clip")
+    key = _cond_key(cond_D)
     base = np.random.default_rng([seed, key]).standard_normal(6000 + 128 * 75)
     tokens = np.random.default_rng([seed, key, 1]).integers(0, FAKE_VOCAB, sum(FAKE_PATCH_NUMS))
     if pipe.active is not None and pipe.active[0] != "none":
@@ -66,25 +77,30 @@ def fake_generate(pipe, cond_BD, cfg, top_k, top_p, seed):
     audio = torch.from_numpy(0.1 * base[:6000]).float().reshape(1, 1, -1)
     fhat = torch.from_numpy(base[6000:]).float().reshape(1, 128, 75)
     splits = np.split(tokens, np.cumsum(FAKE_PATCH_NUMS)[:-1])
-    return FakeGeneration([torch.from_numpy(t).reshape(1, -1) for t in splits], audio, fhat)
+    return [torch.from_numpy(t).reshape(1, -1) for t in splits], audio, fhat
 
 
 def fake_teacher_forced(pipe, cond_BD, tokens, cfg):
-    """Per scale (1, pn, V) softmax of logits fixed by (condition, forced tokens); under a codec the logits
-    get noise of size 2^-bits, so agreement rises and KL falls with bits; codec `none` changes nothing."""
-    assert [tuple(t.shape) for t in tokens] == [(1, pn) for pn in FAKE_PATCH_NUMS]
-    pipe.forced.append((pipe.active, tuple(int(v) for t in tokens for v in t.reshape(-1))))
-    key = _cond_key(cond_BD)
-    probs = []
-    for si, t in enumerate(tokens):
-        seed = [key, si, *(int(v) for v in t.reshape(-1))]
-        logits = np.random.default_rng(seed).standard_normal((1, t.shape[1], FAKE_VOCAB))
-        if pipe.active is not None and pipe.active[0] != "none":
-            codec, bits = pipe.active
-            noise = np.random.default_rng([*seed, len(codec), bits]).standard_normal(logits.shape)
-            logits = logits + 4.0 * noise * 2.0 ** -bits
-        probs.append(torch.softmax(torch.from_numpy(logits).float(), dim=-1))
-    return probs
+    """Per scale (B, pn, V) softmax of logits fixed by (condition, forced tokens) per row; under a codec the
+    logits get noise of size 2^-bits, so agreement rises and KL falls with bits; codec `none` changes
+    nothing."""
+    B = cond_BD.shape[0]
+    assert [tuple(t.shape) for t in tokens] == [(B, pn) for pn in FAKE_PATCH_NUMS]
+    rows = []
+    for i in range(B):
+        pipe.forced.append((pipe.active, tuple(int(v) for t in tokens for v in t[i].reshape(-1))))
+        key = _cond_key(cond_BD[i])
+        probs = []
+        for si, t in enumerate(tokens):
+            seed = [key, si, *(int(v) for v in t[i].reshape(-1))]
+            logits = np.random.default_rng(seed).standard_normal((1, t.shape[1], FAKE_VOCAB))
+            if pipe.active is not None and pipe.active[0] != "none":
+                codec, bits = pipe.active
+                noise = np.random.default_rng([*seed, len(codec), bits]).standard_normal(logits.shape)
+                logits = logits + 4.0 * noise * 2.0 ** -bits
+            probs.append(torch.softmax(torch.from_numpy(logits).float(), dim=-1))
+        rows.append(probs)
+    return [torch.cat([r[si] for r in rows]) for si in range(len(tokens))]
 
 
 class FakeStats:
@@ -130,7 +146,7 @@ def config(codecs=CODECS, bits=BITS):
     return EvalConfig(codecs=codecs, bits=bits, seed=3)
 
 
-def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
+def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10, batch_size=1):
     cfg = cfg or config()
     pipe = pipe or FakePipe()
     refs = list_folder(clips, n=n, seed=0)
@@ -143,7 +159,8 @@ def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10):
     def make_backend(device):
         return LazyBackend(build, "fake-aar")
 
-    return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False)
+    return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False,
+                    batch_size=batch_size)
 
 
 def report_files(out: Path) -> dict:
