@@ -55,9 +55,10 @@ def main() -> None:
                   for i, o in enumerate(ones)]
         total = sum(t.shape[1] for t in many.tokens)
         audio = max(float((o.audio[0] - many.audio[i]).abs().max()) for i, o in enumerate(ones))
-        print(f"{spec}: B={B} on {args.device}{' graphs' if args.graphs else ''}: clips with a differing "
-              f"token {sum(d > 0 for d in differ)}/{B}, tokens differing {sum(differ)}/{B * total}, "
-              f"max |audio diff| {audio:.3g}; {B} x B=1 {t1:.2f} s, one B={B} {tb:.2f} s")
+        where = f"{args.device}{' graphs' if args.graphs else ''}"
+        print(f"{spec}: B={B} on {where}: clips with a differing token {sum(d > 0 for d in differ)}/{B}, "
+              f"tokens differing {sum(differ)}/{B * total}, max |audio diff| {audio:.3g}; "
+              f"{B} x B=1 {t1:.2f} s, one B={B} {tb:.2f} s")
 
 
 class _nothing:
