@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # the fused kernels' range (formats.md allows 8..1024 for the reference)
+MAX_CODE_BITS = 16  # the widest code the kernels unpack (a code spans at most two 32-bit words)
 V_GROUP = 16
 
 
@@ -48,9 +49,9 @@ class KernelCodec:
         if d & (d - 1) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise ValueError(f"the fused kernels take head_dim a power of two in "
                              f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {d}")
-        if not 0 <= self.code_bits <= 16 or self.num_codes < 1:
-            raise ValueError(f"{label}: codes of 0..16 bits, at least one a key, got {self.num_codes} of "
-                             f"{self.code_bits} bits")
+        if not 0 <= self.code_bits <= MAX_CODE_BITS or self.num_codes < 1:
+            raise ValueError(f"{label}: codes of 0..{MAX_CODE_BITS} bits, at least one a key, got "
+                             f"{self.num_codes} of {self.code_bits} bits")
         if self.rotation_signs.ndim != 2 or self.rotation_signs.shape[1] != d:
             raise ValueError(f"rotation_signs must be [H, {d}], got {tuple(self.rotation_signs.shape)}")
         if tuple(self.hadamard.shape) != (d, d):

@@ -106,12 +106,14 @@ def _ops():
 
 def kernel_limit(codec, for_encode: bool = True) -> str | None:
     """Why the fused kernels cannot run this codec (None when they can)."""
-    from octopus_audio.kernels.spec import MAX_HEAD_DIM, MIN_HEAD_DIM
+    from octopus_audio.kernels.spec import MAX_CODE_BITS, MAX_HEAD_DIM, MIN_HEAD_DIM
 
     if codec.kernel_decode is None:
         return f"codec {codec.name} has no kernel decode section"
     if not MIN_HEAD_DIM <= codec.head_dim <= MAX_HEAD_DIM:
         return f"head dim {codec.head_dim} is outside the kernels' {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+    if codec.layout.code_bits > MAX_CODE_BITS:
+        return f"{codec.layout.code_bits}-bit codes are wider than the kernels' {MAX_CODE_BITS}"
     return codec.kernel_limit(for_encode)
 
 

@@ -161,3 +161,16 @@ def test_fused_store_with_value_bits_of_their_own(name, bits, v_bits, monkeypatc
         assert torch.equal(getattr(values, field).cpu(), getattr(expected, field)), field
     torch.testing.assert_close(fused.attend(q, 0.125).float().cpu(),
                                fused.attend_reference(q, 0.125).float().cpu(), rtol=2e-2, atol=2e-2)
+
+
+def test_codes_wider_than_the_kernels_take_run_on_the_reference():
+    """octopus b=6 stores 19-bit codes: the plan says why and runs the library's encode and the reference
+    attention (before, building the kernels' codec view raised)."""
+    from octopus_audio.backend import kernel_limit
+
+    cache = CompressedKVCache("octopus", 6, D, window=1, defer_checks=True)
+    assert "19-bit codes" in kernel_limit(cache.codec)
+    _fill(cache, _units(seed=3, sizes=(2, 3)))
+    assert not cache._plan.kernel_encode and not cache._plan.kernel_attention
+    q = torch.randn(B, H, 2, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(cache.attend(q, 0.125), cache.attend_reference(q, 0.125))
