@@ -47,7 +47,9 @@ DEFAULT_MODEL_CLIPS = ("ambi_choir.flac", "ambi_piano.flac", "misc_crow.flac")  
 def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process(tmp_path):
     """`torchrun --nproc_per_node 2 -m octopus_audio eval` with the embedded model, gloo on CPU, against the
     same eval in one process: every merged row equal but its wall time (`seconds`), every WAV byte for byte,
-    each reference's saved tokens equal, and the tables equal."""
+    each reference's saved tokens equal, and the tables equal. One clip a batch in both runs: a batch's
+    matmuls round differently from one clip's (README, determinism), and a rank's batches hold other clips
+    than the single process's."""
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in DEFAULT_MODEL_CLIPS:
@@ -57,7 +59,7 @@ def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process
     def args(out: str) -> list[str]:
         return ["-m", "octopus_audio", "eval", "--clips", str(clips), "--codecs", "octopus", "--bits", "2",
                 "--no-floor", "--clap", "spectral", "--device", "cpu", "--threads", "1", "--no-progress",
-                "--out", str(tmp_path / out)]
+                "--batch-size", "1", "--out", str(tmp_path / out)]
 
     one = subprocess.run([sys.executable, *args("one")], capture_output=True, text=True, timeout=300,
                          env=env)
