@@ -24,7 +24,8 @@ AheadProgress = Callable[[str, int, int], None]
 @dataclasses.dataclass(frozen=True)
 class AheadResult:
     """What compiling one configuration ahead did: `variants` the generation launches, `compiled` of them
-    were not in Triton's cache, `failed` (variant label -> error) did not compile, in `seconds`."""
+    were not in Triton's cache, `failed` (variant label -> error) did not compile; `seconds` is the time of
+    the whole call (every configuration compiles in one pool run)."""
 
     label: str
     variants: int
@@ -73,25 +74,28 @@ def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int,
         device = torch.device("cuda", torch.cuda.current_device())
     shapes = [generation_shapes(model, batch, dtype) for dtype in dtypes]
     target, backend = ahead.target_backend()
-    results = []
+    start = time.perf_counter()
+    found: list[tuple[str, dict[ahead.Launch, None]]] = []  # per configuration: its label and variants
+    for config in configs:
+        variants: dict[ahead.Launch, None] = {}
+        for shape in shapes:
+            with torch.cuda.device(device):
+                variants.update(dict.fromkeys(ahead.cache_launches(
+                    config.codec, config.bits, shape, device, v_bits=config.v_bits, window=config.window,
+                    v_group=config.v_group, backend=backend)))
+        found.append((f"{config.codec} {config.bits_label}", variants))
+    # every configuration's variants in one pool run: the workers stay busy across configurations, and a
+    # variant two configurations share (merge, value encode) compiles once
+    todo = list(dict.fromkeys(v for _, variants in found for v in variants if not ahead.is_cached(v, target)))
+    label = found[0][0] if len(found) == 1 else f"{len(found)} configurations ({found[0][0]}, ...)"
+    report = (None if progress is None or not todo
+              else lambda done, total, _launch: progress(label, done, total))
     with ahead.ParallelCompiler(target, workers) as compiler:
-        for config in configs:
-            start = time.perf_counter()
-            label = f"{config.codec} {config.bits_label}"
-            found: dict[ahead.Launch, None] = {}
-            for shape in shapes:
-                with torch.cuda.device(device):
-                    launches = ahead.cache_launches(config.codec, config.bits, shape, device,
-                                                    v_bits=config.v_bits, window=config.window,
-                                                    v_group=config.v_group, backend=backend)
-                found.update(dict.fromkeys(launches))
-            todo = [launch for launch in found if not ahead.is_cached(launch, target)]
-            report = (None if progress is None or not todo
-                      else lambda done, total, _launch, label=label: progress(label, done, total))
-            failed = compiler.compile(todo, report)
-            errors = {launch.label(): error for launch, error in failed.items()}
-            results.append(AheadResult(label, len(found), len(todo), errors, time.perf_counter() - start))
-    return results
+        failed = compiler.compile(todo, report)
+    seconds, pending = time.perf_counter() - start, set(todo)
+    return [AheadResult(name, len(variants), sum(v in pending for v in variants),
+                        {v.label(): failed[v] for v in variants if v in failed}, seconds)
+            for name, variants in found]
 
 
 def stderr_progress(stream: TextIO | None = None) -> AheadProgress:

@@ -4,6 +4,7 @@ sm_90 lands in Triton's cache; on CUDA a generation after compiling ahead compil
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -221,3 +222,50 @@ def test_cuda_generation_after_compile_ahead_compiles_nothing(tmp_path):
     found = _compiled_kernels_run(_CUDA_NOTHING_LEFT, tmp_path / "cache")
     assert found["variants"] > 0 and found["compiled"] == found["variants"] and not found["failed"]
     assert found["misses"] == []
+
+
+def test_every_configuration_compiles_in_one_pool_run_and_shared_variants_once(monkeypatch):
+    """compile_ahead with two configurations (the device and the compiler faked): one compile call holding
+    each uncached variant once, one progress label, and per configuration its own counts and failures."""
+    from octopus_audio.aar_patch import compile_ahead as aar_ahead
+    from octopus_audio.aar_patch.patch import PatchConfig
+
+    variants = {"octopus": ["merge", "oct-attn", "oct-enc"], "turboquant-mse": ["merge", "tq-attn", "cached"]}
+    calls, shown = [], []
+
+    class FakeLaunch(str):
+        def label(self):
+            return str(self)
+
+    class FakeCompiler:
+        def __init__(self, target, workers):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def compile(self, launches, progress):
+            calls.append(list(launches))
+            progress(0, len(launches), None)
+            progress(len(launches), len(launches), None)
+            return {FakeLaunch("tq-attn"): "boom"}
+
+    monkeypatch.setattr(aar_ahead, "_model_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(aar_ahead, "generation_shapes", lambda model, batch, dtype: dtype)
+    monkeypatch.setattr(aar_ahead.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ahead, "target_backend", lambda: ("target", "backend"))
+    monkeypatch.setattr(ahead, "cache_launches", lambda codec, bits, shape, device, **kw: [
+        FakeLaunch(v) for v in variants[codec]])
+    monkeypatch.setattr(ahead, "is_cached", lambda launch, target: launch == "cached")
+    monkeypatch.setattr(ahead, "ParallelCompiler", FakeCompiler)
+    configs = [PatchConfig("octopus", 2), PatchConfig("turboquant-mse", 3)]
+    results = aar_ahead.compile_ahead(object(), configs, 1, (torch.bfloat16, torch.float32),
+                                      progress=lambda label, done, total: shown.append((label, done, total)))
+    assert calls == [["merge", "oct-attn", "oct-enc", "tq-attn"]]
+    label = "2 configurations (octopus b=2, ...)"
+    assert shown == [(label, 0, 4), (label, 4, 4)]
+    assert [(r.label, r.variants, r.compiled, r.failed) for r in results] == [
+        ("octopus b=2", 3, 3, {}), ("turboquant-mse b=3", 3, 2, {"tq-attn": "boom"})]
