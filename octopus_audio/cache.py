@@ -246,17 +246,15 @@ class CompressedKVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add one unit (k, v [B, H, T_unit, d]); the oldest window unit beyond `window` is encoded."""
         first = self._seq is None
-        if first:
-            check_layout(k, v, self.head_dim, None)
+        layout = None if first else self._seq.layout
+        # a later unit of the sequence's own layout skips the checks (the per-unit fast path)
+        if first or (k.shape != v.shape or k.ndim != 4 or k.shape[0] != layout[0] or k.shape[1] != layout[1]
+                     or not k.shape[2] or k.shape[3] != self.head_dim or k.dtype != layout[2]
+                     or v.dtype != layout[2] or k.device != layout[3] or v.device != layout[3]):
+            check_layout(k, v, self.head_dim, layout)
             self.codec.check_keys(k)
+        if first:
             self._seq = self._begin(k)
-        else:
-            layout = self._seq.layout
-            if (k.shape != v.shape or k.ndim != 4 or k.shape[0] != layout[0] or k.shape[1] != layout[1]
-                    or not k.shape[2] or k.shape[3] != self.head_dim or k.dtype != layout[2]
-                    or v.dtype != layout[2] or k.device != layout[3] or v.device != layout[3]):
-                check_layout(k, v, self.head_dim, layout)  # raises the precise error
-                self.codec.check_keys(k)
         try:
             self._check_data(k, v)
         except ValueError:
