@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("full", "small"), default="full", help="the random-weight AAR")
     parser.add_argument("--device", default="cuda", help="eval --device (default cuda)")
     parser.add_argument("--batch-size", default=None, help="eval --batch-size (default: eval's)")
+    parser.add_argument("--eager", action="store_true",
+                        help="a third run: warm with eval --eager (no CUDA graphs)")
     parser.add_argument("--commit", default="unknown", help="git commit of the benchmarked tree")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -114,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size:
         eval_args += ["--batch-size", args.batch_size]
     cache = args.work / f"triton-cache-{time.time_ns()}"  # empty: filled by the cold run, read by the warm
-    results = {name: run(name, eval_args, args.work, cache) for name in ("cold", "warm")}
+    runs = {"cold": eval_args, "warm": eval_args}
+    if args.eager:
+        runs["warm --eager"] = [*eval_args, "--eager"]
+    results = {name: run(name.replace(" --", "-"), a, args.work, cache) for name, a in runs.items()}
     import torch
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
