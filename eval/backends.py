@@ -93,7 +93,10 @@ class AARBackend:
     matmuls. `generate_fn`, `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the
     package's `generate`, `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `compressed_kv` with
     `kv_dtype` (tests inject fakes). Generation runs at `generate`'s default precision for the device (fp32
-    on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32.
+    on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 through the codec library's PyTorch
+    reference on every device (`backend.reference_backend`), as it runs on CPU: its distributions do not
+    depend on the device's kernels, and a GPU run compiles no fp32 kernel variants (about as many as its bf16
+    generations launch, and the slowest to compile for sm_90).
 
     `graphs` (CUDA only): generations run as one CUDA graph of the scale loop (`GraphedGenerator`, the same
     tokens as the eager fast path), captured at the first generation of each batch size under the current
@@ -158,7 +161,10 @@ class AARBackend:
 
         tokens_Bl = [torch.from_numpy(np.stack([np.asarray(row[si], dtype=np.int64) for row in tokens]))
                      .to(self.device) for si in range(len(tokens[0]))]
-        with torch.inference_mode():
+        from octopus_audio.backend import reference_backend
+
+        why = "teacher forcing: fp32 through the codec library's decode on every device"
+        with torch.inference_mode(), reference_backend(why):
             probs = self._teacher_forced(self.pipe, self._cond(cond_BD), tokens_Bl, cfg=self.config.cfg)
         probs = [p.float().cpu() for p in probs]
         return [[p[i:i + 1] for p in probs] for i in range(len(tokens))]

@@ -237,8 +237,8 @@ def run(args: argparse.Namespace) -> int:
             from octopus_audio.aar_patch.compile_ahead import compile_ahead, stderr_progress
 
             pipe = load_model(args.aar, args.sat, dev)
-            compile_ahead(pipe, config.patch_configs(), batch_size, (torch.bfloat16, torch.float32),  # CUDA
-                          progress=stderr_progress())  # generation in bf16, teacher forcing in fp32
+            compile_ahead(pipe, config.patch_configs(), batch_size, (torch.bfloat16,),  # CUDA generation
+                          progress=stderr_progress())  # (teacher forcing runs the reference, no kernels)
             return AARBackend(pipe, config, name, dev, identity=identity, graphs=graphs)
 
         return LazyBackend(build, name, identity=identity)

@@ -302,10 +302,14 @@ def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b:
 
 
 def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
-                  device: torch.device, folded: bool = False) -> tuple[int, int, int, bool, int, int]:
+                  device: torch.device, folded: bool = False,
+                  fp32: bool = False) -> tuple[int, int, int, bool, int, int]:
     """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
     covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
     window_split, when there is room for more programs). folded: the section gathers codes (folded rows).
+    fp32: fp32 queries, whose dots run at IEEE precision on the CUDA cores (unrolled FMAs): at most 32 rows
+    a block, because the unrolled code grows with the tile and ptxas's time with it (sm_90, Triton 3.6,
+    octopus b=2, 64 keys a step: 8 / 11 / 23 s to compile at 16 / 32 / 64 rows, over 120 s at 128).
 
     One query row (the codecs without score tables; the octopus codecs take `_table_attention`): no tensor
     cores, word tiles; at d <= 64 256 keys a step, 8 warps, 8 programs per SM, at d = 128 128 keys, 4 warps,
@@ -322,7 +326,8 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     against 0.280 for gathers at 128 keys x 8 warps). d=128 query blocks take the same choices untimed.
     """
     single = n_rows == 1
-    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), 128 if d <= 64 else 64))
+    max_rows = 32 if fp32 else 128 if d <= 64 else 64
+    block_m = cfg.block_m or (1 if single else min(max(16, _pow2(n_rows)), max_rows))
     # one row: (keys a step, warps, programs per SM) = (256, 8, 8) at d <= 64, (128, 4, 4) above
     block_n = cfg.block_n or ((256 if d <= 64 else 128) if single else (32 if d > 64 else 64))
     if _interpreting() and cfg.block_n is None:  # per-op cost on the CPU: fewer, larger key blocks
@@ -422,8 +427,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
                                 cfg)
     section = SECTIONS[codec.decode]
     folded = section.gathers(codec)
-    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
-                                                                 folded)
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(
+        cfg, n_rows, d, length, t_win, b * h, dev, folded,
+        fp32=q_BHTD.dtype not in (torch.bfloat16, torch.float16))
     if num_splits is not None:
         splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
 

@@ -6,14 +6,18 @@ run is an error (triton runs on CPU tensors only under TRITON_INTERPRET=1). The 
 A codec that does not compress (`none`) always takes the reference path (plain SDPA over native K/V), and so
 does one that declares no kernel decode section (announced once).
 A cache asks once per sequence, at its first unit (`CachePlan`): the per-call path then runs the chosen ops
-with no environment, backend or kernel-table lookups.
+with no environment, backend or kernel-table lookups. Inside `reference_backend(why)` the sequences that
+start take the reference whatever the environment asks (the eval's fp32 teacher forcing on CUDA).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -28,6 +32,8 @@ ENV_VAR = "OCTOPUS_AUDIO_BACKEND"
 CHOICES = ("auto", "reference", "triton")
 KERNEL_OPS = ("encode_keys", "encode_values", "encode_unit", "attention")
 _announced: set[tuple[str, str]] = set()
+_forced_reference: contextvars.ContextVar[str | None] = contextvars.ContextVar("octopus_audio_reference",
+                                                                             default=None)
 
 
 def requested_backend() -> str:
@@ -36,6 +42,17 @@ def requested_backend() -> str:
     if value not in CHOICES:
         raise ValueError(f"{ENV_VAR}={value!r} is not a backend; allowed: {', '.join(CHOICES)}")
     return value
+
+
+@contextlib.contextmanager
+def reference_backend(why: str) -> Iterator[None]:
+    """Context manager: caches that start a sequence inside it run the PyTorch reference (announced once with
+    `why`), whatever OCTOPUS_AUDIO_BACKEND asks; sequences already started keep their plan."""
+    token = _forced_reference.set(why)
+    try:
+        yield
+    finally:
+        _forced_reference.reset(token)
 
 
 @functools.cache
@@ -75,6 +92,10 @@ def attention_backend(device: torch.device | str | None = None, codec=None) -> s
         return "reference"
     if codec is not None and codec.kernel_decode is None:
         _announce("reference", f"codec {codec.name} has no kernel decode section")
+        return "reference"
+    forced = _forced_reference.get()
+    if forced is not None:
+        _announce("reference", forced)
         return "reference"
     if requested == "reference":
         _announce("reference", f"{ENV_VAR}=reference")

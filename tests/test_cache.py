@@ -148,6 +148,27 @@ def test_backend_selection(monkeypatch):
         attention_backend("cuda")
 
 
+def test_reference_backend_overrides_a_forced_triton_for_sequences_started_inside(monkeypatch):
+    """reference_backend (the eval's teacher forcing): a sequence that starts inside runs the reference even
+    where the environment forces triton (the interpreter here); one started outside runs triton."""
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    codec = get_codec("octopus", 2, D)
+    assert attention_backend("cpu", codec) == "triton"
+    with backend_mod.reference_backend("teacher forcing"):
+        assert attention_backend("cpu", codec) == "reference"
+        with backend_mod.reference_backend("nested"):
+            assert attention_backend("cpu", codec) == "reference"
+        assert attention_backend("cpu", codec) == "reference"
+    assert attention_backend("cpu", codec) == "triton"
+    k, v = _units()[0]
+    inside, outside = CompressedKVCache("octopus", 2, D), CompressedKVCache("octopus", 2, D)
+    with backend_mod.reference_backend("teacher forcing"):
+        inside.append(k, v)
+    outside.append(k, v)
+    assert (inside._plan.backend, outside._plan.backend) == ("reference", "triton")
+
+
 @pytest.mark.parametrize("capacity", [None, 2, 7, 40], ids=lambda c: f"capacity-{c}")
 def test_capacity_reserves_the_store_and_changes_no_result(capacity):
     """A reserved store holds the same tokens and attends the same; it grows past the reservation."""
