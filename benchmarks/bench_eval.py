@@ -6,7 +6,7 @@ twice, each in a fresh process with an empty output folder: `cold` with an empty
 TRITON_CACHE_DIR under --work), `warm` with the cache the cold run filled. Inside each run the stages are
 timed by wrapping the functions that do them (nothing else changes): compile ahead
 (`aar_patch.compile_ahead.compile_ahead`), model load, generation (`AARBackend.generate`: references, floors
-and every codec, CUDA-graph capture included), teacher forcing (`AARBackend.teacher_forced`), metrics
+and every codec), teacher forcing (`AARBackend.teacher_forced`), metrics
 (`compute_metrics`) and the report (`write_report`); `other` is the wall time left (start-up, clip decoding
 and conditioning, rows). Writes Markdown and JSON.
 
@@ -104,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("full", "small"), default="full", help="the random-weight AAR")
     parser.add_argument("--device", default="cuda", help="eval --device (default cuda)")
     parser.add_argument("--batch-size", default=None, help="eval --batch-size (default: eval's)")
-    parser.add_argument("--eager", action="store_true",
-                        help="a third run: warm with eval --eager (no CUDA graphs)")
     parser.add_argument("--commit", default="unknown", help="git commit of the benchmarked tree")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -116,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size:
         eval_args += ["--batch-size", args.batch_size]
     cache = args.work / f"triton-cache-{time.time_ns()}"  # empty: filled by the cold run, read by the warm
-    runs = {"cold": eval_args, "warm": eval_args}
-    if args.eager:
-        runs["warm --eager"] = [*eval_args, "--eager"]
-    results = {name: run(name.replace(" --", "-"), a, args.work, cache) for name, a in runs.items()}
+    results = {name: run(name, eval_args, args.work, cache) for name in ("cold", "warm")}
     import torch
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"# eval end to end: cold and warm\n\ndate {now:%Y-%m-%d %H:%M} UTC; {device}; torch "
             f"{torch.__version__}; commit {args.commit}\n\ncommand: `python benchmarks/bench_eval.py "
             f"{' '.join(argv)}`; eval: `octopus-audio {' '.join(eval_args)}`\n\nseconds; stages summed over "
-            f"the run (generation includes graph capture), `other` the rest:\n\n")
+            f"the run `other` the rest:\n\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(head + table(results) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"command": argv, "eval": eval_args, **results},

@@ -98,21 +98,17 @@ class AARBackend:
     depend on the device's kernels, and a GPU run compiles no fp32 kernel variants (about as many as its bf16
     generations launch, and the slowest to compile for sm_90).
 
-    `graphs` (CUDA only): generations run as one CUDA graph of the scale loop (`GraphedGenerator`, the same
-    tokens as the eager fast path), captured at the first generation of each batch size under the current
-    patch (or none) and replayed for every later one; entering or leaving `compressed` / `bf16_kv` releases
-    them first (a graph replays the kernels it saw at capture), so a capture always follows the patch and is
-    released before the unpatch.
+    Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
+    loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against
+    22.9 s with a graph per generation, the same rows; benchmarks/results/eval.md).
     """
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
                  teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
-                 identity: dict | None = None, graphs: bool = False) -> None:
+                 identity: dict | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
-        if graphs and not str(device).startswith("cuda"):
-            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {device}")
         self.pipe = pipe
         self.config = config
         self.name = name
@@ -125,21 +121,11 @@ class AARBackend:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
         self._rounded_kv = rounded_kv_fn or aar_patch.compressed_kv
-        self.graphs = graphs
-        self._graphed: dict[int, Callable] = {}  # batch size -> GraphedGenerator under the current patch
 
     def _cond(self, cond_BD: np.ndarray):
         import torch
 
         return torch.from_numpy(np.atleast_2d(np.asarray(cond_BD, dtype=np.float32))).to(self.device)
-
-    def _graph(self, batch: int):
-        if batch not in self._graphed:
-            from octopus_audio.aar_patch import GraphedGenerator
-
-            c = self.config
-            self._graphed[batch] = GraphedGenerator(self.pipe, batch, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p)
-        return self._graphed[batch]
 
     def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
         import torch
@@ -147,10 +133,7 @@ class AARBackend:
         c = self.config
         cond = self._cond(cond_BD)
         with torch.inference_mode():
-            if self.graphs:
-                g = self._graph(cond.shape[0])(cond, seed=list(seeds))
-            else:
-                g = self._generate(self.pipe, cond, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p, seed=list(seeds))
+            g = self._generate(self.pipe, cond, cfg=c.cfg, top_k=c.top_k, top_p=c.top_p, seed=list(seeds))
         audio = g.audio.reshape(g.audio.shape[0], -1).float().cpu().numpy()
         fhat = g.fhat.float().cpu().numpy()
         tokens = [t.to(torch.int64).cpu().numpy() for t in g.tokens]
@@ -169,26 +152,14 @@ class AARBackend:
         probs = [p.float().cpu() for p in probs]
         return [[p[i:i + 1] for p in probs] for i in range(len(tokens))]
 
-    @contextlib.contextmanager
-    def _released_graphs(self, context):
-        """`context` (a patch) entered with no graph of the model before it and left with none of it."""
-        self._graphed.clear()
-        with context as handle:
-            try:
-                yield handle
-            finally:
-                self._graphed.clear()
-
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         c = self.config
-        return self._released_graphs(self._compressed_kv(
-            self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window, v_group=c.v_group,
-            seed=c.patch_seed, v_bits=v_bits))
+        return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
+                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
 
     def bf16_kv(self):
         import torch
 
         from octopus_audio.codecs import UNCOMPRESSED
 
-        return self._released_graphs(self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16,
-                                                      kv_dtype=torch.bfloat16))
+        return self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)

@@ -93,10 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"rounding and a run resumes under any batch size (default: {CPU_BATCH} on CPU; on "
                         f"CUDA {CUDA_BATCH}, or fewer as the GPU's memory allows: one clip per "
                         f"{CUDA_GIB_PER_CLIP} GiB of total memory)")
-    p.add_argument("--eager", action="store_true",
-                   help="on CUDA, generate eagerly instead of through one CUDA graph of the scale loop per "
-                        "batch size (captured under each codec's patch, the same tokens); on CPU generation "
-                        "is always eager and this changes nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -227,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     identity = model_identity(args.aar, args.sat)
     batch_size = parse_batch_size(args.batch_size, device)
-    graphs = str(device).startswith("cuda") and not args.eager
-    log.info("eval batch size %d, %s generation", batch_size, "CUDA-graph" if graphs else "eager")
+    log.info("eval batch size %d", batch_size)
 
     def make_backend(dev: str) -> LazyBackend:
         def build() -> AARBackend:
@@ -239,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
             pipe = load_model(args.aar, args.sat, dev)
             compile_ahead(pipe, config.patch_configs(), batch_size, (torch.bfloat16,),  # CUDA generation
                           progress=stderr_progress())  # (teacher forcing runs the reference, no kernels)
-            return AARBackend(pipe, config, name, dev, identity=identity, graphs=graphs)
+            return AARBackend(pipe, config, name, dev, identity=identity)
 
         return LazyBackend(build, name, identity=identity)
 

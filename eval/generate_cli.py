@@ -60,11 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: cuda when available, else cpu")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on cuda, fp32 (the released numerics) on cpu")
-    parser.add_argument("--eager", action="store_true",
-                        help="on cuda, run the scale loop eagerly instead of capturing it once as a CUDA "
-                             "graph and replaying it (the default there; the same tokens); cpu and "
-                             "--precision fp32 always run eagerly")
-
 
 def run(args: argparse.Namespace) -> int:
     import torch
@@ -113,15 +108,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(pipe, cond_BE, args: argparse.Namespace, fast: bool | None):
-    """One generation of the rows of `cond_BE`: captured as a CUDA graph and replayed (`GraphedGenerator`) on
-    cuda unless --eager or --precision fp32 (the graph runs the bf16 path, whose tokens `generate(fast=True)`
-    gives too), else `generate`."""
-    from octopus_audio.aar_patch.generation import GraphedGenerator, generate
+    """One generation of the rows of `cond_BE`, eagerly: a CUDA graph of the scale loop (`GraphedGenerator`)
+    pays only when replayed, and the command generates once (measured on the H200, warm, process wall:
+    5.1 s eager against 6.2 s through a graph; benchmarks/results/eval.md)."""
+    from octopus_audio.aar_patch.generation import generate
 
-    if pipe.device.type == "cuda" and not args.eager and fast is not False:
-        log.info("generating through a CUDA graph of the scale loop (--eager to run it eagerly)")
-        graphed = GraphedGenerator(pipe, cond_BE.shape[0], cfg=args.cfg, top_k=args.top_k, top_p=args.top_p)
-        return graphed(cond_BE, seed=args.seed)
     return generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     fast=fast)
 

@@ -320,9 +320,10 @@ def test_default_code_loads(folded, n_rows, want_tiles):
     assert shape[3] is want_tiles
 
 
-@pytest.mark.parametrize("fp32,n_rows,want", [(False, 75, 128), (True, 75, 32), (True, 20, 32), (False, 9, 16),
-                                              (True, 9, 16)],
-                         ids=["bf16-75-rows", "fp32-75-rows-capped", "fp32-20-rows", "bf16-9-rows", "fp32-9-rows"])
+@pytest.mark.parametrize("fp32,n_rows,want", [(False, 75, 128), (True, 75, 32), (True, 20, 32),
+                                              (False, 9, 16), (True, 9, 16)],
+                         ids=["bf16-75-rows", "fp32-75-rows-capped", "fp32-20-rows", "bf16-9-rows",
+                              "fp32-9-rows"])
 def test_block_rows(fp32, n_rows, want):
     """fp32 queries (IEEE dots, unrolled on the CUDA cores) take at most 32 rows a block: larger tiles took
     minutes to compile for sm_90; 16-bit queries take up to 128 rows at d = 64."""

@@ -68,8 +68,8 @@ def main() -> None:
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         for launch, seconds, error in pool.imap_unordered(timed, [(v, target) for v in todo]):
             times.append((seconds, found[launch], launch.label(), error))
-            print(f"{seconds:7.1f} s  {found[launch]:22s} {launch.label()}{'  FAILED ' + error if error else ''}",
-                  flush=True)
+            failed = f"  FAILED {error}" if error else ""
+            print(f"{seconds:7.1f} s  {found[launch]:22s} {launch.label()}{failed}", flush=True)
     print(f"total {time.perf_counter() - start:.1f} s wall, {sum(t[0] for t in times):.1f} s compile")
     for seconds, config, label, _ in sorted(times, reverse=True)[:15]:
         print(f"slowest {seconds:7.1f} s  {config:22s} {label}")
