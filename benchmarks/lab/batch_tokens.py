@@ -6,7 +6,7 @@ and under each codec given.
 
 Prints per setting: clips whose tokens differ anywhere, tokens that differ of all, the largest audio
 difference, and seconds for the B=1 generations and for the batched ones. On CUDA `--graphs` runs both
-through `GraphedGenerator` (the eval's default there), else the eager fast path (bf16 blocks)."""
+through `GraphedGenerator`, else the eager fast path (bf16 blocks) that the eval runs."""
 
 from __future__ import annotations
 
