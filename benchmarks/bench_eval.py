@@ -77,9 +77,13 @@ def run(name: str, eval_args: list[str], work: Path, cache: Path) -> dict:
     command = [sys.executable, __file__, "--stage-run", str(report), "--", *eval_args, "--overwrite", "--out",
                str(out)]
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    log_path = work / f"run-{name}.log"  # the eval's own output, there while it runs
+    with log_path.open("w") as log_file:
+        proc = subprocess.run(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{name}: {' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{name}: {' '.join(command)} exited {proc.returncode}:\n"
+                           f"{log_path.read_text()[-4000:]}")
+    print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
     return {**json.loads(report.read_text()), "process_wall": time.perf_counter() - start}
 
 
