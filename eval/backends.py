@@ -100,7 +100,7 @@ class AARBackend:
 
     Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
     loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against
-    22.9 s with a graph per generation, the same rows; benchmarks/results/eval.md).
+    22.9 s with a graph per generation, the same rows; benchmarks/results/eval_speed.md).
     """
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",

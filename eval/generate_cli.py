@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 def _generate(pipe, cond_BE, args: argparse.Namespace, fast: bool | None):
     """One generation of the rows of `cond_BE`, eagerly: a CUDA graph of the scale loop (`GraphedGenerator`)
     pays only when replayed, and the command generates once (measured on the H200, warm, process wall:
-    5.1 s eager against 6.2 s through a graph; benchmarks/results/eval.md)."""
+    5.1 s eager against 6.2 s through a graph; benchmarks/results/eval_speed.md)."""
     from octopus_audio.aar_patch.generation import generate
 
     return generate(pipe, cond_BE, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
