@@ -66,6 +66,10 @@ def stage_run(argv: list[str], report: Path) -> int:
     code = main(argv)
     totals["wall"] = time.perf_counter() - start
     totals["other"] = totals["wall"] - sum(totals[s] for s in STAGES)
+    import torch
+
+    if torch.cuda.is_available():  # the eval's peak, for sizing --batch-size (GiB)
+        totals["peak GPU GiB"] = torch.cuda.max_memory_allocated() / 2**30
     report.write_text(json.dumps({"exit": code, **totals}) + "\n")
     return code
 
@@ -88,10 +92,10 @@ def run(name: str, eval_args: list[str], work: Path, cache: Path) -> dict:
 
 
 def table(results: dict[str, dict]) -> str:
-    cols = ("process_wall", "wall", *STAGES, "other")
+    cols = ("process_wall", "wall", *STAGES, "other", "peak GPU GiB")
     lines = ["| run | " + " | ".join(cols) + " |", "| --- |" + " ---: |" * len(cols)]
     for name, r in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in cols) + " |")
     return "\n".join(lines)
 
 
