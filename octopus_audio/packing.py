@@ -17,31 +17,37 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"codes of {bits} bits cannot be packed: 0..{WORD_BITS} bits per code are supported")
 
 
-def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack integer codes [..., L] (each in [0, 2^bits)) into int32 words [..., ceil(L*bits/32)].
+def _layout(num_codes: int, bits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word, shift) [num_codes]: code j starts at stream bit j * bits, bit `shift` of word `word`."""
+    start = torch.arange(num_codes, device=device, dtype=torch.int64) * bits
+    return start // WORD_BITS, start % WORD_BITS
 
-    Code j occupies stream bits [j*bits, (j+1)*bits); stream bit i is bit i % 32 of word i // 32.
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack integer codes [..., L] (each in [0, 2^bits); higher bits are dropped) into int32 words
+    [..., ceil(L*bits/32)].
+
+    Code j occupies stream bits [j*bits, (j+1)*bits); stream bit i is bit i % 32 of word i // 32. So code j,
+    shifted left by its start's `shift` in word `word`, puts its low 32 bits into that word and the rest into
+    the next (a code straddling two words); codes never share a bit, so adding them is or-ing them.
     """
     _check_bits(bits)
     lead, L = codes.shape[:-1], codes.shape[-1]
     W = num_words(L, bits)
     if W == 0:
         return torch.zeros(*lead, 0, dtype=torch.int32, device=codes.device)
-    codes = codes.to(torch.int64)
-    shifts_N = torch.arange(bits, device=codes.device, dtype=torch.int64)
-    bits_LN = ((codes[..., None] >> shifts_N) & 1).to(torch.uint8).reshape(*lead, L * bits)
-    pad = W * WORD_BITS - L * bits
-    if pad:
-        bits_LN = torch.nn.functional.pad(bits_LN, (0, pad))
-    bits_W32 = bits_LN.reshape(*lead, W, WORD_BITS).to(torch.int64)
-    word_shifts = torch.arange(WORD_BITS, device=codes.device, dtype=torch.int64)
-    words = (bits_W32 << word_shifts).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32)
+    word, shift = _layout(L, bits, codes.device)
+    shifted = (codes.to(torch.int64) & ((1 << bits) - 1)) << shift  # < 2^63: bits + shift <= 63
+    words = torch.zeros(*lead, W + 1, dtype=torch.int64, device=codes.device)
+    words.scatter_add_(-1, word.expand(*lead, L), shifted & 0xFFFFFFFF)
+    words.scatter_add_(-1, (word + 1).expand(*lead, L), shifted >> WORD_BITS)
+    words = words[..., :W]  # word W only ever receives zeros
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack(words: torch.Tensor, bits: int, num_codes: int) -> torch.Tensor:
-    """Inverse of `pack`: int32 words [..., W] -> int64 codes [..., num_codes]."""
+    """Inverse of `pack`: int32 words [..., W] -> int64 codes [..., num_codes] (each code: its start word
+    shifted right, or-ed with the next word shifted left into the bits above, masked to `bits` bits)."""
     _check_bits(bits)
     lead, W = words.shape[:-1], words.shape[-1]
     if W != num_words(num_codes, bits):
@@ -49,8 +55,8 @@ def unpack(words: torch.Tensor, bits: int, num_codes: int) -> torch.Tensor:
                          f"(expected {num_words(num_codes, bits)} words)")
     if num_codes * bits == 0:
         return torch.zeros(*lead, num_codes, dtype=torch.int64, device=words.device)
-    word_shifts = torch.arange(WORD_BITS, device=words.device, dtype=torch.int64)
-    stream = ((words.to(torch.int64)[..., None] >> word_shifts) & 1).reshape(*lead, W * WORD_BITS)
-    bits_LN = stream[..., : num_codes * bits].reshape(*lead, num_codes, bits)
-    shifts_N = torch.arange(bits, device=words.device, dtype=torch.int64)
-    return (bits_LN << shifts_N).sum(-1)
+    unsigned = torch.nn.functional.pad(words.to(torch.int64) & 0xFFFFFFFF, (0, 1))  # a zero word past the end
+    word, shift = _layout(num_codes, bits, words.device)
+    low = unsigned.index_select(-1, word) >> shift
+    high = unsigned.index_select(-1, word + 1) << (WORD_BITS - shift)  # wraps past bit 63: masked off below
+    return (low | high) & ((1 << bits) - 1)

@@ -47,3 +47,12 @@ def test_zero_width_fields_and_bad_bits():
         pack(torch.zeros(2, dtype=torch.int64), 33)
     with pytest.raises(ValueError, match="expected 2 words"):
         unpack(torch.zeros(1, 3, dtype=torch.int32), 12, 3)
+
+
+@pytest.mark.parametrize("n", [3, 7, 12, 31], ids=lambda n: f"n{n}")
+def test_bits_above_the_width_are_dropped(n):
+    """pack keeps a code's low `n` bits (as the bit stream does): codes + k * 2^n pack as the codes."""
+    g = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 2**n, (2, 37), generator=g, dtype=torch.int64)
+    high = torch.randint(1, 8, (2, 37), generator=g, dtype=torch.int64) << n
+    assert torch.equal(pack(codes + high, n), pack(codes, n))
