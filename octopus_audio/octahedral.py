@@ -70,6 +70,17 @@ def direction_table(b_dir: int) -> torch.Tensor:
     return _direction_table(b_dir).clone()
 
 
+@functools.lru_cache(maxsize=64)
+def _rounding_tables(b_dir: int, b_rho: int, d: int, device: str) -> tuple[torch.Tensor, ...]:
+    """round_triplets' constants on `device`, copied there once (a copy from pageable host memory waits for
+    the device's queue to drain, so per-call copies would stall every CUDA encode): the xi boundaries, the rho
+    centroids and boundaries, the direction table transposed [3, 4^b_dir] and the zero triplet's placeholder
+    direction (0, 0, 1)."""
+    xi_cb, rho_cb = get_codebook("xi", None, b_dir), get_codebook("rho", d, b_rho)
+    return (xi_cb.boundaries.to(device), rho_cb.centroids.to(device), rho_cb.boundaries.to(device),
+            _direction_table(b_dir).to(device).T.contiguous(), torch.tensor([0.0, 0.0, 1.0], device=device))
+
+
 def _pick(cost: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """Column of the least cost per row; ties go to the lowest flat direction index."""
     best = cost.min(dim=-1, keepdim=True).values
@@ -110,16 +121,12 @@ def round_triplets(t_N3: torch.Tensor, b_dir: int, b_rho: int, mode: str = "loca
     batch_shape = t_N3.shape[:-1]
     t = t_N3.reshape(-1, 3).float()
     device = t.device
-    xi_cb = get_codebook("xi", None, b_dir)
-    rho_cb = get_codebook("rho", d, b_rho)
-    xi_bounds = xi_cb.boundaries.to(device)
-    rho_c, rho_bounds = rho_cb.centroids.to(device), rho_cb.boundaries.to(device)
+    xi_bounds, rho_c, rho_bounds, table, placeholder = _rounding_tables(b_dir, b_rho, d, str(device))
     m = 2**b_dir
 
     rho2 = (t * t).sum(-1)
     rho = rho2.sqrt()
     zero = rho == 0
-    placeholder = torch.tensor([0.0, 0.0, 1.0], device=device)
     n = torch.where(zero[:, None], placeholder, t / torch.where(zero, 1.0, rho)[:, None])
     xi, eta = fold(n)
     i_xi = torch.searchsorted(xi_bounds, xi.contiguous(), right=False)
@@ -128,8 +135,7 @@ def round_triplets(t_N3: torch.Tensor, b_dir: int, b_rho: int, mode: str = "loca
     if mode == "scalar":
         i_rho = torch.searchsorted(rho_bounds, rho.contiguous(), right=False)
     else:
-        table = _direction_table(b_dir).to(device).T.contiguous()  # [3, 4^b_dir]: one gather per coordinate
-        if mode == "local3x3":
+        if mode == "local3x3":  # (table [3, 4^b_dir]: one gather per coordinate)
             offsets = torch.arange(-1, 2, device=device)
             cand_xi = (i_xi[:, None, None] + offsets[None, :, None]).clamp(0, m - 1)
             cand_eta = (i_eta[:, None, None] + offsets[None, None, :]).clamp(0, m - 1)
