@@ -39,8 +39,11 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     word, shift = _layout(L, bits, codes.device)
     shifted = (codes.to(torch.int64) & ((1 << bits) - 1)) << shift  # < 2^63: bits + shift <= 63
     words = torch.zeros(*lead, W + 1, dtype=torch.int64, device=codes.device)
-    words.scatter_add_(-1, word.expand(*lead, L), shifted & 0xFFFFFFFF)
-    words.scatter_add_(-1, (word + 1).expand(*lead, L), shifted >> WORD_BITS)
+    if WORD_BITS % bits:  # some code straddles two words
+        words.scatter_add_(-1, word.expand(*lead, L), shifted & 0xFFFFFFFF)
+        words.scatter_add_(-1, (word + 1).expand(*lead, L), shifted >> WORD_BITS)
+    else:  # codes tile the words: each lies in one
+        words.scatter_add_(-1, word.expand(*lead, L), shifted)
     words = words[..., :W]  # word W only ever receives zeros
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
@@ -55,8 +58,11 @@ def unpack(words: torch.Tensor, bits: int, num_codes: int) -> torch.Tensor:
                          f"(expected {num_words(num_codes, bits)} words)")
     if num_codes * bits == 0:
         return torch.zeros(*lead, num_codes, dtype=torch.int64, device=words.device)
-    unsigned = torch.nn.functional.pad(words.to(torch.int64) & 0xFFFFFFFF, (0, 1))  # a zero word past the end
+    unsigned = words.to(torch.int64) & 0xFFFFFFFF
     word, shift = _layout(num_codes, bits, words.device)
+    if WORD_BITS % bits == 0:  # codes tile the words: none straddles
+        return (unsigned.index_select(-1, word) >> shift) & ((1 << bits) - 1)
+    unsigned = torch.nn.functional.pad(unsigned, (0, 1))  # a zero word past the end
     low = unsigned.index_select(-1, word) >> shift
     high = unsigned.index_select(-1, word + 1) << (WORD_BITS - shift)  # wraps past bit 63: masked off below
     return (low | high) & ((1 << bits) - 1)
