@@ -33,6 +33,9 @@ class _Sequence:
     store: CacheStore | None = None
     units_compressed: int = 0
     flushed: int = 0  # units whose deferred record is complete (fused: the window is recorded late)
+    # dtype -> (decoded K chunks, decoded V chunks, store tokens they cover): the reference path decodes each
+    # stored token once a sequence
+    decoded: dict = dataclasses.field(default_factory=dict)
 
 
 class CompressedKVCache:
@@ -317,16 +320,30 @@ class CompressedKVCache:
         self.check()
         return self._decoded_kv(dtype)
 
+    def _decoded_store(self, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The store's tokens decoded in `dtype`, as chunks along T. Each token is decoded once a sequence:
+        the tokens stored since the last call are decoded and kept. A token's decode does not depend on the
+        others (the codecs and the value quantizer decode token by token), so the chunks equal one decode of
+        the whole store, bit for bit (tests/test_cache.py checks it for every codec)."""
+        ks, vs, done = self._seq.decoded.get(dtype, ([], [], 0))
+        if done < self.length:
+            k_state, v_state = self.store.valid()
+            ks.append(self.codec.decode(k_state.slice_t(done, self.length), dtype))
+            vs.append(self.value_quantizer.decode(v_state.slice_t(done, self.length), dtype))
+            self._seq.decoded[dtype] = (ks, vs, self.length)
+        return ks, vs
+
     def _decoded_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         ks, vs = [], []
         if self.length:
-            k_state, v_state = self.store.valid()
             if self.value_quantizer is None:
+                k_state, v_state = self.store.valid()
                 ks.append(k_state.native.to(dtype))
                 vs.append(v_state.native.to(dtype))
             else:
-                ks.append(self.codec.decode(k_state, dtype))
-                vs.append(self.value_quantizer.decode(v_state, dtype))
+                k_chunks, v_chunks = self._decoded_store(dtype)
+                ks += k_chunks
+                vs += v_chunks
         for k, v in self._window:
             ks.append(k.to(dtype))
             vs.append(v.to(dtype))

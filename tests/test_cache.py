@@ -43,6 +43,28 @@ def test_reference_attention_equals_sdpa_over_decoded(name, window):
     assert cache.length == sum(UNIT_TOKENS[:n_comp]) and cache.num_tokens == sum(UNIT_TOKENS)
 
 
+@pytest.mark.parametrize("bits", [2, 3], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("name", [c for c in CODECS if c != "none"])
+def test_reference_decodes_each_token_once_and_equals_a_whole_store_decode(name, bits):
+    """The reference path keeps what it decoded (an attend after every append, as a model runs): the K/V it
+    attends over equal one decode of the whole store, bit for bit, and a later sequence starts afresh."""
+    units = _units(seed=bits, sizes=(1, 2, 4, 6, 9, 12, 3))
+    cache = CompressedKVCache(name, bits, D, window=1, seed=5)
+    q = torch.randn(B, H, 2, D, generator=torch.Generator().manual_seed(6))
+    for _ in range(2):  # the second sequence (after reset) must not reuse the first's decode
+        for k, v in units:
+            cache.append(k, v)
+            cache.attend(q, 0.125)
+        k_state, v_state = cache.store.valid()
+        whole_k = cache.codec.decode(k_state, torch.float32)
+        whole_v = cache.value_quantizer.decode(v_state, torch.float32)
+        k_all, v_all = cache.decoded_kv()
+        n = cache.length
+        assert torch.equal(k_all[:, :, :n], whole_k) and torch.equal(v_all[:, :, :n], whole_v)
+        cache.reset()
+        units = _units(seed=bits + 10, sizes=(1, 2, 4, 6, 9, 12, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("window", [0, 1, 2], ids=lambda w: f"W{w}")
 def test_codec_none_equals_plain_sdpa_exactly(window, dtype):
