@@ -150,10 +150,9 @@ def draw_noise(generator: torch.Generator | list[torch.Generator], batch: int, p
     generators = generator if isinstance(generator, list) else [generator]
     if out is None:
         out = [torch.empty(batch * pn, vocab_size, device=generators[0].device) for pn in patch_nums]
-    rows = len(generators)
-    for g, row in zip(generators, range(rows), strict=True):
+    for row, g in enumerate(generators):
         for noise_NV in out:
-            noise_NV.view(rows, -1, noise_NV.shape[-1])[row].exponential_(1, generator=g)
+            noise_NV.view(len(generators), -1, noise_NV.shape[-1])[row].exponential_(1, generator=g)
     return out
 
 

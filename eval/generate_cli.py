@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on cuda, fp32 (the released numerics) on cpu")
 
+
 def run(args: argparse.Namespace) -> int:
     import torch
 

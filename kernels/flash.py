@@ -427,9 +427,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
                                 cfg)
     section = SECTIONS[codec.decode]
     folded = section.gathers(codec)
-    block_m, block_n, warps, tile, splits, chunk = _launch_shape(
-        cfg, n_rows, d, length, t_win, b * h, dev, folded,
-        fp32=q_BHTD.dtype not in (torch.bfloat16, torch.float16))
+    half = q_BHTD.dtype in (torch.bfloat16, torch.float16)  # 16-bit queries: tensor-core operands
+    block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
+                                                                 folded, fp32=not half)
     if num_splits is not None:
         splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, block_n))), block_n)
 
@@ -438,7 +438,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     # project exactly in their own dtype (the map is small integers); input_precision only matters for fp32
     # operands, 16-bit ones take "tf32", tl.dot's default, as every bf16 flash-attention kernel does
     use_dot = block_m >= 16
-    q16 = use_dot and q_BHTD.dtype in (torch.bfloat16, torch.float16)
+    q16 = use_dot and half
     opd = q_BHTD.dtype if q16 else torch.float32
     prec = "ieee" if opd == torch.float32 else "tf32"
     qmap = codec.query_map(q_BHTD.dtype if q16 else torch.float32)
