@@ -43,7 +43,11 @@ class MetricReference:
         # copies: the spectra cached below must stay those of the reference whatever the caller does with it
         self._ref_T = as_array(ref_audio, "ref_audio").reshape(-1).copy()
         self._ref_fhat = as_array(ref_fhat, "ref_fhat").reshape(-1).copy()
-        self.sample_rate = sample_rate
+        self._sample_rate = sample_rate
+
+    @property
+    def sample_rate(self) -> int:
+        return self._sample_rate
 
     @cached_property
     def _ref_spectra(self) -> tuple[np.ndarray, np.ndarray]:
