@@ -64,7 +64,7 @@ from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
-from octopus_audio.eval.metrics import compute_metrics
+from octopus_audio.eval.metrics import MetricReference
 from octopus_audio.eval.rows import (
     MERGED_ROWS,
     ROWS_DIR,
@@ -258,6 +258,7 @@ class Clip:
         self.base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
         self.cond_D: np.ndarray | None = None
         self.reference: Generated | None = None
+        self.metric_ref: MetricReference | None = None  # the reference's spectra, computed once for its rows
         self.probs_ref: list | None = None
 
 
@@ -374,6 +375,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             fail(clip, clip.todo, "reference", out)
         else:
             clip.reference = out
+            clip.metric_ref = MetricReference(out.audio, out.fhat, backend.sample_rate)
     clips = [c for c in clips if c.reference is not None]
 
     floor = [c for c in clips if Job(FLOOR) in c.todo]
@@ -387,8 +389,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
         start = time.perf_counter()
         other = as_generated(other)
         try:  # sampled-output metrics only: see the module docstring
-            metrics = compute_metrics(clip.reference.audio, other.audio, clip.reference.fhat, other.fhat,
-                                      backend.sample_rate)
+            metrics = clip.metric_ref.compare(other.audio, other.fhat)
         except Exception as e:
             fail(clip, [Job(FLOOR)], "metrics", e)
             continue
@@ -441,9 +442,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             start = time.perf_counter()
             out = as_generated(out)
             try:
-                metrics = {**compute_metrics(clip.reference.audio, out.audio, clip.reference.fhat, out.fhat,
-                                             backend.sample_rate),
-                           **teacher_forced}
+                metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)
                 continue
