@@ -54,9 +54,10 @@ _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "lat
             "v_bits_per_coord": "{:.2f}", "kv_bits_per_coord": "{:.3f}"}
 CODEC_COLUMNS = 5  # codec columns per table of the listening page (fits 1400 px)
 
-# spectrogram threads at most (one a core below it): numpy's FFT, soundfile and PNG's zlib release the GIL,
-# the rest of an image holds it (see spectrograms_drawn)
-SPECTROGRAM_THREADS = 16
+# spectrogram threads at most (one a core below it). numpy's FFT and ufuncs, soundfile's reads and PNG's zlib
+# release the GIL; the Python around them holds it for 30-34% of an image (py-spy --gil samples, 2 cores), so
+# about 3 threads keep the GIL busy and more add only switching (4.3 -> 4.6 ms CPU an image at 16 threads).
+SPECTROGRAM_THREADS = 8
 
 SMALL_KL = 1e-4  # a TF KL below this (and not 0) is printed as 1.23e-06: five decimals would show 0.00000
 
@@ -606,7 +607,8 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     """Write every report file under out_dir from the merged rows; returns what results.json holds.
 
     rows: one per (clip, job) of this run (see runner); clips: [{clip, origin}] in run order; jobs: in report
-    order; meta: settings to print (model, conditioner, seed, ...).
+    order; meta: settings to print (model, conditioner, seed, ...). The spectrograms are drawn on worker
+    threads while this thread draws the plots (`spectrograms_drawn`); index.html is written after both.
     """
     out_dir = Path(out_dir)
     jobs = [Job(*j) for j in jobs]

@@ -85,15 +85,16 @@ def spectrograms(report, out: Path, clips, jobs, threads: int | None) -> None:
         pass
 
 
-def timed_run(report, out: Path, args: tuple) -> dict[str, float]:
-    """One write_report's wall time, then each of its stages alone (spectrograms: on the default threads and
-    on one; plots; the page; the tables and results.json)."""
+def timed_run(report, out: Path, args: tuple, threads: list[int]) -> dict[str, tuple[float, float]]:
+    """One write_report's (wall, CPU) seconds, then each of its stages alone (spectrograms: on the default
+    threads and on each count of `threads`; plots; the page; the tables and results.json). CPU: the
+    process's, all threads (what other users of a shared machine do not change much)."""
     rows, clips, jobs, meta = args
 
-    def wall(call) -> float:
-        start = time.perf_counter()
+    def wall(call) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
         call()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     spent = {"write_report": wall(lambda: report.write_report(out, *args))}
     meta = {**meta, "clip_count": len(clips)}
@@ -103,8 +104,8 @@ def timed_run(report, out: Path, args: tuple) -> dict[str, float]:
         report.table_markdown(groups, meta), report.table_csv(groups)))
     spent["plot_metrics"] = wall(lambda: report.plot_metrics(groups, rows, out / "plots"))
     spent["spectrograms"] = wall(lambda: spectrograms(report, out, clips, jobs, None))
-    if hasattr(report, "spectrograms_drawn"):
-        spent["spectrograms, 1 thread"] = wall(lambda: spectrograms(report, out, clips, jobs, 1))
+    for n in threads if hasattr(report, "spectrograms_drawn") else ():
+        spent[f"spectrograms, {n} threads"] = wall(lambda n=n: spectrograms(report, out, clips, jobs, n))
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
     spent["index_html"] = wall(lambda: report.index_html(out, rows, clips, jobs, groups, meta, plots))
     return spent
@@ -115,9 +116,11 @@ def main() -> None:
     p.add_argument("--clips", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="cProfile one more run, print the top 25")
+    p.add_argument("--threads", default="1", help="comma list: spectrograms alone on each thread count too")
     p.add_argument("--report", type=Path, help="a report.py to time instead of the installed one")
     p.add_argument("--out", type=Path, help="build the run folder here and keep it (default: temporary)")
     a = p.parse_args()
+    threads = [int(n) for n in a.threads.split(",")]
     report = installed_report
     if a.report:
         spec = importlib.util.spec_from_file_location("octopus_audio.eval.report_timed", a.report)
@@ -129,12 +132,13 @@ def main() -> None:
         args = make_run(out, a.clips)
         print(f"{a.clips} clips, {len(list((out / 'wav').iterdir()))} WAVs written in "
               f"{time.perf_counter() - start:.1f} s")
-        timed_run(report, out, args)  # warm: imports, matplotlib fonts, page cache
-        runs = [timed_run(report, out, args) for _ in range(a.repeat)]
+        timed_run(report, out, args, threads)  # warm: imports, matplotlib fonts, page cache
+        runs = [timed_run(report, out, args, threads) for _ in range(a.repeat)]
+        print(f"{'median of ' + str(a.repeat):>24}  wall s   CPU s   (wall of each run)")
         for key in runs[0]:
-            values = [r[key] for r in runs]
-            print(f"{key:>24}: {statistics.median(values):7.3f} s  (runs: "
-                  + ", ".join(f"{v:.3f}" for v in values) + ")")
+            walls, cpus = ([r[key][i] for r in runs] for i in (0, 1))
+            print(f"{key:>24}: {statistics.median(walls):7.3f} {statistics.median(cpus):7.3f}   ("
+                  + ", ".join(f"{v:.3f}" for v in walls) + ")")
         sizes = [f.stat().st_size for f in (out / "spec").iterdir()]
         print(f"spectrograms: {len(sizes)} PNGs, {sum(sizes) / 1e6:.2f} MB, "
               f"mean {np.mean(sizes) / 1e3:.1f} kB")
