@@ -56,10 +56,11 @@ def generation_shapes(model: object, batch: int, dtype: torch.dtype) -> ahead.Un
     return ahead.UnitShapes(int(m.num_heads), int(m.head_dim), patch_nums, 2 * batch, dtype)
 
 
-def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int,
+def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int | Iterable[int],
                   dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,), workers: int | None = None,
                   progress: AheadProgress | None = None) -> list[AheadResult]:
-    """Compile the kernel variants that generations of `batch` conditions on `model` (on CUDA) launch under
+    """Compile the kernel variants that generations of `batch` conditions (an int, or every batch size a run
+    generates) on `model` (on CUDA) launch under
     each patch configuration in `configs`, their attention in each of `dtypes` (bf16: `generate`'s default
     on CUDA; float32: its reference path and teacher forcing), into Triton's on-disk cache, in `workers`
     processes (None: one a core, at most 16), started once for all configurations. Variants already cached
@@ -72,7 +73,8 @@ def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int,
         return []
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    shapes = [generation_shapes(model, batch, dtype) for dtype in dtypes]
+    batches = [batch] if isinstance(batch, int) else list(dict.fromkeys(batch))
+    shapes = [generation_shapes(model, b, dtype) for b in batches for dtype in dtypes]
     target, backend = ahead.target_backend()
     start = time.perf_counter()
     found: list[tuple[str, dict[ahead.Launch, None]]] = []  # per configuration: its label and variants

@@ -50,6 +50,10 @@ class Backend(Protocol):
         """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
         and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
 
+    def expect_batches(self, sizes: Sequence[int]) -> None:
+        """Called once before the first batch with the batch sizes the run will generate (a backend may
+        prepare for them: AARBackend compiles the kernels they launch on CUDA)."""
+
 
 class LazyBackend:
     """Builds the real backend on first use: a rerun with nothing left to generate never loads the model."""
@@ -58,6 +62,7 @@ class LazyBackend:
                  identity: dict | None = None) -> None:
         self._build = build
         self._backend: Backend | None = None
+        self._batch_sizes: tuple[int, ...] = ()
         self.name = name
         self.sample_rate = sample_rate
         self.identity = dict(identity or {})
@@ -70,7 +75,15 @@ class LazyBackend:
                 raise RuntimeError(f"the model built as {self._backend.name!r} at "
                                    f"{self._backend.sample_rate} Hz was announced as {self.name!r} at "
                                    f"{self.sample_rate} Hz")
+            if self._batch_sizes:
+                self._backend.expect_batches(self._batch_sizes)
         return self._backend
+
+    def expect_batches(self, sizes: Sequence[int]) -> None:
+        """Kept until the model is built (then passed on), or passed on now if it is."""
+        self._batch_sizes = tuple(sizes)
+        if self._backend is not None:
+            self._backend.expect_batches(self._batch_sizes)
 
     def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
         return self.backend.generate(cond_BD, seeds)
@@ -107,9 +120,10 @@ class AARBackend:
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
                  teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
-                 identity: dict | None = None) -> None:
+                 identity: dict | None = None, compile_progress: Callable | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
+        self.compile_progress = compile_progress
         self.pipe = pipe
         self.config = config
         self.name = name
@@ -122,6 +136,19 @@ class AARBackend:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
         self._rounded_kv = rounded_kv_fn or aar_patch.compressed_kv
+
+    def expect_batches(self, sizes: Sequence[int]) -> None:
+        """On CUDA, compile ahead (in parallel, into Triton's cache) the kernels that generations of each
+        batch size launch under every codec configuration of the run, bf16 as generation runs them (teacher
+        forcing runs the reference, no kernels); nothing elsewhere. `compile_progress` shows it."""
+        if not str(self.device).startswith("cuda"):
+            return
+        import torch
+
+        from octopus_audio.aar_patch.compile_ahead import compile_ahead
+
+        compile_ahead(self.pipe, self.config.patch_configs(), sizes, (torch.bfloat16,),
+                      progress=self.compile_progress)
 
     def _cond(self, cond_BD: np.ndarray):
         import torch

@@ -230,14 +230,10 @@ def run(args: argparse.Namespace) -> int:
 
     def make_backend(dev: str) -> LazyBackend:
         def build() -> AARBackend:
-            import torch
+            from octopus_audio.aar_patch.compile_ahead import stderr_progress
 
-            from octopus_audio.aar_patch.compile_ahead import compile_ahead, stderr_progress
-
-            pipe = load_model(args.aar, args.sat, dev)
-            compile_ahead(pipe, config.patch_configs(), batch_size, (torch.bfloat16,),  # CUDA generation
-                          progress=stderr_progress())  # (teacher forcing runs the reference, no kernels)
-            return AARBackend(pipe, config, name, dev, identity=identity)
+            pipe = load_model(args.aar, args.sat, dev)  # the runner's batch sizes compile ahead on CUDA
+            return AARBackend(pipe, config, name, dev, identity=identity, compile_progress=stderr_progress())
 
         return LazyBackend(build, name, identity=identity)
 

@@ -591,3 +591,18 @@ def test_teacher_forcing_runs_the_reference_backend(tmp_path, monkeypatch):
              FakeConditioner(), progress=False)
     assert seen and set(seen) == {"reference"}
     assert attention_backend("cpu", get_codec("octopus", 2, 64)) == "triton"
+
+
+@pytest.mark.parametrize("n,batch_size,sizes", [(4, 3, [1, 3]), (4, 2, [2]), (4, 8, [4]), (3, 1, [1])],
+                         ids=["short-last", "even", "one-batch", "unbatched"])
+def test_the_backend_is_told_the_batch_sizes_it_will_generate(tmp_path, monkeypatch, n, batch_size, sizes):
+    """Before the first batch the backend hears every batch size the run generates (the last batch may be
+    short), so on CUDA it compiles those variants ahead; a resumed run with nothing left never loads it."""
+    told = []
+    monkeypatch.setattr(AARBackend, "expect_batches", lambda self, s: told.append(list(s)))
+    clips = make_clips(tmp_path / "clips")
+    pipe = FakePipe()
+    run_fake(clips, tmp_path / "out", pipe=pipe, n=n, batch_size=batch_size)
+    assert told == [sizes] and pipe.builds == 1
+    run_fake(clips, tmp_path / "out", pipe=pipe, n=n, batch_size=batch_size)
+    assert told == [sizes] and pipe.builds == 1
