@@ -280,7 +280,13 @@ def generate(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray, cfg: float =
     generators = seeded_generators(seed, cond_BE.shape[0], pipe.device)
     fast = resolve_fast(fast, pipe.device)
     make = exponential_draw if fast else multinomial_draw
-    draw = make(generators) if isinstance(generators, torch.Generator) else per_row_draw(make, generators)
+    if isinstance(generators, torch.Generator):
+        draw = make(generators)
+    elif fast:  # every row's noise drawn before the loop, as the inline per-row draw takes it (tested equal):
+        c = pipe.aar.config  # a scale's draw is one division and argmax for the batch, not one per row
+        draw = noise_draw(draw_noise(generators, cond_BE.shape[0], c.patch_nums, c.vocab_size))
+    else:
+        draw = per_row_draw(make, generators)
     if fast:
         tokens, f_hat = run_scales(pipe, cond_BE, sampling, draw, torch.bfloat16)
     else:
