@@ -188,15 +188,10 @@ def run_scales(pipe: AARPipeline, cond_BE: torch.Tensor, sampling: SamplingConfi
     """
     aar, quantizer = pipe.aar, pipe.sat.quantizer
     cfg = aar.config
-    B, S = cond_BE.shape[0], cfg.num_scales
     autocast = (torch.autocast(cond_BE.device.type, dtype=autocast_dtype) if autocast_dtype is not None
                 else contextlib.nullcontext())
-    cond_2BD = aar.class_emb(torch.cat((cond_BE, aar.uncond_embedding.expand(B, -1)), dim=0))
-    lvl_pos_1LC = aar.lvl_embed(aar.lvl_1L) + aar.pos_1LC
-    first_l = cfg.patch_nums[0]
-    x_2BlC = (cond_2BD.unsqueeze(1).expand(2 * B, first_l, -1) + aar.pos_start.expand(2 * B, first_l, -1)
-              + lvl_pos_1LC[:, :first_l])
-    f_hat_BCT = cond_BE.new_zeros(B, cfg.latent_dim, cfg.patch_nums[-1])
+    cond_2BD, lvl_pos_1LC, x_2BlC = first_scale_input(aar, cond_BE)
+    f_hat_BCT = cond_BE.new_zeros(cond_BE.shape[0], cfg.latent_dim, cfg.patch_nums[-1])
     tokens: list[torch.Tensor] = []
     begin = 0
     for block in aar.blocks:
@@ -207,20 +202,43 @@ def run_scales(pipe: AARPipeline, cond_BE: torch.Tensor, sampling: SamplingConfi
             with autocast:
                 for block in aar.blocks:
                     x_2BlC = block(x_2BlC, cond_2BD, None)
-            logits_2BlV = aar.get_logits(x_2BlC, cond_2BD)
-            t = sampling.cfg * (si / (S - 1))
-            logits_BlV = (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
+            logits_BlV = guided_logits(aar.get_logits(x_2BlC, cond_2BD), si, cfg.num_scales, sampling.cfg)
             idx_Bl = sample_top_k_top_p(logits_BlV, sampling.top_k, sampling.top_p, draw, si)
             tokens.append(idx_Bl)
             f_hat_BCT, next_BlCv = quantizer.next_scale_step(si, f_hat_BCT, idx_Bl)
             if next_BlCv is not None:
-                pn_next = cfg.patch_nums[si + 1]
-                x_BlC = aar.word_embed(next_BlCv.float()) + lvl_pos_1LC[:, begin:begin + pn_next]
-                x_2BlC = x_BlC.repeat(2, 1, 1)
+                x_2BlC = next_scale_input(aar, next_BlCv, lvl_pos_1LC, begin, cfg.patch_nums[si + 1])
     finally:
         for block in aar.blocks:
             block.attn.kv_caching(False)
     return tokens, f_hat_BCT
+
+
+def first_scale_input(aar: AAR, cond_BE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The guided batch's conditions `cond_2BD` (rows [:B] conditioned, rows [B:] unconditional), the level +
+    position embedding `lvl_pos_1LC` of every token, and the first scale's input x_2BlC (start tokens)."""
+    B, first_l = cond_BE.shape[0], aar.config.patch_nums[0]
+    cond_2BD = aar.class_emb(torch.cat((cond_BE, aar.uncond_embedding.expand(B, -1)), dim=0))
+    lvl_pos_1LC = aar.lvl_embed(aar.lvl_1L) + aar.pos_1LC
+    x_2BlC = (cond_2BD.unsqueeze(1).expand(2 * B, first_l, -1) + aar.pos_start.expand(2 * B, first_l, -1)
+              + lvl_pos_1LC[:, :first_l])
+    return cond_2BD, lvl_pos_1LC, x_2BlC
+
+
+def next_scale_input(aar: AAR, next_BlCv: torch.Tensor, lvl_pos_1LC: torch.Tensor, begin: int,
+                     pn: int) -> torch.Tensor:
+    """The input of the scale whose `pn` tokens start at `begin`, from the tokenizer's next-scale latent
+    [B, pn, Cv]: word embedding + level/position embedding, repeated for the guided batch [2B, pn, C]."""
+    x_BlC = aar.word_embed(next_BlCv.float()) + lvl_pos_1LC[:, begin:begin + pn]
+    return x_BlC.repeat(2, 1, 1)
+
+
+def guided_logits(logits_2BlV: torch.Tensor, si: int, num_scales: int, cfg: float) -> torch.Tensor:
+    """Classifier-free guidance at scale `si`: `(1+t) cond - t uncond` with `t = cfg * si / (S-1)`, rows [:B]
+    of the guided batch conditioned, rows [B:] unconditional: [2B, l, V] -> [B, l, V]."""
+    B = logits_2BlV.shape[0] // 2
+    t = cfg * (si / (num_scales - 1))
+    return (1 + t) * logits_2BlV[:B] - t * logits_2BlV[B:]
 
 
 def check_condition(pipe: AARPipeline, cond_BE: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -8,7 +8,9 @@ Per patched module it replaces two instance attributes and nothing else:
   layer's compressed cache. Turning caching on while the cache still holds part of a generation is a
   RuntimeError (never a silent mix). Turning it off first snapshots the layer's byte accounting, so
   `handle.stats()` describes the generation that just ended.
-- `forward(x, attn_bias)`: outside caching mode (training / teacher forcing) it is the original forward.
+- `forward(x, attn_bias)`: outside caching mode (training) it is the original forward, except inside
+  `forced_sequence(model, units)` (teacher forcing), where a whole sequence attends as the compressed cache
+  would serve each scale (`CompressedKVCache.attend_sequence`), in one pass.
   In caching mode one call is one unit (one scale): q, k, v are computed as the original does, k and v
   ([B, H, L, d], k unit-norm under cosine attention) are appended to the cache, and q attends over the
   compressed scales and the native window in one softmax with the module's softmax scale; then `proj`
@@ -248,6 +250,7 @@ class _LayerPatch:
             self.cache.prepare(self.num_heads, weight.device)
         self.config = config
         self.units = 0
+        self.forced_units: tuple[int, ...] | None = None  # set inside `forced_sequence`
         self.last: LayerStats | None = None
         self.saved: dict[str, object] = {}
 
@@ -289,9 +292,9 @@ class _LayerPatch:
 
     def forward(self, x_BLC: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
         m = self.module
-        if not m.caching:
+        if not m.caching and self.forced_units is None:
             return self.orig_forward(x_BLC, attn_bias)
-        if attn_bias is not None:
+        if m.caching and attn_bias is not None:
             raise ValueError(f"attention layer {self.index} was called in caching mode with an attention "
                              f"mask; the compressed cache attends over whole scales and takes attn_bias=None")
         q_BHLD, k_BHLD, v_BHLD = m._qkv(x_BLC) if self.own_qkv else self._qkv(x_BLC)
@@ -299,9 +302,12 @@ class _LayerPatch:
         if kv_dtype is not None:  # rounded to kv_dtype (nearest even), kept in the model's dtype
             k_BHLD, v_BHLD = k_BHLD.to(kv_dtype).to(k_BHLD.dtype), v_BHLD.to(kv_dtype).to(v_BHLD.dtype)
         cache = self.cache
-        cache.append(k_BHLD, v_BHLD)
-        self.units += 1
-        o_BHLD = cache.attend(q_BHLD, self.scale)
+        if m.caching:
+            cache.append(k_BHLD, v_BHLD)
+            self.units += 1
+            o_BHLD = cache.attend(q_BHLD, self.scale)
+        else:  # a whole sequence (`forced_sequence`): what the cache gives each scale, in one pass
+            o_BHLD = cache.attend_sequence(q_BHLD, k_BHLD, v_BHLD, self.forced_units, self.scale)
         return m._project(o_BHLD) if self.own_qkv else self._project(o_BHLD)
 
     # the released math, for modules without their own _qkv / _project
@@ -532,6 +538,28 @@ def unpatch(model: object) -> None:
 
 
 @contextlib.contextmanager
+def forced_sequence(model: object, units: tuple[int, ...]) -> Iterator[None]:
+    """Inside, each patched attention layer of `model` called outside caching mode takes its input as one
+    whole sequence of `units` (tokens per scale, in order) and attends as its compressed cache would have
+    served each scale's queries in a generation with those inputs (`CompressedKVCache.attend_sequence`: the
+    window's scales native, older ones through the codec), in one pass; the mask it is called with is not
+    used. Teacher forcing runs a patched model this way (`eval.fidelity.teacher_forced_probs`). Layers without
+    the patch are untouched: their own masked forward already is the uncompressed answer."""
+    layers = [lp for m in find_attention(model) if (lp := getattr(m, _MARK, None)) is not None]
+    busy = [lp.index for lp in layers if lp.units or lp.module.caching]
+    if busy:
+        raise RuntimeError(f"attention layers {busy} are in the middle of a generation; a forced sequence "
+                           f"runs outside caching mode, after the generation ends")
+    for lp in layers:
+        lp.forced_units = tuple(int(n) for n in units)
+    try:
+        yield
+    finally:
+        for lp in layers:
+            lp.forced_units = None
+
+
+@contextlib.contextmanager
 def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
                   v_group: int = 16, seed: int = 0, v_bits: int | None = None,
                   kv_dtype: torch.dtype | None = None) -> Iterator[PatchHandle]:
@@ -543,4 +571,4 @@ def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, wind
 
 
 __all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle",
-           "compressed_kv", "find_attention", "patch_aar", "replay_check", "unpatch"]
+           "compressed_kv", "find_attention", "forced_sequence", "patch_aar", "replay_check", "unpatch"]

@@ -6,9 +6,9 @@ twice, each in a fresh process with an empty output folder: `cold` with an empty
 TRITON_CACHE_DIR under --work), `warm` with the cache the cold run filled. Inside each run the stages are
 timed by wrapping the functions that do them (nothing else changes): compile ahead
 (`aar_patch.compile_ahead.compile_ahead`), model load, generation (`AARBackend.generate`: references, floors
-and every codec), teacher forcing (`AARBackend.teacher_forced`), metrics
-(`compute_metrics`) and the report (`write_report`); `other` is the wall time left (start-up, clip decoding
-and conditioning, rows). Writes Markdown and JSON.
+and every codec), teacher forcing (`AARBackend.teacher_forced`), metrics (`MetricReference.compare`, which
+`compute_metrics` calls too) and the report (`write_report`); `other` is the wall time left (start-up, clip
+decoding and conditioning, rows). Writes Markdown and JSON.
 
     python benchmarks/bench_eval.py --work out/bench_eval --out $OUT/bench_eval.md  # GPU, 100 clips
     python benchmarks/bench_eval.py --size small --device cpu --clips 2 --codecs octopus --bits 2 \\
@@ -52,14 +52,14 @@ def stage_run(argv: list[str], report: Path) -> int:
     start = time.perf_counter()
     totals = dict.fromkeys(STAGES, 0.0)
     from octopus_audio.aar_patch import compile_ahead
-    from octopus_audio.eval import backends, cli, runner
+    from octopus_audio.eval import backends, cli, metrics
     from octopus_audio.eval import report as report_module
 
     _timed(compile_ahead, "compile_ahead", "compile ahead", totals)
     _timed(cli, "load_model", "model load", totals)
     _timed(backends.AARBackend, "generate", "generate", totals)
     _timed(backends.AARBackend, "teacher_forced", "teacher forced", totals)
-    _timed(runner, "compute_metrics", "metrics", totals)
+    _timed(metrics.MetricReference, "compare", "metrics", totals)
     _timed(report_module, "write_report", "report", totals)
     from octopus_audio.cli import main
 

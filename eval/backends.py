@@ -37,9 +37,9 @@ class Backend(Protocol):
         seeded with `seeds[i]` (so its output does not depend on its batch-mates but through float
         rounding)."""
 
-    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
-        """Per row i, per scale, the guided next-token distribution (1, pn, V) (torch, CPU) with `tokens[i]`
-        (that row's tokens per scale) forced."""
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list:
+        """Per row i, the guided next-token distributions (L, V) of every position of every scale (torch,
+        where the model is) with `tokens[i]` (that row's tokens per scale) forced."""
 
     def compressed(self, codec: str, bits: int | None,
                    v_bits: int | None = None) -> contextlib.AbstractContextManager:
@@ -75,7 +75,7 @@ class LazyBackend:
     def generate(self, cond_BD: np.ndarray, seeds: Sequence[int]) -> list[Generated]:
         return self.backend.generate(cond_BD, seeds)
 
-    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list:
         return self.backend.teacher_forced(cond_BD, tokens)
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
@@ -96,7 +96,8 @@ class AARBackend:
     on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 through the codec library's PyTorch
     reference on every device (`backend.reference_backend`), as it runs on CPU: its distributions do not
     depend on the device's kernels, and a GPU run compiles no fp32 kernel variants (about as many as its bf16
-    generations launch, and the slowest to compile for sm_90).
+    generations launch, and the slowest to compile for sm_90). It is one block-causal pass per batch
+    (`teacher_forced_probs`' default), its distributions left on the model's device for `fidelity_rows`.
 
     Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
     loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against
@@ -139,7 +140,7 @@ class AARBackend:
         tokens = [t.to(torch.int64).cpu().numpy() for t in g.tokens]
         return [Generated(audio[i], fhat[i], [t[i] for t in tokens]) for i in range(cond.shape[0])]
 
-    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list[list]:
+    def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list:
         import torch
 
         tokens_Bl = [torch.from_numpy(np.stack([np.asarray(row[si], dtype=np.int64) for row in tokens]))
@@ -149,8 +150,7 @@ class AARBackend:
         why = "teacher forcing: fp32 through the codec library's decode on every device"
         with torch.inference_mode(), reference_backend(why):
             probs = self._teacher_forced(self.pipe, self._cond(cond_BD), tokens_Bl, cfg=self.config.cfg)
-        probs = [p.float().cpu() for p in probs]
-        return [[p[i:i + 1] for p in probs] for i in range(len(tokens))]
+        return list(torch.cat([p.float() for p in probs], dim=1).unbind(0))
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
         c = self.config

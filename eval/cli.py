@@ -97,8 +97,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 CPU_BATCH = 16  # measured on 2 cores with the embedded model: see the README's Timing
-CUDA_BATCH = 32
-CUDA_GIB_PER_CLIP = 2
+# CUDA: a batch's generations and teacher-forced passes cost about the same launches whatever its size, so
+# the default takes as many clips as memory allows, up to CUDA_BATCH (benchmarks/results/eval_speed.md has
+# the measured peak memory per clip of the full-size model)
+CUDA_BATCH = 128
+CUDA_GIB_PER_CLIP = 1
 
 
 def parse_batch_size(text: str | None, device: str) -> int:

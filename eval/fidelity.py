@@ -9,16 +9,26 @@ distribution is compared with the reference's on the same inputs:
 - KL(p_ref || p_codec) in nats per token, averaged over positions (0 = identical distributions).
 
 Both are computed on the full guided distribution `softmax((1+t) l_cond - t l_uncond)` (no top-k / top-p).
-The eval runner puts them in every row as `tf_top1` and `tf_kl_nats` (`FIDELITY_METRICS`).
+The eval runner puts them in every row as `tf_top1` and `tf_kl_nats` (`FIDELITY_METRICS`), computed for all
+rows of a batch at once where the distributions are (`fidelity_rows`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 
-from octopus_audio.aar_patch.generation import SamplingConfig, check_condition, run_scales
+from octopus_audio.aar_patch.generation import (
+    SamplingConfig,
+    check_condition,
+    first_scale_input,
+    guided_logits,
+    next_scale_input,
+    run_scales,
+)
+from octopus_audio.aar_patch.patch import forced_sequence
 from octopus_audio.eval.metrics import MetricInfo
 
 FIDELITY_METRICS: tuple[MetricInfo, ...] = (
@@ -28,12 +38,18 @@ FIDELITY_METRICS: tuple[MetricInfo, ...] = (
 
 
 @torch.inference_mode()
-def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
-                         cfg: float = 4.0) -> list[torch.Tensor]:
-    """Per scale, the guided next-token distribution [(B, pn, V)] with `tokens` forced as the inputs.
+def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor], cfg: float = 4.0,
+                         scale_loop: bool = False) -> list[torch.Tensor]:
+    """Per scale, the guided next-token distribution [(B, pn, V)] with `tokens` forced as the inputs, in fp32
+    (a model held in another dtype is a ValueError: cast it with `.float()`, never a silent change of
+    precision). Each scale's input is built from the forced tokens of the scales before it, as generation
+    builds it from the sampled ones.
 
-    Runs the model's own scale loop (so a patched model attends through its compressed cache) in fp32: a model
-    held in another dtype is a ValueError (cast it with `.float()`), never a silent change of precision.
+    Default: one pass of the whole sequence under the block-causal mask, as the model trains; a patched
+    model's attention layers attend as their compressed caches serve each scale in a generation
+    (`aar_patch.patch.forced_sequence`). `scale_loop=True` runs the model's own scale loop instead (caching
+    mode, so a patched model attends through its compressed cache scale by scale): the reference the one pass
+    is tested against (equal up to float rounding), 16 passes of dispatch instead of one.
     """
     dtypes = {p.dtype for p in pipe.aar.parameters() if p.is_floating_point()}
     if dtypes != {torch.float32}:
@@ -44,36 +60,75 @@ def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor]
     if len(tokens) != len(patch_nums) or any(t.shape != (cond_BE.shape[0], pn)
                                               for t, pn in zip(tokens, patch_nums, strict=False)):
         raise ValueError(f"tokens must be {len(patch_nums)} tensors of shape (B, pn) for pn in {patch_nums}")
+    tokens = [t.to(cond_BE.device) for t in tokens]
+    if scale_loop:
+        return _scale_loop_probs(pipe, cond_BE, tokens, cfg)
+    aar, quantizer = pipe.aar, pipe.sat.quantizer
+    cond_2BD, lvl_pos_1LC, x_2BlC = first_scale_input(aar, cond_BE)
+    inputs = [x_2BlC]
+    f_hat_BCT = cond_BE.new_zeros(cond_BE.shape[0], aar.config.latent_dim, patch_nums[-1])
+    begin = patch_nums[0]
+    for si, pn in enumerate(patch_nums[1:]):
+        f_hat_BCT, next_BlCv = quantizer.next_scale_step(si, f_hat_BCT, tokens[si])
+        inputs.append(next_scale_input(aar, next_BlCv, lvl_pos_1LC, begin, pn))
+        begin += pn
+    x_2BLC = torch.cat(inputs, dim=1)
+    with forced_sequence(pipe, patch_nums):
+        for block in aar.blocks:
+            x_2BLC = block(x_2BLC, cond_2BD, aar.attn_bias_for_masking)
+    logits_2BLV = aar.get_logits(x_2BLC, cond_2BD)
+    ends = list(itertools.accumulate(patch_nums))
+    return [guided_logits(logits_2BLV[:, end - pn:end], si, len(patch_nums), cfg).softmax(dim=-1)
+            for si, (pn, end) in enumerate(zip(patch_nums, ends, strict=True))]
+
+
+def _scale_loop_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
+                      cfg: float) -> list[torch.Tensor]:
+    """`teacher_forced_probs(..., scale_loop=True)`: the generation loop with the forced tokens drawn."""
     probs: list[torch.Tensor] = []
+    patch_nums = pipe.aar.config.patch_nums
 
     def forced(probs_NV: torch.Tensor, si: int) -> torch.Tensor:
         probs.append(probs_NV.view(cond_BE.shape[0], patch_nums[si], -1).float())
-        return tokens[si].to(probs_NV.device).reshape(-1)
+        return tokens[si].reshape(-1)
 
     run_scales(pipe, cond_BE, SamplingConfig(cfg=cfg, top_k=0, top_p=0.0), forced)
     return probs
 
 
-def fidelity(probs_ref: list[torch.Tensor], probs_hat: list[torch.Tensor]) -> dict[str, list[float]]:
-    """Per row: top-1 agreement and mean KL(p_ref || p_hat) over all positions of all scales."""
-    p_BLV = torch.cat(probs_ref, dim=1).double()
-    q_BLV = torch.cat(probs_hat, dim=1).double()
-    agree_B = (p_BLV.argmax(-1) == q_BLV.argmax(-1)).double().mean(-1)
-    # p log(p/q) with 0 log 0 = 0; q is a softmax of finite logits, so q > 0 wherever p > 0 up to underflow
-    kl_BL = torch.where(p_BLV > 0, p_BLV * (p_BLV.clamp_min(1e-300).log() - q_BLV.clamp_min(1e-300).log()),
-                        torch.zeros_like(p_BLV)).sum(-1)
-    return {"top1_agreement": agree_B.tolist(), "kl_nats": kl_BL.mean(-1).tolist()}
+FIDELITY_CHUNK = 16  # rows compared at once (float64 work buffers of ~ rows * L * V * 8 bytes each)
 
 
-def fidelity_row(probs_ref: list[torch.Tensor], probs_hat: list[torch.Tensor]) -> dict[str, float]:
-    """The two `FIDELITY_METRICS` of one generation (B = 1), for an eval row."""
+def fidelity(p_BLV: torch.Tensor, q_BLV: torch.Tensor) -> dict[str, list[float]]:
+    """Per row b: top-1 agreement and mean KL(p || q) over the L positions of p_BLV[b] against q_BLV[b]
+    (distributions over V; any device, computed in float64 there)."""
+    agree, kl = [], []
+    for start in range(0, p_BLV.shape[0], FIDELITY_CHUNK):
+        p = p_BLV[start:start + FIDELITY_CHUNK].double()
+        q = q_BLV[start:start + FIDELITY_CHUNK].double()
+        agree.append((p.argmax(-1) == q.argmax(-1)).double().mean(-1))
+        # p log(p/q) with 0 log 0 = 0; q is a softmax of finite logits: q > 0 wherever p > 0 up to underflow
+        kl_BL = torch.where(p > 0, p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log()),
+                            torch.zeros_like(p)).sum(-1)
+        kl.append(kl_BL.mean(-1))
+    return {"top1_agreement": torch.cat(agree).tolist(), "kl_nats": torch.cat(kl).tolist()}
+
+
+def fidelity_rows(probs_ref: list[torch.Tensor], probs_hat: list[torch.Tensor]) -> list[dict | ValueError]:
+    """The two `FIDELITY_METRICS` of each eval row: row i compares the (L, V) distributions probs_ref[i]
+    (the reference's, every position of every scale) with probs_hat[i] (the codec's), all rows in one
+    computation on their device. A row whose numbers are not finite gets, in its place, the ValueError the
+    runner records as its error; distributions of different shapes are a ValueError for the call."""
     shapes_ref, shapes_hat = [tuple(p.shape) for p in probs_ref], [tuple(p.shape) for p in probs_hat]
-    if shapes_ref != shapes_hat:
-        raise ValueError(f"the codec's distributions have shapes {shapes_hat}, the reference's {shapes_ref}")
-    if shapes_ref[0][0] != 1:
-        raise ValueError(f"an eval row holds one generation; got a batch of {shapes_ref[0][0]}")
-    f = fidelity(probs_ref, probs_hat)
-    row = {"tf_top1": f["top1_agreement"][0], "tf_kl_nats": f["kl_nats"][0]}
-    if not all(math.isfinite(v) for v in row.values()):
-        raise ValueError(f"teacher-forced fidelity is not finite ({row}): a distribution holds NaN or inf")
-    return row
+    if len(shapes_ref) != len(shapes_hat) or shapes_ref != shapes_hat or len(set(shapes_ref)) > 1:
+        raise ValueError(f"the codec's distributions have shapes {shapes_hat}, the reference's {shapes_ref}; "
+                         f"each row's must be one (L, V)")
+    if not probs_ref:
+        return []
+    f = fidelity(torch.stack(probs_ref), torch.stack(probs_hat))
+    rows: list[dict | ValueError] = []
+    for top1, kl in zip(f["top1_agreement"], f["kl_nats"], strict=True):
+        row = {"tf_top1": top1, "tf_kl_nats": kl}
+        rows.append(row if all(math.isfinite(v) for v in row.values()) else ValueError(
+            f"teacher-forced fidelity is not finite ({row}): a distribution holds NaN or inf"))
+    return rows

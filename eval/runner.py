@@ -64,7 +64,7 @@ from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
-from octopus_audio.eval.metrics import compute_metrics
+from octopus_audio.eval.metrics import MetricReference
 from octopus_audio.eval.rows import (
     MERGED_ROWS,
     ROWS_DIR,
@@ -258,6 +258,7 @@ class Clip:
         self.base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
         self.cond_D: np.ndarray | None = None
         self.reference: Generated | None = None
+        self.metric_ref: MetricReference | None = None  # the reference's spectra, computed once for its rows
         self.probs_ref: list | None = None
 
 
@@ -340,7 +341,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     """
     import torch
 
-    from octopus_audio.eval.fidelity import fidelity_row
+    from octopus_audio.eval.fidelity import fidelity_rows
 
     def seed_of(codec: str) -> int:
         return floor_seed(config.seed) if codec == FLOOR else config.seed
@@ -374,6 +375,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             fail(clip, clip.todo, "reference", out)
         else:
             clip.reference = out
+            clip.metric_ref = MetricReference(out.audio, out.fhat, backend.sample_rate)
     clips = [c for c in clips if c.reference is not None]
 
     floor = [c for c in clips if Job(FLOOR) in c.todo]
@@ -387,8 +389,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
         start = time.perf_counter()
         other = as_generated(other)
         try:  # sampled-output metrics only: see the module docstring
-            metrics = compute_metrics(clip.reference.audio, other.audio, clip.reference.fhat, other.fhat,
-                                      backend.sample_rate)
+            metrics = clip.metric_ref.compare(other.audio, other.fhat)
         except Exception as e:
             fail(clip, [Job(FLOOR)], "metrics", e)
             continue
@@ -416,26 +417,32 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
                 if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
                     kv = kv_summary(handle.stats())
                 done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
-                probs_hats = iter(_each(forced, done))
+                probs_hats = _each(forced, done)
         except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
             for clip in these:
                 fail(clip, [job], "generate", e)
             continue
+        # every clip's teacher-forced numbers at once, where the distributions are
+        forced_of = dict(zip(done, probs_hats, strict=True))  # clip -> its distributions or their error
+        compared = [c for c in done if not isinstance(forced_of[c], Exception)]
+        try:
+            rows = fidelity_rows([c.probs_ref for c in compared], [forced_of[c] for c in compared])
+        except Exception as e:
+            rows = [e] * len(compared)
+        forced_of.update(zip(compared, rows, strict=True))  # clip -> its two numbers or their error
         share = (time.perf_counter() - start) / len(these)
         for clip, out in zip(these, outs, strict=True):
             if isinstance(out, Exception):
                 fail(clip, [job], "generate", out)
                 continue
-            probs_hat = next(probs_hats)
-            if isinstance(probs_hat, Exception):
-                fail(clip, [job], "fidelity", probs_hat)
+            teacher_forced = forced_of[clip]
+            if isinstance(teacher_forced, Exception):
+                fail(clip, [job], "fidelity", teacher_forced)
                 continue
             start = time.perf_counter()
             out = as_generated(out)
             try:
-                metrics = {**compute_metrics(clip.reference.audio, out.audio, clip.reference.fhat, out.fhat,
-                                             backend.sample_rate),
-                           **fidelity_row(clip.probs_ref, probs_hat)}
+                metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)
                 continue

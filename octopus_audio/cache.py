@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -296,15 +296,17 @@ class CompressedKVCache:
         seq.units_compressed += 1
 
     # ---- attend ----
-    def _check_query(self, q: torch.Tensor, scale: float) -> int:
-        if self._seq is None:
+    def _check_query(self, q: torch.Tensor, scale: float, layout: tuple | None = None,
+                     what: str = "attend") -> int:
+        layout = layout or (None if self._seq is None else self._seq.layout)
+        if layout is None:
             raise ValueError("attend called on an empty cache: append a unit first")
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
-            raise ValueError(f"attend takes a finite positive scale (the softmax temperature, usually "
+            raise ValueError(f"{what} takes a finite positive scale (the softmax temperature, usually "
                              f"1/sqrt(head_dim)), got {scale!r}")
-        B, H = self._seq.layout[:2]
+        B, H = layout[:2]
         if q.ndim != 4 or q.shape[0] != B or q.shape[-1] != self.head_dim or q.shape[1] % H:
-            raise ValueError(f"attend takes q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}, "
+            raise ValueError(f"{what} takes q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}, "
                              f"got {tuple(q.shape)}")
         return q.shape[1] // H
 
@@ -374,6 +376,46 @@ class CompressedKVCache:
             k_all, v_all = self._decoded_kv(torch.float32)
             q_c = q.to(torch.float32)
         return attend(q_c, k_all, v_all, scale).to(q.dtype)
+
+    def attend_sequence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Sequence[int],
+                        scale: float) -> torch.Tensor:
+        """A whole sequence in one pass: what each unit's queries get from `attend` when the units are
+        appended one by one (`reset`, then per unit `append` and `attend` of that unit's queries), computed
+        for all units at once on the reference path and without touching the cache.
+
+        q [B, Hq, T, d], k and v [B, H, T, d], `units` the tokens of each unit in order (summing to T).
+        Returns [B, Hq, T, d] in q's dtype. A query of unit i attends, in one softmax, to the native keys and
+        values of units i-W+1 .. i (the window W as it stands after unit i's append) and to units 0 .. i-W
+        as the store holds them: each token encoded and decoded by the codec library and the value quantizer
+        (a token's code does not depend on the others, so one encode of the sequence is the per-unit encode),
+        in fp32 as `attend_reference`. Codec none: the native keys of units 0 .. i, SDPA in q's dtype. This is
+        teacher forcing's pass (`eval.fidelity`): one masked attention a layer instead of one a unit; it
+        equals the unit-by-unit reference up to float rounding (tests/test_cache.py). Runs the immediate
+        data checks on every token.
+        """
+        check_layout(k, v, self.head_dim, None)
+        self._check_query(q, scale, (k.shape[0], k.shape[1]), "attend_sequence")
+        if isinstance(units, (str, bytes)) or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
+                                                  or n < 1 for n in units) or sum(units) != k.shape[2]:
+            raise ValueError(f"attend_sequence takes units, the tokens of each unit (integers >= 1), summing "
+                             f"to the T = {k.shape[2]} tokens of k and v; got {list(units)!r}")
+        if q.shape[2] != k.shape[2] or q.device != k.device:
+            raise ValueError(f"attend_sequence takes q with one query per key (T = {k.shape[2]}) on k's "
+                             f"device, got {tuple(q.shape)} on {q.device}")
+        self.codec.check_keys(k)
+        check_unit(k, v, self.value_quantizer is not None)
+        unit_T = torch.repeat_interleave(torch.arange(len(units), device=k.device),
+                                         torch.tensor(list(units), device=k.device))
+        age_TT = unit_T[:, None] - unit_T[None, :]  # query's unit - key's unit: >= 0 where the key is visible
+        if self.value_quantizer is None:
+            return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
+        k_hat = self.codec.decode(self.codec.encode_unchecked(k), torch.float32)
+        v_hat = self.value_quantizer.decode(self.value_quantizer.encode_unchecked(v), torch.float32)
+        stored_TT = age_TT >= self.window
+        if self.window:  # the window's native keys beside the store's decoded ones
+            k_hat, v_hat = torch.cat((k_hat, k.float()), 2), torch.cat((v_hat, v.float()), 2)
+            stored_TT = torch.cat((stored_TT, (age_TT >= 0) & ~stored_TT), 1)
+        return attend(q.float(), k_hat, v_hat, scale, stored_TT).to(q.dtype)
 
     def __repr__(self) -> str:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "

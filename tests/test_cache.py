@@ -80,6 +80,61 @@ def test_codec_none_equals_plain_sdpa_exactly(window, dtype):
     assert torch.equal(cache.attend(qg, 0.2), expect)
 
 
+SEQUENCE_UNITS = (1, 3, 5, 2, 7)
+
+
+def _attend_unit_by_unit(cache, units, queries, scale):
+    out = []
+    for (k, v), q in zip(units, queries, strict=True):
+        cache.append(k, v)
+        out.append(cache.attend(q, scale))
+    return torch.cat(out, 2)
+
+
+@pytest.mark.parametrize("window", [0, 1, 2], ids=lambda w: f"W{w}")
+@pytest.mark.parametrize("name", CODECS)
+def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, window):
+    """One masked pass over a whole sequence gives each unit's queries what they get from the cache when the
+    units are appended one at a time (grouped queries, uneven units), and leaves the cache empty."""
+    units = _units(seed=11 + window, sizes=SEQUENCE_UNITS)
+    g = torch.Generator().manual_seed(12)
+    queries = [torch.randn(B, 2 * H, t, D, generator=g) for t in SEQUENCE_UNITS]
+    expect = _attend_unit_by_unit(CompressedKVCache(name, 3, D, window=window, seed=4), units, queries, 0.3)
+    cache = CompressedKVCache(name, 3, D, window=window, seed=4)
+    got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
+                                torch.cat([v for _, v in units], 2), SEQUENCE_UNITS, 0.3)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-6)
+    assert cache.num_tokens == 0 and got.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["none", "octopus"])
+def test_attend_sequence_in_half_precision_returns_the_queries_dtype(name, dtype, tol):
+    units = _units(seed=21, dtype=dtype, sizes=SEQUENCE_UNITS)
+    g = torch.Generator().manual_seed(22)
+    queries = [torch.randn(B, H, t, D, generator=g).to(dtype) for t in SEQUENCE_UNITS]
+    expect = _attend_unit_by_unit(CompressedKVCache(name, 2, D, seed=1), units, queries, 0.125)
+    got = CompressedKVCache(name, 2, D, seed=1).attend_sequence(
+        torch.cat(queries, 2), torch.cat([k for k, _ in units], 2), torch.cat([v for _, v in units], 2),
+        SEQUENCE_UNITS, 0.125)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expect.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("units,match", [
+    ((1, 3, 5, 2), "summing to the T = 18"), ((1, 3, 0, 14), "integers >= 1"), ((1.5, 16.5), "integers"),
+], ids=["short", "empty-unit", "float"])
+def test_attend_sequence_rejects_units_that_do_not_cover_the_sequence(units, match):
+    k, v = torch.randn(B, H, 18, D), torch.randn(B, H, 18, D)
+    with pytest.raises(ValueError, match=match):
+        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 18, D), k, v, units, 0.125)
+    with pytest.raises(ValueError, match="one query per key"):
+        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 17, D), k, v, (18,), 0.125)
+    k[0, 0, 3, 0] = float("nan")
+    with pytest.raises(ValueError, match="keys"):
+        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 18, D), k, v, (18,), 0.125)
+
+
 @pytest.mark.parametrize("name", ["octopus-qjl", "polarquant"])
 def test_step_by_step_equals_encoding_all_at_once(name):
     units = _units(seed=5, sizes=(1, 2, 4, 6, 9, 12))

@@ -111,7 +111,9 @@ def test_a_cache_already_in_bf16_gives_the_reference_bit_for_bit():
 
 def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not():
     """Teacher forcing feeds layer 0 the same inputs in both runs, so its cache must be exactly the
-    reference's keys and values rounded, and its output the attention of the unrounded queries over them."""
+    reference's keys and values rounded, and its output the attention of the unrounded queries over them
+    (through the scale loop, where the cache exists; the one pass is checked against it in
+    test_eval_fidelity)."""
     from octopus_audio.eval.fidelity import teacher_forced_probs
 
     pipe = tiny_pipe()
@@ -132,11 +134,11 @@ def test_cached_keys_and_values_are_the_references_rounded_and_queries_are_not()
         with torch.inference_mode():
             tokens = [torch.randint(0, 256, (1, pn), generator=torch.Generator().manual_seed(pn))
                       for pn in PATCH_NUMS]
-            teacher_forced_probs(pipe, cond(), tokens)
+            teacher_forced_probs(pipe, cond(), tokens, scale_loop=True)
             x_ref, _, k_ref, v_ref = seen["first"]
             assert not bf16_exact(k_ref) and not bf16_exact(v_ref)  # the reference's cache is fp32
             with bf16_kv(pipe) as patch["handle"]:
-                teacher_forced_probs(pipe, cond(), tokens)
+                teacher_forced_probs(pipe, cond(), tokens, scale_loop=True)
     finally:
         for h in handles:
             h.remove()

@@ -18,8 +18,11 @@ def as_pair(x, x_hat, what: str = "signal") -> tuple[np.ndarray, np.ndarray]:
     Accepts any shape whose size is the sample count (for example (T,), (1, T) or (1, 1, T)); the two inputs
     must have the same number of elements, at least one, and only finite values. Raises ValueError otherwise.
     """
-    a = as_array(x, "x").reshape(-1)
-    b = as_array(x_hat, "x_hat").reshape(-1)
+    return check_pair(as_array(x, "x").reshape(-1), as_array(x_hat, "x_hat").reshape(-1), what)
+
+
+def check_pair(a: np.ndarray, b: np.ndarray, what: str = "signal") -> tuple[np.ndarray, np.ndarray]:
+    """`as_pair`'s checks and ValueErrors for two inputs already flattened to 1-D float64; returns them."""
     if a.size == 0 or b.size == 0:
         raise ValueError(f"empty {what}: reference has {a.size} values, estimate has {b.size}")
     if a.size != b.size:
@@ -39,6 +42,7 @@ def stft_frames(x_T: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
     """
     window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(n_fft) / n_fft)
     padded = np.pad(x_T, (n_fft // 2, n_fft // 2))
-    n_frames = 1 + (padded.size - n_fft) // hop
-    index = np.arange(n_fft)[None, :] + hop * np.arange(n_frames)[:, None]
-    return np.fft.rfft(padded[index] * window, axis=-1)
+    # frame t is padded[t*hop : t*hop + n_fft], read through a strided view (no gather; the product with the
+    # window makes the one contiguous copy); 1 + (padded.size - n_fft) // hop frames
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop]
+    return np.fft.rfft(frames * window, axis=-1)

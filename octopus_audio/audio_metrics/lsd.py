@@ -23,7 +23,15 @@ def lsd_db(x, x_hat) -> float:
     Lower is better; codec noise shows mostly in quiet bins, so LSD grows faster than SNR drops.
     """
     a, b = as_pair(x, x_hat)
-    p = np.abs(stft_frames(a, N_FFT, HOP)) ** 2
-    p_hat = np.abs(stft_frames(b, N_FFT, HOP)) ** 2
-    diff_db = 10.0 * np.log10(p_hat + POWER_FLOOR) - 10.0 * np.log10(p + POWER_FLOOR)
+    return lsd_from_power_db(power_db(a), power_db(b))
+
+
+def power_db(x_T: np.ndarray) -> np.ndarray:
+    """(frames, 1025) floored power spectrum `10 log10(|X|^2 + 1e-10)` of a float64 signal (LSD's STFT)."""
+    return 10.0 * np.log10(np.abs(stft_frames(x_T, N_FFT, HOP)) ** 2 + POWER_FLOOR)
+
+
+def lsd_from_power_db(p_db: np.ndarray, p_hat_db: np.ndarray) -> float:
+    """LSD of two `power_db` spectra of equal shape (reference first): `mean_t sqrt(mean_f (P_hat - P)^2)`."""
+    diff_db = p_hat_db - p_db
     return float(np.mean(np.sqrt(np.mean(diff_db**2, axis=-1))))
