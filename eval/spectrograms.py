@@ -18,8 +18,9 @@ from octopus_audio.eval.run_files import wav_name
 log = logging.getLogger(__name__)
 
 # spectrogram threads at most (one a core below it). numpy's FFT and ufuncs, soundfile's reads and PNG's zlib
-# release the GIL; the Python around them holds it for 30-34% of an image (py-spy --gil samples, 2 cores), so
-# about 3 threads keep the GIL busy and more add only switching (4.3 -> 4.6 ms CPU an image at 16 threads).
+# release the GIL; the Python around them holds it for 30-34% of an image (py-spy --gil samples), so about 3
+# threads keep the GIL busy and more add switching (on 2 cores, 8 or 16 threads spent 7-25% more CPU than 1;
+# benchmarks/lab/time_report.py). Not measured on more than 2 cores.
 SPECTROGRAM_THREADS = 8
 
 
