@@ -1,6 +1,6 @@
-"""The report's spectrograms drawn on a thread pool: byte for byte the PNGs of one `spectrogram_png` call per
-WAV in turn, whatever the thread count; write_report's plots and page equal to a serial build; a failure
-raised, not hung on."""
+"""The report's spectrograms (eval/spectrograms.py) drawn on a thread pool: byte for byte the PNGs of one
+`spectrogram_png` call per WAV in turn, whatever the thread count; write_report's plots and page equal to a
+serial build; a failure raised, not hung on."""
 
 import threading
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octopus_audio.eval import report
+from octopus_audio.eval import report, spectrograms
 from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, wav_name
 from octopus_audio.eval.runner import Job
 from octopus_audio.wav import write_wav
@@ -64,14 +64,14 @@ def serial_spectrograms(wav_dir: Path, spec_dir: Path) -> dict[str, bytes]:
     names = sorted(p.name for p in wav_dir.iterdir())
     for cid in sorted({n.split("__")[0] for n in names}):
         mine = [n for n in names if n.startswith(f"{cid}__")]
-        report.spectrogram_png(wav_dir / f"{cid}__00_input.wav", spec_dir / f"{cid}__00_input.png")
+        spectrograms.spectrogram_png(wav_dir / f"{cid}__00_input.wav", spec_dir / f"{cid}__00_input.png")
         if f"{cid}__00_reference.wav" not in mine:
             continue
         ref = f"{cid}__00_reference"
-        top = report.spectrogram_png(wav_dir / f"{ref}.wav", spec_dir / f"{ref}.png")
+        top = spectrograms.spectrogram_png(wav_dir / f"{ref}.wav", spec_dir / f"{ref}.png")
         for n in mine:
             if n not in (f"{cid}__00_input.wav", f"{cid}__00_reference.wav"):
-                report.spectrogram_png(wav_dir / n, spec_dir / (n[:-4] + ".png"), ref_db=top)
+                spectrograms.spectrogram_png(wav_dir / n, spec_dir / (n[:-4] + ".png"), ref_db=top)
     return {p.name: p.read_bytes() for p in spec_dir.iterdir()}
 
 
@@ -97,7 +97,7 @@ def test_spectrograms_are_the_serial_bytes(run, tmp_path, threads):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "wav").symlink_to(out / "wav")
-    with report.spectrograms_drawn(folder, clips, JOBS, threads=threads):
+    with spectrograms.spectrograms_drawn(folder, clips, JOBS, threads=threads):
         pass
     got = {p.name: p.read_bytes() for p in (folder / "spec").iterdir()}
     assert sorted(got) == sorted(expected)
@@ -113,7 +113,7 @@ def test_write_report_equals_a_serial_build(run, tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "wav").symlink_to(out / "wav")
     plotted = threading.Event()
-    plot_metrics, spectrogram_png = report.plot_metrics, report.spectrogram_png
+    plot_metrics, spectrogram_png = report.plot_metrics, spectrograms.spectrogram_png
 
     def plots_then_mark(*args):
         names = plot_metrics(*args)
@@ -125,8 +125,8 @@ def test_write_report_equals_a_serial_build(run, tmp_path, monkeypatch):
         return spectrogram_png(*args, **kwargs)
 
     monkeypatch.setattr(report, "plot_metrics", plots_then_mark)
-    monkeypatch.setattr(report, "spectrogram_png", after_the_plots)
-    monkeypatch.setattr(report, "spectrogram_threads", lambda: 4)
+    monkeypatch.setattr(spectrograms, "spectrogram_png", after_the_plots)
+    monkeypatch.setattr(spectrograms, "spectrogram_threads", lambda: 4)
     meta = {"model": "m", "conditioner": "c", "seed": 3, "floor_seed": 4}
     results = report.write_report(folder, rows, clips, JOBS, meta)
     assert {p.name: p.read_bytes() for p in (folder / "spec").iterdir()} == expected
@@ -147,7 +147,7 @@ def test_a_failed_spectrogram_is_raised(run, tmp_path):
         (tmp_path / "wav" / p.name).write_bytes(p.read_bytes())
     (tmp_path / "wav" / "alpha__00_reference.wav").write_bytes(b"RIFF but not audio")
     with pytest.raises(RuntimeError, match="alpha__00_reference.wav"):
-        with report.spectrograms_drawn(tmp_path, clips, JOBS, threads=3):
+        with spectrograms.spectrograms_drawn(tmp_path, clips, JOBS, threads=3):
             pass
     assert not (tmp_path / "spec" / "alpha__octopus_b2.png").exists()
 
@@ -156,5 +156,5 @@ def test_an_error_in_the_block_is_raised(run, tmp_path):
     out, _, clips, _ = run
     (tmp_path / "wav").symlink_to(out / "wav")
     with pytest.raises(ValueError, match="plots failed"):
-        with report.spectrograms_drawn(tmp_path, clips, JOBS, threads=2):
+        with spectrograms.spectrograms_drawn(tmp_path, clips, JOBS, threads=2):
             raise ValueError("plots failed")

@@ -27,6 +27,7 @@ import numpy as np
 from octopus_audio.eval import report as installed_report
 from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, wav_name
 from octopus_audio.eval.runner import Job
+from octopus_audio.eval.spectrograms import spectrograms_drawn
 from octopus_audio.wav import write_wav
 
 RATE = 24000
@@ -77,11 +78,12 @@ def make_run(out: Path, n_clips: int, seed: int = 0) -> tuple[list[dict], list[d
 
 
 def spectrograms(report, out: Path, clips, jobs, threads: int | None) -> None:
-    """Every spectrogram of the run: `spectrograms_drawn` (threads), or an old serial `write_spectrograms`."""
-    if not hasattr(report, "spectrograms_drawn"):
+    """Every spectrogram of the run: `spectrograms_drawn` on `threads`, or an old report's serial
+    `write_spectrograms`."""
+    if hasattr(report, "write_spectrograms"):
         report.write_spectrograms(out, clips, jobs)
         return
-    with report.spectrograms_drawn(out, clips, jobs, threads):
+    with spectrograms_drawn(out, clips, jobs, threads):
         pass
 
 
@@ -104,7 +106,7 @@ def timed_run(report, out: Path, args: tuple, threads: list[int]) -> dict[str, t
         report.table_markdown(groups, meta), report.table_csv(groups)))
     spent["plot_metrics"] = wall(lambda: report.plot_metrics(groups, rows, out / "plots"))
     spent["spectrograms"] = wall(lambda: spectrograms(report, out, clips, jobs, None))
-    for n in threads if hasattr(report, "spectrograms_drawn") else ():
+    for n in threads if not hasattr(report, "write_spectrograms") else ():
         spent[f"spectrograms, {n} threads"] = wall(lambda n=n: spectrograms(report, out, clips, jobs, n))
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
     spent["index_html"] = wall(lambda: report.index_html(out, rows, clips, jobs, groups, meta, plots))
