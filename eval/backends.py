@@ -109,8 +109,9 @@ class AARBackend:
     on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 through the codec library's PyTorch
     reference on every device (`backend.reference_backend`), as it runs on CPU: its distributions do not
     depend on the device's kernels, and a GPU run compiles no fp32 kernel variants (about as many as its bf16
-    generations launch, and the slowest to compile for sm_90). It is one block-causal pass per batch
-    (`teacher_forced_probs`' default), its distributions left on the model's device for `fidelity_rows`.
+    generations launch, and the slowest to compile for sm_90). On a GPU it is one block-causal pass per batch,
+    on the CPU the scale loop (`teacher_forced_probs`' default by device); its distributions are left on the
+    model's device for `fidelity_rows`.
 
     Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
     loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against

@@ -39,17 +39,21 @@ FIDELITY_METRICS: tuple[MetricInfo, ...] = (
 
 @torch.inference_mode()
 def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor], cfg: float = 4.0,
-                         scale_loop: bool = False) -> list[torch.Tensor]:
+                         scale_loop: bool | None = None) -> list[torch.Tensor]:
     """Per scale, the guided next-token distribution [(B, pn, V)] with `tokens` forced as the inputs, in fp32
     (a model held in another dtype is a ValueError: cast it with `.float()`, never a silent change of
     precision). Each scale's input is built from the forced tokens of the scales before it, as generation
     builds it from the sampled ones.
 
-    Default: one pass of the whole sequence under the block-causal mask, as the model trains; a patched
-    model's attention layers attend as their compressed caches serve each scale in a generation
-    (`aar_patch.patch.forced_sequence`). `scale_loop=True` runs the model's own scale loop instead (caching
-    mode, so a patched model attends through its compressed cache scale by scale): the reference the one pass
-    is tested against (equal up to float rounding), 16 passes of dispatch instead of one.
+    Two ways, equal up to float rounding (tested): `scale_loop=True` runs the model's own scale loop (caching
+    mode, so a patched model attends through its compressed cache scale by scale), the reference;
+    `scale_loop=False` runs one pass of the whole sequence under the block-causal mask, as the model trains,
+    a patched model's attention layers attending as their compressed caches serve each scale in a generation
+    (`aar_patch.patch.forced_sequence`): one pass of dispatch instead of 16, but every attention over twice
+    the keys under a mask and every key encoded at once. None (default) picks by device, as measured
+    (benchmarks/results/eval_speed.md): the one pass on a GPU, where the loop is launch-bound (full-size
+    model, 100 conditions: 0.94-1.98 s against 1.13-2.33 s), the loop on the CPU, where the one pass is slower
+    (default model, 16 conditions, octopus b=2: 8.3 s against 4.8 s).
     """
     dtypes = {p.dtype for p in pipe.aar.parameters() if p.is_floating_point()}
     if dtypes != {torch.float32}:
@@ -61,6 +65,8 @@ def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor]
                                               for t, pn in zip(tokens, patch_nums, strict=False)):
         raise ValueError(f"tokens must be {len(patch_nums)} tensors of shape (B, pn) for pn in {patch_nums}")
     tokens = [t.to(cond_BE.device) for t in tokens]
+    if scale_loop is None:
+        scale_loop = cond_BE.device.type == "cpu"
     if scale_loop:
         return _scale_loop_probs(pipe, cond_BE, tokens, cfg)
     aar, quantizer = pipe.aar, pipe.sat.quantizer
