@@ -103,15 +103,15 @@ class AARBackend:
 
     A call generates a batch of conditions, each row from its own seed (`generate(..., seed=[...])`), so a
     row's tokens do not depend on how clips are batched or sharded but through float rounding in the batched
-    matmuls. `generate_fn`, `compressed_kv_fn`, `teacher_forced_fn` and `rounded_kv_fn` default to the
-    package's `generate`, `compressed_kv`, `eval.fidelity.teacher_forced_probs` and `compressed_kv` with
-    `kv_dtype` (tests inject fakes). Generation runs at `generate`'s default precision for the device (fp32
-    on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 through the codec library's PyTorch
-    reference on every device (`backend.reference_backend`), as it runs on CPU: its distributions do not
-    depend on the device's kernels, and a GPU run compiles no fp32 kernel variants (about as many as its bf16
-    generations launch, and the slowest to compile for sm_90). On a GPU it is one block-causal pass per batch,
-    on the CPU the scale loop (`teacher_forced_probs`' default by device); its distributions are left on the
-    model's device for `fidelity_rows`.
+    matmuls. `generate_fn`, `compressed_kv_fn` and `teacher_forced_fn` default to the package's
+    `generate`, `compressed_kv` (the codec rows, and with `kv_dtype` the bf16-KV floor) and
+    `eval.fidelity.teacher_forced_probs` (tests inject fakes). Generation runs at `generate`'s default
+    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32
+    through the codec library's PyTorch reference on every device (`backend.reference_backend`), as it runs
+    on CPU: its distributions do not depend on the device's kernels, and a GPU run compiles no fp32 kernel
+    variants (about as many as its bf16 generations launch, and the slowest to compile for sm_90). On a GPU
+    it is one block-causal pass per batch, on the CPU the scale loop (`teacher_forced_probs`' default by
+    device); its distributions are left on the model's device for `fidelity_rows`.
 
     Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
     loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against
@@ -120,8 +120,8 @@ class AARBackend:
 
     def __init__(self, pipe, config: EvalConfig, name: str, device: str = "cpu",
                  generate_fn: Callable | None = None, compressed_kv_fn: Callable | None = None,
-                 teacher_forced_fn: Callable | None = None, rounded_kv_fn: Callable | None = None,
-                 identity: dict | None = None, compile_progress: Callable | None = None) -> None:
+                 teacher_forced_fn: Callable | None = None, identity: dict | None = None,
+                 compile_progress: Callable | None = None) -> None:
         import octopus_audio.aar_patch as aar_patch
 
         self.compile_progress = compile_progress
@@ -136,7 +136,6 @@ class AARBackend:
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
-        self._rounded_kv = rounded_kv_fn or aar_patch.compressed_kv
 
     def expect_batches(self, sizes: Sequence[int]) -> None:
         """On CUDA, compile ahead (in parallel, into Triton's cache) the kernels that generations of each
@@ -190,4 +189,4 @@ class AARBackend:
 
         from octopus_audio.codecs import UNCOMPRESSED
 
-        return self._rounded_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)
+        return self._compressed_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)

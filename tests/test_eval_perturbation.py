@@ -3,7 +3,6 @@ rounded to bf16 as they enter the KV cache, nothing else changed) on a tiny real
 `reference (bf16 KV)` it gives the runner: on by default in the CLI with the other floor, off with --no-floor,
 resumable."""
 
-import contextlib
 import json
 
 import pytest
@@ -239,23 +238,12 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
 
 # --- resume and the CLI, with the runner tests' fake model ----------------------------------------------
 
-@contextlib.contextmanager
-def fake_rounded_kv(pipe, codec, bits, kv_dtype):
-    assert (codec, bits, kv_dtype) == ("none", 16, torch.bfloat16)
-    pipe.active = (KV_FLOOR, 16)  # the fakes add noise of 2^-16 and change every token
-    try:
-        yield None
-    finally:
-        pipe.active = None
-
-
 def run_fake(clips, out, pipe, cfg):
     refs = list_folder(clips, n=10, seed=0)
 
     def build():
         return AARBackend(pipe, cfg, "fake-aar", "cpu", generate_fn=fake_generate,
-                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced,
-                          rounded_kv_fn=fake_rounded_kv)
+                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced)
 
     return evaluate(refs, out, cfg, lambda device: LazyBackend(build, "fake-aar"), FakeConditioner(),
                     meta={"clips": "test"}, progress=False)

@@ -15,7 +15,7 @@ import pytest
 
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.runner import FLOOR, EvalConfig, evaluate, kv_summary
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig, evaluate, kv_summary
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -115,7 +115,10 @@ class FakeStats:
 
 
 @contextlib.contextmanager
-def fake_compressed_kv(pipe, codec, bits, window, v_group, seed, v_bits=None):
+def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=None, kv_dtype=None):
+    if kv_dtype is not None:  # the bf16-KV floor: the fakes add noise of 2^-16 and change every token
+        assert (codec, bits, kv_dtype) == ("none", 16, torch.bfloat16)
+        codec = KV_FLOOR
     pipe.active = (codec, bits)  # the fake's noise follows the key bits
     try:
         yield type("Handle", (), {"stats": lambda self: FakeStats(bits, v_bits)})()
