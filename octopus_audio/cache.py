@@ -387,7 +387,8 @@ class CompressedKVCache:
         Returns [B, Hq, T, d] in q's dtype. A query of unit i attends, in one softmax, to the native keys and
         values of units i-W+1 .. i (the window W as it stands after unit i's append) and to units 0 .. i-W
         as the store holds them: each token encoded and decoded by the codec library and the value quantizer
-        (a token's code does not depend on the others, so one encode of the sequence is the per-unit encode),
+        (a token's code does not depend on the others, so one encode of the sequence is the per-unit encode;
+        the last W units, never stored, are not encoded),
         in fp32 as `attend_reference`. Codec none: the native keys of units 0 .. i, SDPA in q's dtype. This is
         teacher forcing's pass (`eval.fidelity`): one masked attention a layer instead of one a unit; it
         equals the unit-by-unit reference up to float rounding (tests/test_cache.py). Runs the immediate
@@ -409,13 +410,20 @@ class CompressedKVCache:
         age_TT = unit_T[:, None] - unit_T[None, :]  # query's unit - key's unit: >= 0 where the key is visible
         if self.value_quantizer is None:
             return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
-        k_hat = self.codec.decode(self.codec.encode_unchecked(k), torch.float32)
-        v_hat = self.value_quantizer.decode(self.value_quantizer.encode_unchecked(v), torch.float32)
-        stored_TT = age_TT >= self.window
+        # the last `window` units never leave the window (no later query sees them stored): not encoded
+        n_store = sum(units[:max(len(units) - self.window, 0)])
+        keys, values, visible = [], [], []
+        if n_store:
+            keys.append(self.codec.decode(self.codec.encode_unchecked(k[:, :, :n_store]), torch.float32))
+            values.append(self.value_quantizer.decode(
+                self.value_quantizer.encode_unchecked(v[:, :, :n_store]), torch.float32))
+            visible.append((age_TT >= self.window)[:, :n_store])
         if self.window:  # the window's native keys beside the store's decoded ones
-            k_hat, v_hat = torch.cat((k_hat, k.float()), 2), torch.cat((v_hat, v.float()), 2)
-            stored_TT = torch.cat((stored_TT, (age_TT >= 0) & ~stored_TT), 1)
-        return attend(q.float(), k_hat, v_hat, scale, stored_TT).to(q.dtype)
+            keys.append(k.float())
+            values.append(v.float())
+            visible.append((age_TT >= 0) & (age_TT < self.window))
+        return attend(q.float(), torch.cat(keys, 2), torch.cat(values, 2), scale,
+                      torch.cat(visible, 1)).to(q.dtype)
 
     def __repr__(self) -> str:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "

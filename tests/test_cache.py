@@ -91,7 +91,7 @@ def _attend_unit_by_unit(cache, units, queries, scale):
     return torch.cat(out, 2)
 
 
-@pytest.mark.parametrize("window", [0, 1, 2], ids=lambda w: f"W{w}")
+@pytest.mark.parametrize("window", [0, 1, 2, 7], ids=lambda w: f"W{w}")  # 7: no unit is ever stored
 @pytest.mark.parametrize("name", CODECS)
 def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, window):
     """One masked pass over a whole sequence gives each unit's queries what they get from the cache when the
@@ -103,7 +103,7 @@ def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, windo
     cache = CompressedKVCache(name, 3, D, window=window, seed=4)
     got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
                                 torch.cat([v for _, v in units], 2), SEQUENCE_UNITS, 0.3)
-    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)  # fp32 rounding; a codec's error is ~1e-1
     assert cache.num_tokens == 0 and got.dtype == torch.float32
 
 
