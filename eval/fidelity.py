@@ -15,7 +15,6 @@ rows of a batch at once where the distributions are (`fidelity_rows`).
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -83,9 +82,8 @@ def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor]
         for block in aar.blocks:
             x_2BLC = block(x_2BLC, cond_2BD, aar.attn_bias_for_masking)
     logits_2BLV = aar.get_logits(x_2BLC, cond_2BD)
-    ends = list(itertools.accumulate(patch_nums))
-    return [guided_logits(logits_2BLV[:, end - pn:end], si, len(patch_nums), cfg).softmax(dim=-1)
-            for si, (pn, end) in enumerate(zip(patch_nums, ends, strict=True))]
+    return [guided_logits(logits_2BlV, si, len(patch_nums), cfg).softmax(dim=-1)
+            for si, logits_2BlV in enumerate(logits_2BLV.split(list(patch_nums), dim=1))]
 
 
 def _scale_loop_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
@@ -126,7 +124,7 @@ def fidelity_rows(probs_ref: list[torch.Tensor], probs_hat: list[torch.Tensor]) 
     computation on their device. A row whose numbers are not finite gets, in its place, the ValueError the
     runner records as its error; distributions of different shapes are a ValueError for the call."""
     shapes_ref, shapes_hat = [tuple(p.shape) for p in probs_ref], [tuple(p.shape) for p in probs_hat]
-    if len(shapes_ref) != len(shapes_hat) or shapes_ref != shapes_hat or len(set(shapes_ref)) > 1:
+    if shapes_ref != shapes_hat or len(set(shapes_ref)) > 1:
         raise ValueError(f"the codec's distributions have shapes {shapes_hat}, the reference's {shapes_ref}; "
                          f"each row's must be one (L, V)")
     if not probs_ref:

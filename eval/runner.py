@@ -535,7 +535,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             work = [(ref, [job for job in jobs if (ref.clip_id, *job) not in done]) for ref in mine]
             work = [(ref, todo) for ref, todo in work if todo]
             if work:  # the sizes its generations run at (the last batch may be short): kernels compile ahead
-                backend.expect_batches(sorted({len(work[i:i + batch_size])
+                backend.expect_batches(sorted({min(batch_size, len(work) - i)
                                                for i in range(0, len(work), batch_size)}))
             for i in range(0, len(work), batch_size):
                 run_batch(work[i:i + batch_size], out_dir, config, backend, conditioner, emit, run_id)
