@@ -51,8 +51,10 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -320,7 +322,8 @@ def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -
 
 
 def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, config: EvalConfig,
-              backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "") -> None:
+              backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "",
+              finish_beside: bool = False) -> None:
     """Every job each clip of `batch` still needs (its `todo`); each finished or failed job is passed to
     `emit` as one row, each job's rows as soon as that job has run for the whole batch.
 
@@ -338,10 +341,19 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     intra-op thread count it ran with (`threads`); neither reaches the report. Every row records the sampling
     seed of its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row
     runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
+
+    `finish_beside` (a GPU run): each job's rows are finished (host metrics, WAVs, emits) on a worker thread
+    while the next job generates (`_Beside`); the rows are the same, `emit` one call at a time.
     """
     import torch
 
     from octopus_audio.eval.fidelity import fidelity_rows
+
+    emit_lock = threading.Lock()
+
+    def emit_row(row: dict) -> None:
+        with emit_lock:
+            emit(row)
 
     def seed_of(codec: str) -> int:
         return floor_seed(config.seed) if codec == FLOOR else config.seed
@@ -349,9 +361,9 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
         for codec, bits, v_bits in jobs:
-            emit({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
-                  "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
-                  "seconds": None, "threads": None})
+            emit_row({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
+                      "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
+                      "seconds": None, "threads": None})
 
     def sample(seed: int) -> Callable[[list[Clip]], list]:
         return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
@@ -361,9 +373,10 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
         write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
-        emit({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
-              "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None, "metrics": metrics,
-              "kv": kv, "seconds": round(seconds, 3), "threads": torch.get_num_threads()})
+        emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
+                  "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None,
+                  "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
+                  "threads": torch.get_num_threads()})
 
     clips = []
     for ref, todo in batch:
@@ -378,75 +391,95 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             clip.metric_ref = MetricReference(out.audio, out.fhat, backend.sample_rate)
     clips = [c for c in clips if c.reference is not None]
 
-    floor = [c for c in clips if Job(FLOOR) in c.todo]
-    start = time.perf_counter()
-    others = _each(sample(floor_seed(config.seed)), floor)
-    share = (time.perf_counter() - start) / max(len(floor), 1)
-    for clip, other in zip(floor, others, strict=True):
-        if isinstance(other, Exception):
-            fail(clip, [Job(FLOOR)], "generate", other)
-            continue
-        start = time.perf_counter()
-        other = as_generated(other)
-        try:  # sampled-output metrics only: see the module docstring
-            metrics = clip.metric_ref.compare(other.audio, other.fhat)
-        except Exception as e:
-            fail(clip, [Job(FLOOR)], "metrics", e)
-            continue
-        ok(clip, Job(FLOOR), other, metrics, None, share + time.perf_counter() - start)
-
-    clips = [c for c in clips if any(job != Job(FLOOR) for job in c.todo)]
-    # the unpatched model on the reference's own tokens: what every codec is compared with
-    probs = _each(forced, clips)
-    for clip, p in zip(clips, probs, strict=True):
-        if isinstance(p, Exception):
-            fail(clip, [job for job in clip.todo if job != Job(FLOOR)], "fidelity", p)
-        else:
-            clip.probs_ref = p
-    clips = [c for c in clips if c.probs_ref is not None]
-
-    for job in dict.fromkeys(job for c in clips for job in c.todo if job != Job(FLOOR)):
-        these = [c for c in clips if job in c.todo]
-        start = time.perf_counter()
-        try:
-            context = (backend.bf16_kv() if job.codec == KV_FLOOR
-                       else backend.compressed(job.codec, job.bits, job.v_bits))
-            with context as handle:
-                outs = _each(sample(config.seed), these)
-                kv = None
-                if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
-                    kv = kv_summary(handle.stats())
-                done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
-                probs_hats = _each(forced, done)
-        except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
-            for clip in these:
-                fail(clip, [job], "generate", e)
-            continue
-        # every clip's teacher-forced numbers at once, where the distributions are
-        forced_of = dict(zip(done, probs_hats, strict=True))  # clip -> its distributions or their error
-        compared = [c for c in done if not isinstance(forced_of[c], Exception)]
-        try:
-            rows = fidelity_rows([c.probs_ref for c in compared], [forced_of[c] for c in compared])
-        except Exception as e:
-            rows = [e] * len(compared)
-        forced_of.update(zip(compared, rows, strict=True))  # clip -> its two numbers or their error
-        share = (time.perf_counter() - start) / len(these)
+    def finish(these: list[Clip], job: Job, outs: list, forced_of: dict, kv, share: float) -> None:
+        """Each clip's row of `job`: its sampled output's metrics (and teacher-forced numbers, when
+        `forced_of` has them), its WAV, emitted; or its error row."""
         for clip, out in zip(these, outs, strict=True):
             if isinstance(out, Exception):
                 fail(clip, [job], "generate", out)
                 continue
-            teacher_forced = forced_of[clip]
+            teacher_forced = forced_of.get(clip, {})
             if isinstance(teacher_forced, Exception):
                 fail(clip, [job], "fidelity", teacher_forced)
                 continue
             start = time.perf_counter()
             out = as_generated(out)
-            try:
+            try:  # the floor row: sampled-output metrics only (see the module docstring)
                 metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)
                 continue
             ok(clip, job, out, metrics, kv, share + time.perf_counter() - start)
+
+    with _Beside(finish_beside) as beside:
+        floor = [c for c in clips if Job(FLOOR) in c.todo]
+        start = time.perf_counter()
+        others = _each(sample(floor_seed(config.seed)), floor)
+        beside.submit(finish, floor, Job(FLOOR), others, {}, None,
+                      (time.perf_counter() - start) / max(len(floor), 1))
+
+        clips = [c for c in clips if any(job != Job(FLOOR) for job in c.todo)]
+        # the unpatched model on the reference's own tokens: what every codec is compared with
+        probs = _each(forced, clips)
+        for clip, p in zip(clips, probs, strict=True):
+            if isinstance(p, Exception):
+                fail(clip, [job for job in clip.todo if job != Job(FLOOR)], "fidelity", p)
+            else:
+                clip.probs_ref = p
+        clips = [c for c in clips if c.probs_ref is not None]
+
+        for job in dict.fromkeys(job for c in clips for job in c.todo if job != Job(FLOOR)):
+            these = [c for c in clips if job in c.todo]
+            start = time.perf_counter()
+            try:
+                context = (backend.bf16_kv() if job.codec == KV_FLOOR
+                           else backend.compressed(job.codec, job.bits, job.v_bits))
+                with context as handle:
+                    outs = _each(sample(config.seed), these)
+                    kv = None
+                    if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
+                        kv = kv_summary(handle.stats())
+                    done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
+                    probs_hats = _each(forced, done)
+            except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
+                for clip in these:
+                    fail(clip, [job], "generate", e)
+                continue
+            # every clip's teacher-forced numbers at once, where the distributions are
+            forced_of = dict(zip(done, probs_hats, strict=True))  # clip -> its distributions or their error
+            compared = [c for c in done if not isinstance(forced_of[c], Exception)]
+            try:
+                rows = fidelity_rows([c.probs_ref for c in compared], [forced_of[c] for c in compared])
+            except Exception as e:
+                rows = [e] * len(compared)
+            forced_of.update(zip(compared, rows, strict=True))  # clip -> its two numbers or their error
+            beside.submit(finish, these, job, outs, forced_of, kv, (time.perf_counter() - start) / len(these))
+
+
+class _Beside:
+    """Runs the rows' finishing work (metrics on the host, WAV writes, emits): on a worker thread while the
+    caller goes on to the next job's generation (`beside` True: a GPU run, whose host waits on the device
+    meanwhile), or at once in the caller (False: on the CPU the model already uses every core). Leaving the
+    block waits for the worker and re-raises the first error its work raised."""
+
+    def __init__(self, beside: bool) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eval-rows") if beside else None
+        self._futures: list = []
+
+    def __enter__(self) -> _Beside:
+        return self
+
+    def submit(self, fn: Callable, *args) -> None:
+        if self._pool is None:
+            fn(*args)
+        else:
+            self._futures.append(self._pool.submit(fn, *args))
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            for future in self._futures:
+                future.result()
 
 
 def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable) -> bool:
@@ -538,7 +571,8 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
                 backend.expect_batches(sorted({min(batch_size, len(work) - i)
                                                for i in range(0, len(work), batch_size)}))
             for i in range(0, len(work), batch_size):
-                run_batch(work[i:i + batch_size], out_dir, config, backend, conditioner, emit, run_id)
+                run_batch(work[i:i + batch_size], out_dir, config, backend, conditioner, emit, run_id,
+                          finish_beside=str(device).startswith("cuda"))
         finally:
             bar.close()
             writer.close()

@@ -609,3 +609,47 @@ def test_the_backend_is_told_the_batch_sizes_it_will_generate(tmp_path, monkeypa
     assert told == [sizes] and pipe.builds == 1
     run_fake(clips, tmp_path / "out", pipe=pipe, n=n, batch_size=batch_size)
     assert told == [sizes] and pipe.builds == 1
+
+
+def _finishing_beside(monkeypatch):
+    """run_batch as a GPU run calls it: each job's rows finished on the worker thread."""
+    from octopus_audio.eval import runner
+
+    inner = runner.run_batch
+    monkeypatch.setattr(runner, "run_batch", lambda *a, **k: inner(*a, **{**k, "finish_beside": True}))
+
+
+def test_rows_finished_beside_the_next_generation_equal_rows_finished_in_line(tmp_path, monkeypatch):
+    from octopus_audio.eval import metrics
+
+    clips = make_clips(tmp_path / "clips", n=3, broken=True)
+    pipe = dict(fail_codec=("octopus", 4), fail_cond=None)
+    run_fake(clips, tmp_path / "inline", pipe=FakePipe(**pipe), batch_size=2)
+    threads = set()
+    compare = metrics.MetricReference.compare
+
+    def recorded(self, *args):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return compare(self, *args)
+
+    monkeypatch.setattr(metrics.MetricReference, "compare", recorded)
+    _finishing_beside(monkeypatch)
+    run_fake(clips, tmp_path / "beside", pipe=FakePipe(**pipe), batch_size=2)
+    assert threads and all(name.startswith("eval-rows") for name in threads)
+    assert report_files(tmp_path / "beside") == report_files(tmp_path / "inline")
+
+
+def test_an_error_finishing_rows_beside_stops_the_run(tmp_path, monkeypatch):
+    from octopus_audio.eval import runner
+
+    def broken_disk(path, audio, rate):
+        if "octopus" in Path(path).name:
+            raise OSError("injected: no space left on device")
+        return None
+
+    monkeypatch.setattr(runner, "write_wav", broken_disk)
+    _finishing_beside(monkeypatch)
+    with pytest.raises(OSError, match="no space left"):
+        run_fake(make_clips(tmp_path / "clips", n=2), tmp_path / "out")
