@@ -58,11 +58,12 @@ def generation_shapes(model: object, batch: int, dtype: torch.dtype) -> ahead.Un
 
 def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int | Iterable[int],
                   dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,), workers: int | None = None,
-                  progress: AheadProgress | None = None) -> list[AheadResult]:
+                  progress: AheadProgress | None = None, teacher_forced: bool = False) -> list[AheadResult]:
     """Compile the kernel variants that generations of `batch` conditions (an int, or every batch size a run
     generates) on `model` (on CUDA) launch under
     each patch configuration in `configs`, their attention in each of `dtypes` (bf16: `generate`'s default
-    on CUDA; float32: its reference path and teacher forcing), into Triton's on-disk cache, in `workers`
+    on CUDA; float32: its reference path), and with `teacher_forced` the fp32 encode variants of teacher
+    forcing's one pass over each batch (`eval.fidelity`), into Triton's on-disk cache, in `workers`
     processes (None: one a core, at most 16), started once for all configurations. Variants already cached
     are skipped. A model that is not on CUDA compiles nothing (the CPU runs the PyTorch reference) and gives
     []. Call it before the first generation, with nothing else launching Triton kernels meanwhile.
@@ -85,6 +86,11 @@ def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int | It
                 variants.update(dict.fromkeys(ahead.cache_launches(
                     config.codec, config.bits, shape, device, v_bits=config.v_bits, window=config.window,
                     v_group=config.v_group, backend=backend)))
+        for b in batches if teacher_forced else ():
+            with torch.cuda.device(device):
+                variants.update(dict.fromkeys(ahead.sequence_launches(
+                    config.codec, config.bits, generation_shapes(model, b, torch.float32), device,
+                    v_bits=config.v_bits, window=config.window, v_group=config.v_group, backend=backend)))
         found.append((f"{config.codec} {config.bits_label}", variants))
     # every configuration's variants in one pool run: the workers stay busy across configurations, and a
     # variant two configurations share (merge, value encode) compiles once

@@ -106,12 +106,11 @@ class AARBackend:
     matmuls. `generate_fn`, `compressed_kv_fn` and `teacher_forced_fn` default to the package's
     `generate`, `compressed_kv` (the codec rows, and with `kv_dtype` the bf16-KV floor) and
     `eval.fidelity.teacher_forced_probs` (tests inject fakes). Generation runs at `generate`'s default
-    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32
-    through the codec library's PyTorch reference on every device (`backend.reference_backend`), as it runs
-    on CPU: its distributions do not depend on the device's kernels, and a GPU run compiles no fp32 kernel
-    variants (about as many as its bf16 generations launch, and the slowest to compile for sm_90). On a GPU
-    it is one block-causal pass per batch, on the CPU the scale loop (`teacher_forced_probs`' default by
-    device); its distributions are left on the model's device for `fidelity_rows`.
+    precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 with
+    PyTorch's attention on every device: on a GPU one block-causal pass per batch, whose stored keys and
+    values the encode kernels encode as `append` does (fp32 encode variants, compiled ahead with the rest),
+    on the CPU the scale loop through the codec library (`teacher_forced_probs`' defaults by device); its
+    distributions are left on the model's device for `fidelity_rows`.
 
     Generation runs eagerly: each (codec, bits) generates once per batch, so a CUDA graph of the scale
     loop would be captured for one replay (measured on the H200, default eval warm: 18.9 s eager against
@@ -139,8 +138,8 @@ class AARBackend:
 
     def expect_batches(self, sizes: Sequence[int]) -> None:
         """On CUDA, compile ahead (in parallel, into Triton's cache) the kernels that generations of each
-        batch size launch under every codec configuration of the run, bf16 as generation runs them (teacher
-        forcing runs the reference, no kernels); nothing elsewhere. `compile_progress` shows it."""
+        batch size launch under every codec configuration of the run, bf16 as generation runs them, and the
+        fp32 encodes of teacher forcing's one pass; nothing elsewhere. `compile_progress` shows it."""
         if not str(self.device).startswith("cuda"):
             return
         import torch
@@ -148,7 +147,7 @@ class AARBackend:
         from octopus_audio.aar_patch.compile_ahead import compile_ahead
 
         compile_ahead(self.pipe, self.config.patch_configs(), sizes, (torch.bfloat16,),
-                      progress=self.compile_progress)
+                      progress=self.compile_progress, teacher_forced=True)
 
     def _cond(self, cond_BD: np.ndarray):
         import torch
@@ -172,10 +171,7 @@ class AARBackend:
 
         tokens_Bl = [torch.from_numpy(np.stack([np.asarray(row[si], dtype=np.int64) for row in tokens]))
                      .to(self.device) for si in range(len(tokens[0]))]
-        from octopus_audio.backend import reference_backend
-
-        why = "teacher forcing: fp32 through the codec library's decode on every device"
-        with torch.inference_mode(), reference_backend(why):
+        with torch.inference_mode():
             probs = self._teacher_forced(self.pipe, self._cond(cond_BD), tokens_Bl, cfg=self.config.cfg)
         return list(torch.cat([p.float() for p in probs], dim=1).unbind(0))
 

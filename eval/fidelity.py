@@ -28,6 +28,7 @@ from octopus_audio.aar_patch.generation import (
     run_scales,
 )
 from octopus_audio.aar_patch.patch import forced_sequence
+from octopus_audio.backend import reference_backend
 from octopus_audio.eval.metrics import MetricInfo
 
 FIDELITY_METRICS: tuple[MetricInfo, ...] = (
@@ -88,7 +89,8 @@ def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor]
 
 def _scale_loop_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
                       cfg: float) -> list[torch.Tensor]:
-    """`teacher_forced_probs(..., scale_loop=True)`: the generation loop with the forced tokens drawn."""
+    """`teacher_forced_probs(..., scale_loop=True)`: the generation loop with the forced tokens drawn, every
+    cache on the PyTorch reference (`backend.reference_backend`), whatever the device."""
     probs: list[torch.Tensor] = []
     patch_nums = pipe.aar.config.patch_nums
 
@@ -96,7 +98,8 @@ def _scale_loop_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
         probs.append(probs_NV.view(cond_BE.shape[0], patch_nums[si], -1).float())
         return tokens[si].reshape(-1)
 
-    run_scales(pipe, cond_BE, SamplingConfig(cfg=cfg, top_k=0, top_p=0.0), forced)
+    with reference_backend("teacher forcing's scale loop: fp32 attention through the codec library"):
+        run_scales(pipe, cond_BE, SamplingConfig(cfg=cfg, top_k=0, top_p=0.0), forced)
     return probs
 
 

@@ -386,9 +386,10 @@ class CompressedKVCache:
         q [B, Hq, T, d], k and v [B, H, T, d], `units` the tokens of each unit in order (summing to T).
         Returns [B, Hq, T, d] in q's dtype. A query of unit i attends, in one softmax, to the native keys and
         values of units i-W+1 .. i (the window W as it stands after unit i's append) and to units 0 .. i-W
-        as the store holds them: each token encoded and decoded by the codec library and the value quantizer
-        (a token's code does not depend on the others, so one encode of the sequence is the per-unit encode;
-        the last W units, never stored, are not encoded),
+        as the store holds them: each token encoded as `append` encodes it (the backend's choice: the encode
+        kernels for CUDA tensors, the library otherwise; they give the same codes but at exact near-ties) and
+        decoded by the codec library and the value quantizer (a token's code does not depend on the others, so
+        one encode of the sequence is the per-unit encode; the last W units, never stored, are not encoded),
         in fp32 as `attend_reference`. Codec none: the native keys of units 0 .. i, SDPA in q's dtype. This is
         teacher forcing's pass (`eval.fidelity`): one masked attention a layer instead of one a unit; it
         equals the unit-by-unit reference up to float rounding (tests/test_cache.py). Runs the immediate
@@ -410,13 +411,12 @@ class CompressedKVCache:
         age_TT = unit_T[:, None] - unit_T[None, :]  # query's unit - key's unit: >= 0 where the key is visible
         if self.value_quantizer is None:
             return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
-        # the last `window` units never leave the window (no later query sees them stored): not encoded
-        n_store = sum(units[:max(len(units) - self.window, 0)])
+        n_store = self.stored_tokens(units)
         keys, values, visible = [], [], []
         if n_store:
-            keys.append(self.codec.decode(self.codec.encode_unchecked(k[:, :, :n_store]), torch.float32))
-            values.append(self.value_quantizer.decode(
-                self.value_quantizer.encode_unchecked(v[:, :, :n_store]), torch.float32))
+            k_state, v_state = self._encode_sequence(k[:, :, :n_store], v[:, :, :n_store])
+            keys.append(self.codec.decode(k_state, torch.float32))
+            values.append(self.value_quantizer.decode(v_state, torch.float32))
             visible.append((age_TT >= self.window)[:, :n_store])
         if self.window:  # the window's native keys beside the store's decoded ones
             keys.append(k.float())
@@ -424,6 +424,17 @@ class CompressedKVCache:
             visible.append((age_TT >= 0) & (age_TT < self.window))
         return attend(q.float(), torch.cat(keys, 2), torch.cat(values, 2), scale,
                       torch.cat(visible, 1)).to(q.dtype)
+
+    def stored_tokens(self, units: Sequence[int]) -> int:
+        """Tokens of a sequence of `units` that a generation stores: all but the last `window` units' (no
+        later query sees those stored, so `attend_sequence` does not encode them)."""
+        return sum(units[:max(len(units) - self.window, 0)])
+
+    def _encode_sequence(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """(KeyState, ValueState) of tokens k, v [B, H, T, d] encoded as `append` would encode them: the
+        backend's choice for their device (`CachePlan`), the data checks left to the caller."""
+        plan = _backend.CachePlan(self.codec, k.shape[1], k.device)
+        return plan.encode_keys(self.codec, k), plan.encode_values(self.value_quantizer, v)
 
     def __repr__(self) -> str:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "

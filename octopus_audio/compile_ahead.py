@@ -204,6 +204,28 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
     return launches_of(calls, backend)
 
 
+def sequence_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
+                      v_bits: int | None = None, window: int = 1, v_group: int = 16,
+                      backend=None) -> list[Launch]:
+    """The distinct variants one `CompressedKVCache.attend_sequence` over a whole sequence of `shapes`
+    launches (teacher forcing's one pass: the encode of the tokens a generation stores, on k and v laid out
+    as an attention layer makes them; its attention is PyTorch's), recorded, not run. `backend` as in
+    `cache_launches`. A codec that runs no kernel, or a sequence that stores nothing, gives []."""
+    from octopus_audio.cache import CompressedKVCache
+
+    device = torch.device(device)
+    if backend is None:
+        backend = target_backend()[1]
+    cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits)
+    n_store = cache.stored_tokens(shapes.units)
+    if not n_store or cache.value_quantizer is None:
+        return []
+    _, k, v = _unit(shapes, sum(shapes.units), device, torch.Generator(device=device).manual_seed(0))
+    with torch.inference_mode(), recording() as calls:
+        cache._encode_sequence(k[:, :, :n_store], v[:, :, :n_store])
+    return launches_of(calls, backend)
+
+
 def launches_of(calls: Iterable[tuple[object, tuple, dict]], backend) -> list[Launch]:
     """The distinct variants of recorded launches (`recording`), in first-launch order."""
     found: dict[Launch, None] = {}

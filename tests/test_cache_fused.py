@@ -174,3 +174,27 @@ def test_codes_wider_than_the_kernels_take_run_on_the_reference():
     assert not cache._plan.kernel_encode and not cache._plan.kernel_attention
     q = torch.randn(B, H, 2, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(DEVICE)
     assert torch.equal(cache.attend(q, 0.125), cache.attend_reference(q, 0.125))
+
+
+@pytest.mark.parametrize("name", KERNEL_CODECS)
+def test_attend_sequence_encodes_with_the_kernels_as_append_does(name, monkeypatch):
+    """With the kernels chosen, teacher forcing's one pass encodes its stored tokens with the encode kernels
+    (as `append` does) and equals the pass through the library's encode: the same codes but at exact
+    near-ties, none in these fp32 keys."""
+    sizes = (1, 3, 4, 2)  # window 1: the first 8 tokens are stored
+    units = _units(seed=31, dtype=torch.float32, sizes=sizes)
+    k, v = (torch.cat([u[i] for u in units], 2) for i in (0, 1))
+    q = torch.randn(B, 2 * H, sum(sizes), D, generator=torch.Generator().manual_seed(32)).to(DEVICE)
+    seen = []
+    plain = backend_module.CachePlan.encode_keys
+
+    def recorded(self, codec, keys):
+        seen.append((self.kernel_encode, tuple(keys.shape)))
+        return plain(self, codec, keys)
+
+    monkeypatch.setattr(backend_module.CachePlan, "encode_keys", recorded)
+    got = CompressedKVCache(name, 2, D, seed=5).attend_sequence(q, k, v, sizes, 0.25)
+    with backend_module.reference_backend("test: the library's encode"):
+        expect = CompressedKVCache(name, 2, D, seed=5).attend_sequence(q, k, v, sizes, 0.25)
+    assert seen == [(True, (B, H, 8, D)), (False, (B, H, 8, D))]
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)

@@ -269,3 +269,39 @@ def test_every_configuration_compiles_in_one_pool_run_and_shared_variants_once(m
     assert shown == [(label, 0, 4), (label, 4, 4)]
     assert [(r.label, r.variants, r.compiled, r.failed) for r in results] == [
         ("octopus b=2", 3, 3, {}), ("turboquant-mse b=3", 3, 2, {"tq-attn": "boom"})]
+
+
+@pytest.mark.parametrize("codec, bits, v_bits", [("octopus", 2, 3), ("turboquant-qjl", 4, 2)],
+                         ids=["octopus-k2v3", "turboquant-qjl-k4v2"])
+def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, v_bits, monkeypatch):
+    """The fp32 encodes teacher forcing's one pass of the default model launches (its caches' encode calls
+    replayed with the kernels chosen, recorded) are the variants `sequence_launches` enumerates."""
+    from octopus_audio.aar_patch import generate, load_aar, patch_aar
+    from octopus_audio.aar_patch.compile_ahead import generation_shapes
+    from octopus_audio.cache import CompressedKVCache
+    from octopus_audio.eval.fidelity import teacher_forced_probs
+
+    pipe = load_aar()
+    cond = torch.randn(1, 512, generator=torch.Generator().manual_seed(0)) * 0.05
+    tokens = generate(pipe, cond, seed=3).tokens
+    calls, encode = [], CompressedKVCache._encode_sequence
+    monkeypatch.setattr(CompressedKVCache, "_encode_sequence",
+                        lambda self, k, v: calls.append((self, k, v)) or encode(self, k, v))
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    with patch_aar(pipe, codec, bits, v_bits=v_bits):
+        teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
+    monkeypatch.setattr(CompressedKVCache, "_encode_sequence", encode)
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
+    with ahead.recording() as launched:
+        for cache, k, v in calls:
+            CompressedKVCache(cache.codec_name, cache.bits, cache.head_dim, cache.window, cache.v_group,
+                              cache.seed, cache.v_bits)._encode_sequence(k, v)
+    from triton.backends.compiler import GPUTarget
+
+    _, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))
+    real = set(ahead.launches_of(launched, backend))
+    enumerated = set(ahead.sequence_launches(codec, bits, generation_shapes(pipe, 1, torch.float32), "cpu",
+                                             v_bits=v_bits, backend=backend))
+    assert len(calls) == 4 and {x.name for x in real} == {"_encode_keys_kernel", "_encode_values_kernel"}
+    assert enumerated == real

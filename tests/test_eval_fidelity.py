@@ -114,3 +114,32 @@ def test_wrong_token_shapes_are_rejected(pipe_cond_ref):
     pipe, cond, ref = pipe_cond_ref
     with pytest.raises(ValueError, match="tokens must be 16 tensors"):
         teacher_forced_probs(pipe, cond, ref.tokens[:-1])
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("scale_loop,expect", [(True, "reference"), (False, "triton")],
+                         ids=["scale-loop", "one-pass"])
+def test_which_backend_teacher_forcing_runs(pipe_cond_ref, monkeypatch, scale_loop, expect):
+    """With the kernels asked for (triton; the interpreter here), the scale loop still runs every cache on the
+    PyTorch reference (fp32 attention through the codec library), while the one pass leaves the choice to its
+    caches: they encode the stored tokens as `append` would, with the kernels (its attention is PyTorch's)."""
+    from octopus_audio import get_codec
+    from octopus_audio.backend import attention_backend
+    from octopus_audio.eval import fidelity as fidelity_module
+
+    pipe, cond, ref = pipe_cond_ref
+    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(attention_backend("cpu", get_codec("octopus", 2, 64)))
+        raise _Stop
+
+    monkeypatch.setattr(fidelity_module, "run_scales" if scale_loop else "forced_sequence", record)
+    with pytest.raises(_Stop):
+        teacher_forced_probs(pipe, cond, ref.tokens, scale_loop=scale_loop)
+    assert seen == [expect]

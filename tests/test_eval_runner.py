@@ -572,30 +572,6 @@ def test_another_checkpoint_under_the_same_name_is_refused(tmp_path):
     run(overwrite=True)
 
 
-def test_teacher_forcing_runs_the_reference_backend(tmp_path, monkeypatch):
-    """Teacher forcing starts its sequences inside backend.reference_backend: even with the kernels forced
-    (triton, the interpreter here) the codec's distributions come from the library's decode, as on CPU."""
-    from octopus_audio import get_codec
-    from octopus_audio.backend import attention_backend
-
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    seen = []
-
-    def recording_teacher_forced(pipe, cond_BD, tokens, cfg):
-        seen.append(attention_backend("cpu", get_codec("octopus", 2, 64)))
-        return fake_teacher_forced(pipe, cond_BD, tokens, cfg)
-
-    clips = make_clips(tmp_path / "clips", n=1)
-    cfg = config(codecs=("octopus",), bits=(2,))
-    backend = AARBackend(FakePipe(), cfg, "fake-aar", "cpu", generate_fn=fake_generate,
-                         compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=recording_teacher_forced)
-    evaluate(list_folder(clips, n=1, seed=0), tmp_path / "out", cfg, lambda device: backend,
-             FakeConditioner(), progress=False)
-    assert seen and set(seen) == {"reference"}
-    assert attention_backend("cpu", get_codec("octopus", 2, 64)) == "triton"
-
-
 @pytest.mark.parametrize("n,batch_size,sizes", [(4, 3, [1, 3]), (4, 2, [2]), (4, 8, [4]), (3, 1, [1])],
                          ids=["short-last", "even", "one-batch", "unbatched"])
 def test_the_backend_is_told_the_batch_sizes_it_will_generate(tmp_path, monkeypatch, n, batch_size, sizes):
