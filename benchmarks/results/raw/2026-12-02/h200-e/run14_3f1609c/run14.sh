@@ -1,0 +1,14 @@
+#!/bin/bash
+# next session's first call (issue 16): the 100-clip full-size eval cold+warm at HEAD (report threads merged),
+# then the default eval cold+warm. Pass the commit hash as $1.
+H=$PWD
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=$H:/tmp/site OCTOPUS_AUDIO_COMMIT=$1
+for p in kernels aar_patch eval; do ln -sfn $H/$p $H/octopus_audio/$p; done
+t() { local s=$(date +%s.%N); "$@"; local rc=$?; echo "TIME $(python3 -c "import time;print(round(time.time()-$s,1))") s rc=$rc: $*"; }
+mkdir -p $OUT/raw
+t timeout 300 python3 benchmarks/bench_eval.py --work /tmp/be100 --clips 100 --out $OUT/bench_eval100.md --commit $1 2>&1 | tail -4
+export TRITON_CACHE_DIR=/tmp/tc_default
+t timeout 110 python3 benchmarks/bench_eval.py --stage-run $OUT/raw/default_cold.json -- eval --out /tmp/dcold --no-progress 2>&1 | tail -1
+t timeout 50 python3 benchmarks/bench_eval.py --stage-run $OUT/raw/default_warm.json -- eval --out /tmp/dwarm --no-progress 2>&1 | tail -1
+cat $OUT/raw/*.json
