@@ -138,18 +138,22 @@ def _native_q(dst, q_base, sqt, r0, TQ):
 
 
 @gluon.jit
-def _rotate_tile(q, map_s, map_base, c0, DQ: gl.constexpr, dst, scale):
-    """dst [128, W] = bf16(q @ map[:, c0 .. c0 + W] * scale) (the head's map columns through map_s)."""
-    W: gl.constexpr = map_s.shape[1]
+def _load_map(map_base, c0, DQ: gl.constexpr, W: gl.constexpr):
+    """The head's map columns c0 .. c0 + W [64, W] into registers."""
     LM: gl.constexpr = _row_layout(W, 4)
     r = gl.arange(0, 64, gl.SliceLayout(1, LM))
     c = gl.arange(0, W, gl.SliceLayout(0, LM))
-    gl.thread_barrier()  # every warp's previous dot reading map_s is done
-    map_s.store(gl.load(map_base + r[:, None] * DQ + c0 + c[None, :]))
-    fence_async_shared()
+    return gl.load(map_base + r[:, None] * DQ + c0 + c[None, :])
+
+
+@gluon.jit
+def _rotate_tile(q, dst, scale):
+    """dst [128, W] = bf16(q @ M * scale), M [64, W] staged in dst's first 64 rows (q: the query rows in
+    registers as the A operand, or in shared memory)."""
+    W: gl.constexpr = dst.shape[1]
     mma: gl.constexpr = _mma(W)
-    acc = warpgroup_mma(gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)),
-                        map_s, gl.zeros([128, W], gl.float32, mma), use_acc=False)
+    acc = warpgroup_mma(q, dst.slice(0, 64), gl.zeros([128, W], gl.float32, mma), use_acc=False)
+    gl.thread_barrier()  # every warp's dot has read the staged map before dst is overwritten
     dst.store((acc * scale).to(gl.bfloat16))
 
 
@@ -201,16 +205,13 @@ def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.conste
 
 
 @gluon.jit
-def _fx_step(u, n_ct, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb,
-             qc, pt2, q_base, sqt, TQ, HAS_B: gl.constexpr, HAS_C: gl.constexpr, BLOCK: gl.constexpr,
-             STAGES: gl.constexpr):
-    """Ring tile u from stage u % STAGES (unrolling the loop over the stages, which makes the stage index a
-    constant, measured no fewer instructions: ptxas keeps the descriptors in regular registers and moves them
-    to uniform ones at every use either way)."""
+def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, pt2,
+             HAS_B: gl.constexpr, HAS_C: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr):
+    """Ring tile u from stage u % STAGES, scored with the query tiles qa (rows 0..63, 64..79), qb, qc
+    (unrolling the loop over the stages, which makes the stage index a constant, measured no fewer
+    instructions: ptxas keeps the descriptors in regular registers and moves them to uniform ones at every
+    use either way)."""
     st = u % STAGES
-    if u == n_ct:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
-        _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
-        _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
     mbarrier.wait(ready.index(st), (u // STAGES) & 1)
     s1, s2 = _fx_issue(qa.slice(0, 64), qb.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qb.slice(64, 16),
                        qc.slice(64, 16), ka.index(st), kb.index(st), kc.index(st), HAS_B, HAS_C, BLOCK)
@@ -249,22 +250,52 @@ def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, map_a, map_b, pt2, n_ct, n_wt, q_base, sqt,
-              map_base, out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr,
-              V_BITS: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr):
-    """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then one loop
-    over every ring tile (compressed, then window: the native query takes tile a's buffer once the last
-    compressed tile's dots are done; the producer zeroes tiles b and c of window tiles)."""
+def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt, q_base, sqt, map_base,
+              out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
+              BLOCK: gl.constexpr, STAGES: gl.constexpr, Q_SMEM: gl.constexpr):
+    """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then loop over
+    the compressed ring tiles with the rotated queries and over the window's with the native ones (the
+    producer zeroes tiles b and c of window tiles).
+
+    The prologue issues every global load at once (the query rows, each map tile staged in its destination's
+    first 64 rows), then runs the rotations from shared memory. Q_SMEM: the native query rows stay in their
+    own buffer qn for the window tiles (the rotations read them there); otherwise (octopus-qjl, whose buffers
+    leave no room) they are loaded as the rotations' register operand and again into qa for the window."""
     HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
-    q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64), k_width=2))
-    _rotate_tile(q, map_a, map_base, 0, DQ, qa, rot_scale)
+    WB: gl.constexpr = qb.shape[1]
+    if Q_SMEM:
+        q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
+    else:
+        q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64), k_width=2))
+    ma = _load_map(map_base, 0, DQ, 64)
     if HAS_B:
-        _rotate_tile(q, map_b, map_base, 64, DQ, qb, rot_scale)
+        mb = _load_map(map_base, 64, DQ, WB)
     if HAS_C:
-        C0: gl.constexpr = 64 + (map_b.shape[1] if HAS_B else 0)
-        _rotate_tile(q, map_a, map_base, C0, DQ, qc, qjl_scale)
+        mc = _load_map(map_base, 64 + (WB if HAS_B else 0), DQ, 64)
+    if Q_SMEM:
+        qn.store(q)
+    qa.slice(0, 64).store(ma)
+    if HAS_B:
+        qb.slice(0, 64).store(mb)
+    if HAS_C:
+        qc.slice(0, 64).store(mc)
     fence_async_shared()
+    gl.thread_barrier()
+    if Q_SMEM:
+        _rotate_tile(qn, qa, rot_scale)
+        if HAS_B:
+            _rotate_tile(qn, qb, rot_scale)
+        if HAS_C:
+            _rotate_tile(qn, qc, qjl_scale)
+    else:
+        _rotate_tile(q, qa, rot_scale)
+        if HAS_B:
+            _rotate_tile(q, qb, rot_scale)
+        if HAS_C:
+            _rotate_tile(q, qc, qjl_scale)
+    fence_async_shared()
+    gl.thread_barrier()
     mmaR: gl.constexpr = _mma(BLOCK)
     mmaC: gl.constexpr = _mma(16)
     m1 = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, mmaR))
@@ -273,9 +304,18 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, map_a, map_b, pt2, n
     m2 = gl.full([16], float("-inf"), gl.float32, gl.SliceLayout(0, mmaC))
     l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
     o2 = gl.zeros([64, 16], gl.float32, mmaC)
-    for u in range(n_ct + n_wt):
-        m1, l1, o1, m2, l2, o2 = _fx_step(u, n_ct, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty,
-                                          qa, qb, qc, pt2, q_base, sqt, TQ, HAS_B, HAS_C, BLOCK, STAGES)
+    for u in range(n_ct):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb,
+                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
+    if Q_SMEM:
+        qw = qn
+    else:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
+        _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
+        _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
+        qw = qa
+    for u in range(n_ct, n_ct + n_wt):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qw, qb,
+                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
     _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
@@ -297,17 +337,19 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     DQ: gl.constexpr = 64 + WB + (64 if HAS_C else 0)
+    Q_SMEM: gl.constexpr = not (HAS_B and HAS_C)  # room for the native query rows (all but octopus-qjl)
     ka = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
     qa = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
-    map_a = gl.allocate_shared_memory(gl.bfloat16, [64, 64], _smem([64, 64], gl.bfloat16))
+    if Q_SMEM:
+        qn = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
+    else:  # placeholder, never read
+        qn = qa
     if HAS_B:
         kb = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, WB], _smem([BLOCK, WB], gl.bfloat16))
         qb = gl.allocate_shared_memory(gl.bfloat16, [128, WB], _smem([128, WB], gl.bfloat16))
-        map_b = gl.allocate_shared_memory(gl.bfloat16, [64, WB], _smem([64, WB], gl.bfloat16))
     else:  # placeholders, never read
         kb = ka
         qb = qa
-        map_b = map_a
     if HAS_C:
         kc = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
         qc = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
@@ -325,9 +367,9 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     n_ct = gl.cdiv(length, BLOCK)
     n_wt = gl.cdiv(t_win, BLOCK)
     gl.warp_specialize([
-        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, map_a, map_b, pt2, n_ct, n_wt,
+        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
                      q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
-                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES)),
+                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, Q_SMEM)),
         (_producer, (ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
                      vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,

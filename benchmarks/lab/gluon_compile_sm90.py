@@ -64,7 +64,25 @@ def compile_one(name: str, bits: int, v_bits: int) -> dict:
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4, "maxnreg": gluon_flash.MAXNREG})
     return {"seconds": round(time.perf_counter() - t0, 1), "shared_bytes": ck.metadata.shared,
-            "cubin_bytes": len(ck.asm["cubin"])}
+            "cubin_bytes": len(ck.asm["cubin"]), **resource_usage(ck.asm["cubin"])}
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers a thread and spill bytes of the kernel in `cubin` (`cuobjdump -res-usage`, shipped with
+    Triton's nvidia backend)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", text)
+    return ({"regs": int(found[1]), "stack": int(found[2]), "local": int(found[3])} if found
+            else {"res_usage": text.strip()[:200]})
 
 
 def main() -> int:
