@@ -54,13 +54,12 @@ from .gluon_decode import (
     _window_section,
 )
 from .gluon_scope import codec_id
-from .launch import _pow2, _sm_count
+from .launch import _pow2
 from .spec import KernelCodec, PackedKeys, PackedValues
 
 BLOCK = 64  # keys a ring tile
 STAGES = 2  # ring stages
 MAXNREG = 128  # registers a thread: two programs of 8 warps an SM
-PROGRAMS_PER_SM = 2  # persistent programs: as many as fit (shared memory and registers allow two)
 PRODUCER_REGS = {POL.value: 88, OCJ.value: 88}  # else 72
 
 
@@ -77,16 +76,15 @@ def _next_stage(t, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, n_items, H, t_cap, length, t_win, kc_ptr, kg_ptr,
-              ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt,
-              qk_scale, CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr,
-              V_BITS: gl.constexpr, V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr,
-              STAGES: gl.constexpr):
-    """Worker partition (4 warps): for each of the program's work items in turn, fill stage g % STAGES with
-    ring tile g (counted across items, so the ring runs on into the next item while the consumer finishes
-    this one) once the consumer released it, fence, arrive on its ready barrier; tile t + 1's packed fields
-    load into registers before tile t decodes (past the last compressed tile every load is masked off).
-    Window tiles fill tile a only (the consumer scores them with tile a alone)."""
+def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
+              kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_base, vw_base, skt, svt, qk_scale,
+              CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
+              V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr):
+    """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
+    arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
+    the last compressed tile every load is masked off)."""
+    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     if TAB_SMEM:  # the table in registers for gl.gather
         tab = gl.load(tab_ptr + gl.arange(0, TAB, LT))
@@ -98,29 +96,23 @@ def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, n_items, H, t_cap, l
     else:
         tlo = 0
         thi = 0
-    g = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        row0 = item * t_cap
-        kw_base = kw_ptr + (item // H) * skb + (item % H) * skh
-        vw_base = vw_ptr + (item // H) * svb + (item % H) * svh
-        raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB,
-                        KW, SW, V_BITS, V_GROUP)
-        for t in range(n_ct):
-            nxt = _unit_raw((t + 1) * 64, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr,
-                            vm_ptr, CODEC, NB, KW, SW, V_BITS, V_GROUP)
-            s = _next_stage(g + t, empty, STAGES)
-            _unit_decode(raw, ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
-                         tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM)
-            fence_async_shared()
-            raw = nxt
-            mbarrier.arrive(ready.index(s))
-        for tw in range(n_wt):
-            s = _next_stage(g + n_ct + tw, empty, STAGES)
-            _window_section(ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, kw_base, vw_base, skt,
-                            svt, tw * 64, t_win, qk_scale, False, False, V_BITS)
-            fence_async_shared()
-            mbarrier.arrive(ready.index(s))
-        g += n_ct + n_wt
+    raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB, KW,
+                    SW, V_BITS, V_GROUP)
+    for t in range(n_ct):
+        nxt = _unit_raw((t + 1) * 64, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                        CODEC, NB, KW, SW, V_BITS, V_GROUP)
+        s = _next_stage(t, empty, STAGES)
+        _unit_decode(raw, ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
+                     tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM)
+        fence_async_shared()
+        raw = nxt
+        mbarrier.arrive(ready.index(s))
+    for tw in range(n_wt):
+        s = _next_stage(n_ct + tw, empty, STAGES)
+        _window_section(ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt,
+                        tw * 64, t_win, qk_scale, HAS_B, HAS_C, V_BITS)
+        fence_async_shared()
+        mbarrier.arrive(ready.index(s))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -258,12 +250,12 @@ def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt, n_items, H, q_ptr, sqb, sqh,
-              sqt, map_ptr, out_ptr, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr,
-              V_BITS: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr, Q_SMEM: gl.constexpr):
-    """For each of the program's work items (batch row, KV head) in turn: rotate the query rows through the
-    head's map (tile a, b: rot_scale; tile c: qjl_scale), loop over the compressed ring tiles with the rotated
-    queries and over the window's with the native ones (tile a alone), write the output rows.
+def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt, q_base, sqt, map_base,
+              out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
+              BLOCK: gl.constexpr, STAGES: gl.constexpr, Q_SMEM: gl.constexpr):
+    """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then loop over
+    the compressed ring tiles with the rotated queries and over the window's with the native ones (the
+    producer zeroes tiles b and c of window tiles).
 
     The prologue issues every global load at once (the query rows, each map tile staged in its destination's
     first 64 rows), then runs the rotations from shared memory. Q_SMEM: the native query rows stay in their
@@ -272,66 +264,59 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
     HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     WB: gl.constexpr = qb.shape[1]
+    if Q_SMEM:
+        q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
+    else:
+        q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64), k_width=2))
+    ma = _load_map(map_base, 0, DQ, 64)
+    if HAS_B:
+        mb = _load_map(map_base, 64, DQ, WB)
+    if HAS_C:
+        mc = _load_map(map_base, 64 + (WB if HAS_B else 0), DQ, 64)
+    if Q_SMEM:
+        qn.store(q)
+    qa.slice(0, 64).store(ma)
+    if HAS_B:
+        qb.slice(0, 64).store(mb)
+    if HAS_C:
+        qc.slice(0, 64).store(mc)
+    fence_async_shared()
+    gl.thread_barrier()
+    if Q_SMEM:
+        _rotate_tile(qn, qa, rot_scale)
+        if HAS_B:
+            _rotate_tile(qn, qb, rot_scale)
+        if HAS_C:
+            _rotate_tile(qn, qc, qjl_scale)
+    else:
+        _rotate_tile(q, qa, rot_scale)
+        if HAS_B:
+            _rotate_tile(q, qb, rot_scale)
+        if HAS_C:
+            _rotate_tile(q, qc, qjl_scale)
+    fence_async_shared()
+    gl.thread_barrier()
     mmaR: gl.constexpr = _mma(BLOCK)
     mmaC: gl.constexpr = _mma(16)
-    g = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        q_base = q_ptr + (item // H) * sqb + (item % H) * sqh
-        map_base = map_ptr + (item % H) * (64 * DQ)
-        if Q_SMEM:
-            q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
-        else:
-            q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64),
-                                                                      k_width=2))
-        ma = _load_map(map_base, 0, DQ, 64)
-        if HAS_B:
-            mb = _load_map(map_base, 64, DQ, WB)
-        if HAS_C:
-            mc = _load_map(map_base, 64 + (WB if HAS_B else 0), DQ, 64)
-        gl.thread_barrier()  # every warp's dots of the previous item are done with these buffers
-        if Q_SMEM:
-            qn.store(q)
-        qa.slice(0, 64).store(ma)
-        if HAS_B:
-            qb.slice(0, 64).store(mb)
-        if HAS_C:
-            qc.slice(0, 64).store(mc)
-        fence_async_shared()
-        gl.thread_barrier()
-        if Q_SMEM:
-            _rotate_tile(qn, qa, rot_scale)
-            if HAS_B:
-                _rotate_tile(qn, qb, rot_scale)
-            if HAS_C:
-                _rotate_tile(qn, qc, qjl_scale)
-        else:
-            _rotate_tile(q, qa, rot_scale)
-            if HAS_B:
-                _rotate_tile(q, qb, rot_scale)
-            if HAS_C:
-                _rotate_tile(q, qc, qjl_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        m1 = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, mmaR))
-        l1 = gl.zeros([64], gl.float32, gl.SliceLayout(1, mmaR))
-        o1 = gl.zeros([64, 64], gl.float32, _mma(64))
-        m2 = gl.full([16], float("-inf"), gl.float32, gl.SliceLayout(0, mmaC))
-        l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
-        o2 = gl.zeros([64, 16], gl.float32, mmaC)
-        for u in range(n_ct):
-            m1, l1, o1, m2, l2, o2 = _fx_step(g + u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty,
-                                              qa, qb, qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
-        if Q_SMEM:
-            qw = qn
-        else:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
-            _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
-            _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
-            qw = qa
-        for u in range(n_ct, n_ct + n_wt):  # native keys in tile a only
-            m1, l1, o1, m2, l2, o2 = _fx_step(g + u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty,
-                                              qw, qb, qc, pt2, False, False, BLOCK, STAGES)
-        _fx_epilogue(o1, l1, o2, l2, out_ptr + item * (TQ * 64), TQ, V_BITS)
-        g += n_ct + n_wt
+    m1 = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, mmaR))
+    l1 = gl.zeros([64], gl.float32, gl.SliceLayout(1, mmaR))
+    o1 = gl.zeros([64, 64], gl.float32, _mma(64))
+    m2 = gl.full([16], float("-inf"), gl.float32, gl.SliceLayout(0, mmaC))
+    l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
+    o2 = gl.zeros([64, 16], gl.float32, mmaC)
+    for u in range(n_ct):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb,
+                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
+    if Q_SMEM:
+        qw = qn
+    else:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
+        _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
+        _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
+        qw = qa
+    for u in range(n_ct, n_ct + n_wt):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qw, qb,
+                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
+    _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,14 +324,16 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
 
 @gluon.jit
 def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, B, H, TQ, t_cap,
-                       length, t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
+                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                       t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
                        KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
                        TAB: gl.constexpr, TAB_SMEM: gl.constexpr, WB: gl.constexpr, BLOCK: gl.constexpr,
                        STAGES: gl.constexpr, P_REGS: gl.constexpr):
-    """Persistent programs, each over work items pid, pid + programs, ... of the B * H (batch row, KV head)
-    items: TQ <= 80 query rows of the head (d = 64) against `length` compressed keys (store rows
-    item * t_cap ..) and `t_win` native window keys."""
+    """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
+    compressed keys (store rows pid * t_cap ..) and `t_win` native window keys."""
+    pid = gl.program_id(0)
+    b = pid // H
+    h = pid % H
     HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     DQ: gl.constexpr = 64 + WB + (64 if HAS_C else 0)
@@ -379,19 +366,18 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
         mbarrier.init(empty.index(i), count=1)
     n_ct = gl.cdiv(length, BLOCK)
     n_wt = gl.cdiv(t_win, BLOCK)
-    n_items = B * H
     gl.warp_specialize([
-        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt, n_items, H, q_ptr,
-                     sqb, sqh, sqt, map_ptr, out_ptr, TQ, rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK,
-                     STAGES, Q_SMEM)),
-        (_producer, (ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, n_items, H, t_cap, length, t_win, kc_ptr,
-                     kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr, vw_ptr, skb, skh, skt,
-                     svb, svh, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB, TAB_SMEM, STAGES)),
+        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
+                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
+                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, Q_SMEM)),
+        (_producer, (ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
+                     ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
+                     vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
+                     TAB_SMEM, STAGES)),
     ], [4], [P_REGS])
 
 
-_gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn,
-                               do_not_specialize=["B", "TQ", "t_cap", "length", "t_win"])
+_gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "t_cap", "length", "t_win"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -530,11 +516,11 @@ def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
     qk_scale = scale * 1.4426950408889634
     rot_scale = qk_scale / math.sqrt(d)
     qjl_scale = qk_scale * math.sqrt(math.pi / (2 * d)) / d
-    _gluon_attn_kernel[(min(b * h, PROGRAMS_PER_SM * _sm_count(q.device)), )](
+    _gluon_attn_kernel[(b * h, )](
         q, q.stride(0), q.stride(1), q.stride(2), query_map(codec), codes, gamma, signs, gamma_r,
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(), k_window, v_window,
         k_window.stride(0), k_window.stride(1), k_window.stride(2), v_window.stride(0), v_window.stride(1),
-        v_window.stride(2), key_table(codec), out, b, h, rows, codes.shape[2], length, t_win, rot_scale,
+        v_window.stride(2), key_table(codec), out, h, rows, codes.shape[2], length, t_win, rot_scale,
         qjl_scale, qk_scale, **kernel_constants(codec, values.bits, values.group), num_warps=4,
         maxnreg=MAXNREG)
     return out.view(b, hq, tq, d)
