@@ -5,10 +5,12 @@ SAT tokenizer: samples/s of `generate` (bf16 fast path, audio decode included; t
 the total minus the decode) at each batch in `--batches`, in the CUDA-graph path (rows `<codec>@graph`: the
 scale loop captured in one graph by `GraphedGenerator`, capture time in `setup_s`, not in the timing; codecs
 `--graphs`) and the eager path (codecs `--eager`, with the peak `torch.cuda.max_memory_allocated`, weights
-included). `none` is the unpatched model; `none+patch` is codec none through the patch (checked
-token-identical to `none`); graph and eager rows of one codec and batch are checked token-identical. For the
-`--budget` codecs: the largest batch (multiple of 8) whose eager peak stays under `--budget-gib`, found from
-the linear fit of peak memory over the batches above 1 and checked by running it, with its samples/s.
+included). `none` is the unpatched model (its cache grows by concatenation); `none+patch` is codec none
+through the patch with window 0, a preallocated native cache (K and V written in place, attended as a view;
+checked token-identical to `none`); graph and eager rows of one codec and batch are checked
+token-identical. For the `--budget` codecs: the largest batch (multiple of 8) whose eager peak stays under
+`--budget-gib`, found from the linear fit of peak memory over the batches above 1 and checked by running it,
+with its samples/s.
 Device checks (`--checks`): host syncs per eager `generate` call at B=1 (the input check included), the
 first after patching and the second, each with the Python stack that made it (the patch should add exactly
 one, its end-of-generation data check); a NaN put into one layer's input mid-generation must raise the
@@ -121,10 +123,14 @@ def measure(pipe, batch: int, device: str, timer: DecodeTimer, reps: int, graph:
 
 
 def patch_for(pipe, name: str, bits: int):
-    """The patch a codec name asks for: None for `none` (unpatched), codec none for `none+patch`."""
+    """The patch a codec name asks for: None for `none` (unpatched), codec none for `none+patch` with window
+    0: every scale's K and V written in place into the store's preallocated buffer and attended as a view of
+    it (a preallocated native cache, no concatenation)."""
     if name == "none":
         return None
-    return patch_aar(pipe, "none" if name == "none+patch" else name, bits)
+    if name == "none+patch":
+        return patch_aar(pipe, "none", bits, window=0)
+    return patch_aar(pipe, name, bits)
 
 
 def _sync_site(limit: int = 7) -> str:

@@ -353,7 +353,8 @@ class CompressedKVCache:
 
     def _native_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Codec none: the store's valid tokens then the window, one concatenation each (as the unpatched
-        model's cache), cast to `dtype` when it differs."""
+        model's cache), cast to `dtype` when it differs. With nothing in the window (window 0) the store's
+        valid tokens are returned as a view, nothing copied: a preallocated native cache."""
         ks, vs = [], []
         if self.length:
             ks.append(self.store.keys.native.narrow(2, 0, self.length))
@@ -361,7 +362,7 @@ class CompressedKVCache:
         for k, v in self._window:
             ks.append(k)
             vs.append(v)
-        k_all, v_all = torch.cat(ks, 2), torch.cat(vs, 2)
+        k_all, v_all = (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, 2), torch.cat(vs, 2))
         if k_all.dtype != dtype:
             k_all, v_all = k_all.to(dtype), v_all.to(dtype)
         return k_all, v_all

@@ -309,3 +309,21 @@ def test_defer_checks_argument_is_validated():
     cache = _fill(CompressedKVCache("octopus", 2, D), _units())
     assert not cache.checks_deferred and cache.deferred_flags() is None  # the CPU default checks at append
     cache.check()  # nothing deferred: a no-op
+
+
+@pytest.mark.parametrize("window", [0, 1], ids=["W0-view", "W1-concatenated"])
+def test_codec_none_attends_a_view_of_its_store_at_window_zero(window, monkeypatch):
+    """Codec none at window 0 is a preallocated native cache: each unit is written in place into the store's
+    buffer and attention reads a view of it, nothing concatenated; either way SDPA over every key."""
+    from octopus_audio import cache as cache_module
+
+    units = _units(seed=5)
+    cache = _fill(CompressedKVCache("none", 16, D, window=window, capacity=sum(UNIT_TOKENS)), units)
+    seen = []
+    inner = cache_module.attend
+    monkeypatch.setattr(cache_module, "attend", lambda q, k, v, *a: seen.append(k) or inner(q, k, v, *a))
+    q = torch.randn(B, H, 3, D, generator=torch.Generator().manual_seed(6))
+    out = cache.attend(q, 0.2)
+    k_all, v_all = (torch.cat([u[i] for u in units], 2) for i in (0, 1))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k_all, v_all, scale=0.2))
+    assert (seen[0].data_ptr() == cache.store.keys.native.data_ptr()) == (window == 0)
