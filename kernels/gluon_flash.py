@@ -82,9 +82,7 @@ def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win,
               V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr):
     """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
     arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
-    the last compressed tile every load is masked off)."""
-    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
-    HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
+    the last compressed tile every load is masked off). Window tiles fill tile a alone."""
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     if TAB_SMEM:  # the table in registers for gl.gather
         tab = gl.load(tab_ptr + gl.arange(0, TAB, LT))
@@ -110,7 +108,7 @@ def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win,
     for tw in range(n_wt):
         s = _next_stage(n_ct + tw, empty, STAGES)
         _window_section(ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt,
-                        tw * 64, t_win, qk_scale, HAS_B, HAS_C, V_BITS)
+                        tw * 64, t_win, qk_scale, False, False, V_BITS)  # tile a alone (the consumer's too)
         fence_async_shared()
         mbarrier.arrive(ready.index(s))
 
@@ -254,8 +252,8 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
               out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
               BLOCK: gl.constexpr, STAGES: gl.constexpr, Q_SMEM: gl.constexpr):
     """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then loop over
-    the compressed ring tiles with the rotated queries and over the window's with the native ones (the
-    producer zeroes tiles b and c of window tiles).
+    the compressed ring tiles with the rotated queries and over the window's with the native ones (tile a
+    alone: the producer fills only tile a of a window tile).
 
     The prologue issues every global load at once (the query rows, each map tile staged in its destination's
     first 64 rows), then runs the rotations from shared memory. Q_SMEM: the native query rows stay in their
@@ -313,9 +311,9 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
         _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
         _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
         qw = qa
-    for u in range(n_ct, n_ct + n_wt):
+    for u in range(n_ct, n_ct + n_wt):  # native keys: tile a alone
         m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qw, qb,
-                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
+                                          qc, pt2, False, False, BLOCK, STAGES)
     _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
