@@ -54,7 +54,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -64,6 +63,7 @@ import numpy as np
 from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
+from octopus_audio.eval.beside import Beside
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import MetricReference
@@ -343,7 +343,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
 
     `finish_beside` (a GPU run): each job's rows are finished (host metrics, WAVs, emits) on a worker thread
-    while the next job generates (`_Beside`); the rows are the same, `emit` one call at a time.
+    while the next job generates (`eval.beside.Beside`); the rows are the same, `emit` one call at a time.
     """
     import torch
 
@@ -411,7 +411,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
                 continue
             ok(clip, job, out, metrics, kv, share + time.perf_counter() - start)
 
-    with _Beside(finish_beside) as beside:
+    with Beside(finish_beside) as beside:
         floor = [c for c in clips if Job(FLOOR) in c.todo]
         start = time.perf_counter()
         others = _each(sample(floor_seed(config.seed)), floor)
@@ -454,32 +454,6 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
                 rows = [e] * len(compared)
             forced_of.update(zip(compared, rows, strict=True))  # clip -> its two numbers or their error
             beside.submit(finish, these, job, outs, forced_of, kv, (time.perf_counter() - start) / len(these))
-
-
-class _Beside:
-    """Runs the rows' finishing work (metrics on the host, WAV writes, emits): on a worker thread while the
-    caller goes on to the next job's generation (`beside` True: a GPU run, whose host waits on the device
-    meanwhile), or at once in the caller (False: on the CPU the model already uses every core). Leaving the
-    block waits for the worker and re-raises the first error its work raised."""
-
-    def __init__(self, beside: bool) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eval-rows") if beside else None
-        self._futures: list = []
-
-    def __enter__(self) -> _Beside:
-        return self
-
-    def submit(self, fn: Callable, *args) -> None:
-        if self._pool is None:
-            fn(*args)
-        else:
-            self._futures.append(self._pool.submit(fn, *args))
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            for future in self._futures:
-                future.result()
 
 
 def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable) -> bool:
