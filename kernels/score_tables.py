@@ -28,6 +28,7 @@ while others still accumulate, and the scores are re-read while still in L2.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -52,11 +53,29 @@ def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
 
 
 @triton.jit
-def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
-    """q_rot[3i + C] for the triplets i [TP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
-    col = 3 * i + C
+def _rotated(qs, had_ptr, k, col, D: tl.constexpr):
+    """q_rot[col] for the columns col [N] (zero where col >= d): H_d qs with qs = s_h * q / sqrt(d) [D]."""
     hk = tl.load(had_ptr + k[:, None] * D + col[None, :], mask=(col < D)[None, :], other=0.0)
     return tl.sum(qs[:, None] * hk, axis=0)
+
+
+@triton.jit
+def _qjl_table(qs, had_ptr, qjs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D: tl.constexpr):
+    """Row r's QJL sign table: q_j = R' q_rot = H_d (s'_h * q_rot) / sqrt(d) (qjs_ptr: the s' rows),
+    S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1)."""
+    hfull = tl.load(had_ptr + k[:, None] * D + k[None, :])
+    q_rot = tl.sum(qs[:, None] * hfull, axis=0)  # along the contraction axis
+    qr = q_rot[:, None] * tl.load(qjs_ptr + h * D + k)[:, None] * inv_sqrt_d
+    p = tl.arange(0, D // 8)
+    byte = tl.arange(0, 256)
+    s = tl.zeros((D // 8, 256), tl.float32)
+    for bit in tl.static_range(8):
+        col = 8 * p + bit
+        hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
+        qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
+        sgn = ((byte >> bit) & 1).to(tl.float32) * 2.0 - 1.0
+        s += qj[:, None] * sgn[None, :]
+    tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
 
 
 @triton.jit
@@ -80,9 +99,9 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
     qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
     i = blk * TP + tl.arange(0, TP)
     live = i < L
-    qx = _triplet_component(qs, had_ptr, k, i, 0, D)
-    qy = _triplet_component(qs, had_ptr, k, i, 1, D)
-    qz = _triplet_component(qs, had_ptr, k, i, 2, D)
+    qx = _rotated(qs, had_ptr, k, 3 * i, D)
+    qy = _rotated(qs, had_ptr, k, 3 * i + 1, D)
+    qz = _rotated(qs, had_ptr, k, 3 * i + 2, D)
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
         e = e0 + tl.arange(0, CHUNK)
@@ -99,20 +118,41 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
         t = t * (rho * qk_scale)[None, :]
         tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
     if HAS_QJL and blk == 0:
-        # q_rot along the contraction axis, then q_j = H_d (s'_h * q_rot) / sqrt(d)
-        hfull = tl.load(had_ptr + k[:, None] * D + k[None, :])
-        q_rot = tl.sum(qs[:, None] * hfull, axis=0)
-        qr = q_rot[:, None] * tl.load(qs_ptr + h * D + k)[:, None] * inv_sqrt_d
-        p = tl.arange(0, D // 8)
-        byte = tl.arange(0, 256)
-        s = tl.zeros((D // 8, 256), tl.float32)
-        for bit in tl.static_range(8):
-            col = 8 * p + bit
-            hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
-            qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
-            sgn = ((byte >> bit) & 1).to(tl.float32) * 2.0 - 1.0
-            s += qj[:, None] * sgn[None, :]
-        tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
+        _qjl_table(qs, had_ptr, qs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D)
+
+
+@triton.jit
+def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlut_ptr, H, inv_sqrt_d, qk_scale,
+                          D: tl.constexpr, L: tl.constexpr, B: tl.constexpr, G: tl.constexpr,
+                          N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HAS_QJL: tl.constexpr,
+                          TP: tl.constexpr):
+    """One program per (query row r, block of TP coordinate groups) (KV head h = r % H): that part of the
+    row's score tables (scalar section); the block-0 programs also write the QJL table.
+
+    Group i is the G coordinates G i .. G i + G - 1 (those past d left out), whose B-bit codes lie side by
+    side in the key's bit stream (formats.md): one (G B)-bit code e, coordinate G i + j's code at bits
+    B j .. B j + B - 1. T[r, i, e] = qk_scale * sum_j q_rot[G i + j] * C_coord[(e >> B j) & (2^B - 1)].
+    """
+    r = tl.program_id(0)
+    blk = tl.program_id(1)
+    h = r % H
+    k = tl.arange(0, D)
+    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
+    i = blk * TP + tl.arange(0, TP)
+    live = i < L
+    q_g = ()
+    for j in tl.static_range(G):
+        q_g = q_g + (_rotated(qs, had_ptr, k, G * i + j, D) * qk_scale,)
+    row_lut = lut_ptr + r * (L * N_ENTRIES)
+    for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
+        e = e0 + tl.arange(0, CHUNK)
+        t = tl.zeros((TP, CHUNK), tl.float32)
+        for j in tl.static_range(G):
+            c = tl.load(cent_ptr + ((e >> (B * j)) & ((1 << B) - 1)))
+            t += q_g[j][:, None] * c[None, :]
+        tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
+    if HAS_QJL and blk == 0:
+        _qjl_table(qs, had_ptr, qs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D)
 
 
 @triton.jit(do_not_specialize=["total_rows", "n_splits"])
@@ -389,46 +429,78 @@ STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 v
 MAX_REGISTERS = 80
 
 
-def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
+# scalar section: a table code holds the most coordinates whose codes fit in this many bits (64 entries a
+# group, 256 bytes: two cache lines a lookup; a group of one coordinate from 4 bits a code on)
+SCALAR_GROUP_BITS = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLayout:
+    """How a key's codes index its score tables: `codes` table codes a key of `bits` bits each, side by side
+    from bit 0 of its code words; `entries` per table code (2^bits, or 4^b_dir where a triplet table leaves
+    C_rho to the attention loop: `fold_rho` False); `group`: the coordinates a scalar table code covers (its
+    coordinates' codes are adjacent in the bit stream, formats.md), 0 for triplets."""
+
+    codes: int
+    bits: int
+    entries: int
+    fold_rho: bool
+    group: int = 0
+
+
+def table_layout(codec: KernelCodec, group: int | None = None) -> TableLayout:
+    """The score-table layout of `codec` (a section with score tables). Triplet: one table code a triplet,
+    C_rho folded in when 2^n <= FOLD_ENTRIES or there is one norm. Scalar: `group` coordinates a table code
+    (default: the most whose codes fit in SCALAR_GROUP_BITS bits), the last group short where it does not
+    divide d (its missing coordinates' bits, read past the stream, select equal entries)."""
+    n = codec.code_bits
+    if codec.decode == "scalar":
+        g = group or max(1, SCALAR_GROUP_BITS // max(n, 1))
+        return TableLayout(-(-codec.head_dim // g), g * n, 1 << (g * n), True, g)
+    if (1 << n) <= FOLD_ENTRIES or codec.param("b_rho") == 0:
+        return TableLayout(codec.num_codes, n, 1 << n, True)
+    return TableLayout(codec.num_codes, n, 4 ** codec.param("b_dir"), False)
+
+
+def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None = None) -> str | None:
     """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
-    score tables (triplet) whose per-triplet table is small enough, a native window of at most MAX_WINDOW
-    tokens."""
+    score tables (triplet, scalar) with codes to look up and tables of at most MAX_ENTRIES entries a code, a
+    native window of at most MAX_WINDOW tokens. `group`: attention_adc's."""
     if t_win > MAX_WINDOW:
         return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
         return f"{n_rows} query rows per KV head (the table path takes 1)"
     if not SECTIONS[codec.decode].score_tables:
         return f"the {codec.decode} section (it has no score tables)"
-    if table_entries(codec)[0] > MAX_ENTRIES:
-        return f"a direction table of {4 ** codec.param('b_dir')} entries (at most {MAX_ENTRIES})"
+    if codec.code_bits == 0:
+        return "keys without codes (0 bits a code: nothing to look up)"
+    if group is not None and (codec.decode != "scalar" or not isinstance(group, int) or group < 1):
+        return f"group={group!r} (a positive number of coordinates, for the scalar section only)"
+    entries = table_layout(codec, group).entries
+    if entries > MAX_ENTRIES:
+        what = "a direction table" if codec.decode == "triplet" else "a group table"
+        return f"{what} of {entries} entries a code (at most {MAX_ENTRIES})"
     return None
-
-
-def table_entries(codec: KernelCodec) -> tuple[int, bool]:
-    """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
-    folded = 1 << codec.code_bits
-    if folded <= FOLD_ENTRIES or codec.param("b_rho") == 0:
-        return folded, True
-    return 4 ** codec.param("b_dir"), False
 
 
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None) -> torch.Tensor:
+                  programs_per_sm: int | None = None, group: int | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
     the caller has validated them (attention routes here). Two launches (tables, attention) plus the
     log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
     the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
-    a step still has a row for every thread (always for widths not dividing 32), else one.
+    a step still has a row for every thread (always for widths not dividing 32), else one. group (scalar
+    section): coordinates a table code (table_layout's default when None).
     """
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
-    why = adc_limit(codec, (hq // h) * tq, t_win)
+    why = adc_limit(codec, (hq // h) * tq, t_win, group)
     if why is not None:
         raise ValueError(f"the table-lookup attention cannot take {why}")
     dev = q_BHTD.device
@@ -437,20 +509,24 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qk_scale = scale * LOG2E
     rows = b * h
     t_cap = keys.codes.shape[2]
-    entries, fold = table_entries(codec)
-    n_trip = codec.num_codes
+    lay = table_layout(codec, group)
     q = q_BHTD.contiguous()
 
-    lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
+    lut = torch.empty(rows, lay.codes, lay.entries, device=dev, dtype=torch.float32)
     qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
     qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
     tp = 16
-    _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
-        q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
-        codec.table("centroids"), lut, qlut,
-        h, 1.0 / math.sqrt(d), qk_scale,
-        D=d, L=n_trip, B_RHO=codec.param("b_rho"), FOLD_RHO=fold, N_ENTRIES=entries,
-        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
+    common = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128), HAS_QJL=codec.has_qjl,
+                  TP=tp, num_warps=4)
+    if codec.decode == "scalar":
+        _scalar_tables_kernel[(rows, _cdiv(lay.codes, tp))](
+            q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("centroids"), lut, qlut,
+            h, 1.0 / math.sqrt(d), qk_scale, B=codec.code_bits, G=lay.group, **common)
+    else:
+        _octopus_tables_kernel[(rows, _cdiv(lay.codes, tp))](
+            q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
+            codec.table("centroids"), lut, qlut, h, 1.0 / math.sqrt(d), qk_scale,
+            B_RHO=codec.param("b_rho"), FOLD_RHO=lay.fold_rho, **common)
 
     if k_window is None or t_win == 0:
         k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
@@ -491,8 +567,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
         h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
-        D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
-        N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
+        D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
+        N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
         BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
         STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
