@@ -122,8 +122,8 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
 
 
 @triton.jit
-def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlut_ptr, H, inv_sqrt_d, qk_scale,
-                          D: tl.constexpr, L: tl.constexpr, B: tl.constexpr, G: tl.constexpr,
+def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlut_ptr, H, inv_sqrt_d,
+                          qk_scale, D: tl.constexpr, L: tl.constexpr, B: tl.constexpr, G: tl.constexpr,
                           N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HAS_QJL: tl.constexpr,
                           TP: tl.constexpr):
     """One program per (query row r, block of TP coordinate groups) (KV head h = r % H): that part of the

@@ -89,8 +89,8 @@ CASES = [
     ("octopus", 1, 128, 97, 2, None, torch.float32),  # one norm: b_rho = 0
     ("octopus-qjl", 2, 64, 257, 1, 2, torch.float32),
     ("octopus-qjl", 3, 128, 140, 1, None, torch.bfloat16),
-    # scalar section: groups of 6 // b coordinates a table code (b=2: 3, the last group of d=64 and 128 short),
-    # one coordinate a code from b=4 on; turboquant-qjl at b keeps b-1 bits a coordinate (b=2: groups of 6)
+    # scalar section: groups of 6 // b coordinates a table code (b=2: 3, the last group of d=64 and 128
+    # short), one coordinate a code from b=4 on; turboquant-qjl at b keeps b-1 bits a coordinate (b=2: 6)
     ("turboquant-mse", 2, 64, 455, 1, None, torch.float32),
     ("turboquant-mse", 2, 128, 300, 0, 3, torch.bfloat16),
     ("turboquant-mse", 3, 64, 1, 1, None, torch.float32),
@@ -146,17 +146,24 @@ def test_scalar_groups_match_reference(name, bits, d, group):
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
 
+LAYOUTS = {
+    # (codec, bits, d): (table codes a key, bits a code, entries a code, C_rho folded, coordinates a code)
+    ("turboquant-mse", 2, 128): (43, 6, 64, True, 3),
+    ("turboquant-qjl", 2, 64): (11, 6, 64, True, 6),
+    ("turboquant-mse", 3, 64): (32, 6, 64, True, 2),
+    ("turboquant-mse", 4, 128): (128, 4, 16, True, 1),
+    ("octopus", 2, 128): (43, 7, 128, True, 0),
+}
+
+
 def test_table_layouts():
     """Default table codes: triplets as coded; scalar groups of the most coordinates within 6 bits."""
-    st = tables()
-    layouts = {(name, bits, d): st.table_layout(make_store(name, bits, batch=1, heads=1, length=1, window=0,
-                                                           d=d, dtype=torch.float32)[1])
-               for name, bits, d in [("turboquant-mse", 2, 128), ("turboquant-qjl", 2, 64),
-                                     ("turboquant-mse", 3, 64), ("turboquant-mse", 4, 128), ("octopus", 2, 128)]}
-    got = {k: (v.codes, v.bits, v.entries, v.fold_rho, v.group) for k, v in layouts.items()}
-    assert got == {("turboquant-mse", 2, 128): (43, 6, 64, True, 3), ("turboquant-qjl", 2, 64): (11, 6, 64, True, 6),
-                   ("turboquant-mse", 3, 64): (32, 6, 64, True, 2), ("turboquant-mse", 4, 128): (128, 4, 16, True, 1),
-                   ("octopus", 2, 128): (43, 7, 128, True, 0)}
+    got = {}
+    for name, bits, d in LAYOUTS:
+        lay = tables().table_layout(make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
+                                               dtype=torch.float32)[1])
+        got[name, bits, d] = (lay.codes, lay.bits, lay.entries, lay.fold_rho, lay.group)
+    assert got == LAYOUTS
 
 
 def test_refuses_codes_it_cannot_look_up():
