@@ -483,6 +483,29 @@ def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None
     return None
 
 
+def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValues, t_win: int, block_k: int,
+                        block_v: int, num_warps: int) -> tuple[dict, dict]:
+    """The attention kernel's compile-time constants but DIRECT, and its launch options (num_warps, the
+    register cap), as attention_adc launches it. A thread takes two value groups of a key per row where a
+    step still has a row for every thread (always for widths not dividing 32), else one; with one row a
+    thread and no QJL term the kernel runs under MAX_REGISTERS."""
+    d = codec.head_dim
+    n_groups = d // values.group
+    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
+        value_groups = 2
+    else:  # fewer rows than threads would change the tile's layout (replicated rows)
+        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * num_warps else 1
+    value_groups = min(value_groups, n_groups)
+    capped = block_v * n_groups // value_groups == 32 * num_warps and not codec.has_qjl
+    v_words = -(-d * values.bits // 32)
+    consts = dict(D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
+                  N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
+                  V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
+                  BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
+                  STAGE_K=max(STAGE_KEYS, block_k, block_v))
+    return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
+
+
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
@@ -493,9 +516,8 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
     the caller has validated them (attention routes here). Two launches (tables, attention) plus the
     log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
-    the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
-    a step still has a row for every thread (always for widths not dividing 32), else one. group (scalar
-    section): coordinates a table code (table_layout's default when None).
+    the window may hold at most MAX_WINDOW tokens here (value layout, register cap: attention_constants).
+    group (scalar section): coordinates a table code (table_layout's default when None).
     """
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
@@ -539,14 +561,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_k = block_k or 32 * nw
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
-    n_groups = d // values.group
-    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
-        value_groups = 2
-    else:  # fewer rows than threads would change the tile's layout (replicated rows)
-        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
-    value_groups = min(value_groups, n_groups)
-    capped = block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl
-    stage_keys = max(STAGE_KEYS, step)
+    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
         want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
@@ -557,7 +572,6 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     opart, lse = split_buffers(out, num_splits, rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    v_words = values.codes.shape[-1]
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
         lut, qlut, q, codec.table("centroids"),
@@ -567,11 +581,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
         h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
-        D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
-        N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
-        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
-        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
-        STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
+        DIRECT=direct, **consts, **options)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
