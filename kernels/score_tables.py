@@ -1,20 +1,25 @@
-"""One query row per KV head from per-query score tables (triplet section): the kernels and their launcher.
+"""One query row per KV head from per-query score tables (triplet and scalar sections): the kernels and their
+launcher.
 
 With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
-of key n is a sum of per-triplet terms that depend only on the triplet's code,
+of key n is a sum of terms that each depend only on one code of the key,
 
     q . k_n = gamma_n * sum_i rho(c_ni) * (q_rot,i . n_hat(dir(c_ni)))           (octopus, formats.md)
 
 so a table T[i, c] = qk_scale * rho(c) * (q_rot,i . n_hat(dir(c))) built once per query row turns the key loop
 into one lookup and one add per triplet (asymmetric distance computation, as in product quantization). The
-QJL term (R' q_rot) . sigma_n takes a second table over the sign bytes: S[p, e] = qk_scale * sum_t
-q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in global memory and are read through
-L1 (a row's table is 11-22 KB at d = 64-128, b = 2).
+scalar section (turboquant-*: q . k_n = gamma_n * sum_j q_rot[j] C_coord[c_nj]) groups G adjacent coordinates,
+whose codes lie side by side in the bit stream, into one table code of G b bits: T[i, e] = qk_scale *
+sum_{j < G} q_rot[G i + j] C_coord[e_j] (table_layout: the most coordinates within SCALAR_GROUP_BITS bits),
+so the same key loop runs over the groups. The QJL term (R' q_rot) . sigma_n takes a second table over the
+sign bytes: S[p, e] = qk_scale * sum_t q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in
+global memory and are read through L1 (a row's table is 11-22 KB at d = 64-128, b = 2, octopus; 5.5-11 KB
+turboquant-mse). Polarquant has none: its recursive angles do not separate into per-code terms.
 
 Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
 channels for the values) with few registers and no per-block cross-thread reductions:
 1. scores: each thread owns whole keys, loads a key's code words once each and cuts the codes with
-   compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
+   compile-time shifts (the unrolled loops), adds one table entry per code; the scores (log2 units,
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
    min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
