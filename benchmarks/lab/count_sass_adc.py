@@ -43,7 +43,7 @@ def launch_shape(d: int) -> tuple[int, int, int]:
     return (256, 64, 8) if d >= 128 else (128, 64, 4)
 
 
-def count(name: str, bits: int, d: int, group: int | None) -> dict:
+def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None) -> dict:
     kc = backend.kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
     lay = score_tables.table_layout(kc, group)
     block_k, block_v, nw = launch_shape(d)
@@ -51,7 +51,8 @@ def count(name: str, bits: int, d: int, group: int | None) -> dict:
                           torch.zeros(1, 1, 1, d // 16), torch.zeros(1, 1, 1, d // 16), bits)
     consts, options = score_tables.attention_constants(kc, lay, values, 1, block_k, block_v, nw)
     consts["DIRECT"] = False
-    kernel = sass._compile(score_tables._adc_attn_kernel, ATTN_TYPES, consts, nw, options.get("maxnreg"))
+    cap = maxnreg or options.get("maxnreg")
+    kernel = sass._compile(score_tables._adc_attn_kernel, ATTN_TYPES, consts, nw, cap)
     st = sass.sass_stats(kernel)
     tab_consts = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128),
                       HAS_QJL=kc.has_qjl, TP=16)
@@ -63,7 +64,7 @@ def count(name: str, bits: int, d: int, group: int | None) -> dict:
     tab = sass.sass_stats(sass._compile(tab_fn, TABLE_TYPES, tab_consts, 4))
     st.update(codec=name, bits=bits, d=d, group=lay.group, table_codes=lay.codes, code_bits=lay.bits,
               entries=lay.entries, table_kib=lay.codes * lay.entries * 4 / 1024,
-              maxnreg=options.get("maxnreg"),
+              maxnreg=cap,
               table_regs=tab["regs"], table_spills=tab["spill_st"] + tab["spill_ld"],
               per_key=st["instructions"] * nw / block_k)
     return st
@@ -76,6 +77,8 @@ def main() -> int:
     parser.add_argument("--d", type=int)
     parser.add_argument("--group", type=int, nargs="*", default=[None],
                         help="scalar section: coordinates a table code (default: table_layout's)")
+    parser.add_argument("--maxnreg", type=int,
+                        help="register cap of the attention kernel (default: the launcher's)")
     args = parser.parse_args()
     import triton
 
@@ -86,7 +89,7 @@ def main() -> int:
     for name, bits, d in jobs:
         for group in args.group if name.startswith("turboquant") else [None]:
             try:
-                r = count(name, bits, d, group)
+                r = count(name, bits, d, group, args.maxnreg)
             except Exception as exc:  # one failing variant still lets the others report
                 failed += 1
                 print(f"{name:15s} b={bits} d={d:3d} group={group}: FAILED {type(exc).__name__}: "
