@@ -84,6 +84,19 @@ def _qjl_table(qs, had_ptr, qjs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D:
 
 
 @triton.jit
+def _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D: tl.constexpr, L: tl.constexpr, TP: tl.constexpr):
+    """A table program's (query row r, KV head h, columns k [D], qs = s_h * q_r / sqrt(d) [D], its table
+    codes i [TP], i < L): program (r, block of TP table codes)."""
+    r = tl.program_id(0)
+    blk = tl.program_id(1)
+    h = r % H
+    k = tl.arange(0, D)
+    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
+    i = blk * TP + tl.arange(0, TP)
+    return r, h, k, qs, i, i < L
+
+
+@triton.jit
 def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut_ptr, qlut_ptr,
                            H, inv_sqrt_d, qk_scale,
                            D: tl.constexpr, L: tl.constexpr, B_RHO: tl.constexpr,
@@ -97,13 +110,7 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
     T[r, i, e] = qk_scale * (q_rot,i . D[e]) (e < 4^b_dir; rho is looked up in the attention loop).
     HAS_QJL: q_j = R' q_rot, S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1).
     """
-    r = tl.program_id(0)
-    blk = tl.program_id(1)
-    h = r % H
-    k = tl.arange(0, D)
-    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
-    i = blk * TP + tl.arange(0, TP)
-    live = i < L
+    r, h, k, qs, i, live = _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
     qx = _rotated(qs, had_ptr, k, 3 * i, D)
     qy = _rotated(qs, had_ptr, k, 3 * i + 1, D)
     qz = _rotated(qs, had_ptr, k, 3 * i + 2, D)
@@ -122,7 +129,7 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
         t = qx[:, None] * dx[None, :] + qy[:, None] * dy[None, :] + qz[:, None] * dz[None, :]
         t = t * (rho * qk_scale)[None, :]
         tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
-    if HAS_QJL and blk == 0:
+    if HAS_QJL and tl.program_id(1) == 0:
         _qjl_table(qs, had_ptr, qs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D)
 
 
@@ -138,13 +145,7 @@ def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlu
     side in the key's bit stream (formats.md): one (G B)-bit code e, coordinate G i + j's code at bits
     B j .. B j + B - 1. T[r, i, e] = qk_scale * sum_j q_rot[G i + j] * C_coord[(e >> B j) & (2^B - 1)].
     """
-    r = tl.program_id(0)
-    blk = tl.program_id(1)
-    h = r % H
-    k = tl.arange(0, D)
-    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
-    i = blk * TP + tl.arange(0, TP)
-    live = i < L
+    r, h, k, qs, i, live = _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
     q_g = ()
     for j in tl.static_range(G):
         q_g = q_g + (_rotated(qs, had_ptr, k, G * i + j, D) * qk_scale,)
@@ -156,7 +157,7 @@ def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlu
             c = tl.load(cent_ptr + ((e >> (B * j)) & ((1 << B) - 1)))
             t += q_g[j][:, None] * c[None, :]
         tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
-    if HAS_QJL and blk == 0:
+    if HAS_QJL and tl.program_id(1) == 0:
         _qjl_table(qs, had_ptr, qs_ptr, qlut_ptr, r, h, inv_sqrt_d, qk_scale, k, D)
 
 

@@ -84,7 +84,7 @@ def main() -> int:
 
     print(f"triton {triton.__version__}", flush=True)
     jobs = [(n, b, d) for n, b, d in JOBS if args.codec in (None, n) and args.bits in (None, b)
-            and args.d in (None, d)]
+            and args.d in (None, d)] or [(args.codec, args.bits, d) for d in (64, 128) if args.d in (None, d)]
     failed = 0
     for name, bits, d in jobs:
         for group in args.group if name.startswith("turboquant") else [None]:
