@@ -3,7 +3,7 @@ row per KV head, per group size (coordinates a table code), against the flash ke
 section ran before it had score tables and against bf16 SDPA over as many native keys; every row checked
 against decode-then-SDPA (relative RMS error).
 
-    python benchmarks/lab/sweep_scalar_groups.py [--keys 131072] [--bits 2,3,4] [--groups 1,2,3,4,6,8]
+    python benchmarks/lab/sweep_scalar_groups.py [--keys 131072] [--bits 2,3,4] [--groups 1,2,3,4,6] [--d 128]
 
 Prints a markdown row per (codec, bits, d, launch): CUDA-graph replay median ms (triton do_bench), SDPA's,
 the speedup over SDPA, the table size a row and the error.
@@ -74,12 +74,15 @@ def main() -> int:
     parser.add_argument("--groups", default="1,2,3,4,6,8")
     parser.add_argument("--codecs", default="turboquant-mse,turboquant-qjl")
     parser.add_argument("--rep-ms", type=float, default=50)
+    parser.add_argument("--d", type=int, choices=[d for d, _ in bench.LONG_DIMS], help="one head dim only")
     args = parser.parse_args()
     dev = torch.device("cuda")
     groups = [int(g) for g in args.groups.split(",")]
     print("| codec | b | d x heads | launch | table KiB/row | graph ms | SDPA ms | x SDPA | rel err |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for d, heads in bench.LONG_DIMS:
+        if args.d not in (None, d):
+            continue
         sdpa_in = bench._sdpa_inputs(bench.AttnShape("sdpa", 1, heads, 1, args.keys - 1, 1, d), dev)
         sdpa_ms = bench._bench(bench._graphed(functools.partial(F.scaled_dot_product_attention, *sdpa_in)),
                                args.rep_ms)
