@@ -429,10 +429,13 @@ MAX_WINDOW = 64
 
 STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
 
-# a register cap where a thread holds one value row and the codec has no QJL term: it keeps 3 programs of 8
-# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4); two value rows a thread,
-# or octopus-qjl at b=3, spill under it, so those run uncapped
+# a register cap where a thread holds one value row and the key loop fits under it: it keeps 3 programs of 8
+# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128): the triplet section without QJL
+# (octopus b=2-4), the scalar section up to CAPPED_SCALAR_WORDS code and sign words a key (turboquant-mse and
+# -qjl b <= 6 at d=128, every b at d=64; -qjl b=7 (28 words) and both at b=8, d=128, spill). Two value rows a
+# thread, or octopus-qjl at b=3, spill under it, so those run uncapped
 MAX_REGISTERS = 80
+CAPPED_SCALAR_WORDS = 24
 
 
 # scalar section: a table code holds the most coordinates whose codes fit in this many bits (64 entries a
@@ -494,7 +497,7 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     """The attention kernel's compile-time constants but DIRECT, and its launch options (num_warps, the
     register cap), as attention_adc launches it. A thread takes two value groups of a key per row where a
     step still has a row for every thread (always for widths not dividing 32), else one; with one row a
-    thread and no QJL term the kernel runs under MAX_REGISTERS."""
+    thread and a key loop that fits (MAX_REGISTERS' comment) the kernel runs under MAX_REGISTERS."""
     d = codec.head_dim
     n_groups = d // values.group
     if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
@@ -502,7 +505,11 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     else:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * num_warps else 1
     value_groups = min(value_groups, n_groups)
-    capped = block_v * n_groups // value_groups == 32 * num_warps and not codec.has_qjl
+    if codec.decode == "scalar":
+        fits = codec.code_words + (-(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
+    else:
+        fits = not codec.has_qjl
+    capped = block_v * n_groups // value_groups == 32 * num_warps and fits
     v_words = -(-d * values.bits // 32)
     consts = dict(D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
                   N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,

@@ -166,6 +166,30 @@ def test_table_layouts():
     assert got == LAYOUTS
 
 
+CAPS = {
+    # (codec, bits, d): whether the H200 launch (d=128: 256 / 64 keys a step, 8 warps) runs under the cap
+    ("octopus", 2, 128): True,
+    ("octopus-qjl", 2, 128): False,
+    ("turboquant-mse", 2, 128): True,
+    ("turboquant-qjl", 2, 128): True,
+    ("turboquant-qjl", 6, 128): True,  # 20 code + 4 sign words
+    ("turboquant-qjl", 7, 128): False,  # 24 + 4: spills under the cap
+    ("turboquant-mse", 8, 128): False,  # 32 code words
+}
+
+
+def test_register_cap():
+    """MAX_REGISTERS where the sm_90 compile of the key loop fits under it (its comment's measurements)."""
+    st = tables()
+    got = {}
+    for name, bits, d in CAPS:
+        _, kc, _, _, values, _, _ = make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
+                                               dtype=torch.float32)
+        _, options = st.attention_constants(kc, st.table_layout(kc), values, 1, 256, 64, 8)
+        got[name, bits, d] = options.get("maxnreg") == st.MAX_REGISTERS
+    assert got == CAPS
+
+
 def test_refuses_codes_it_cannot_look_up():
     """turboquant-qjl at b=1 has no codes (the flash kernel serves it); group sizes are the scalar section's
     and keep a table code's entries within MAX_ENTRIES."""

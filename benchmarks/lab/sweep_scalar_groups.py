@@ -34,6 +34,21 @@ def flash_row(*call, scale):
         flash.adc_limit = real
 
 
+def uncapped(*call, **kw):
+    """score_tables.attention_adc without the register cap (MAX_REGISTERS) its launcher may set."""
+    real = score_tables.attention_constants
+
+    def no_cap(*a, **k):
+        consts, options = real(*a, **k)
+        return consts, {"num_warps": options["num_warps"]}
+
+    score_tables.attention_constants = no_cap
+    try:
+        return score_tables.attention_adc(*call, **kw)
+    finally:
+        score_tables.attention_constants = real
+
+
 def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[int], sdpa_ms: float,
           rep_ms: float) -> None:
     dev = torch.device("cuda")
@@ -56,6 +71,9 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
         num_warps=8 if wide else 4, programs_per_sm=3 if wide else 8, group=g))
         for g in groups if score_tables.adc_limit(kc, 1, 1, g) is None}
+    launches["tables default g, no register cap"] = (score_tables.table_layout(kc).group, functools.partial(
+        uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
+        programs_per_sm=3 if wide else 8))
     launches["default (flash.attention)"] = (None, functools.partial(flash.attention, *call, scale=scale))
     launches["flash single row"] = (None, functools.partial(flash_row, *call, scale=scale))
     for label, (g, fn) in launches.items():
