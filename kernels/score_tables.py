@@ -431,9 +431,10 @@ STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 v
 
 # a register cap where a thread holds one value row and the key loop fits under it: it keeps 3 programs of 8
 # warps on an SM with the gated loads, without spills (sm_90, d=64 and 128): the triplet section without QJL
-# (octopus b=2-4), the scalar section up to CAPPED_SCALAR_WORDS code and sign words a key (turboquant-mse and
-# -qjl b <= 6 at d=128, every b at d=64; -qjl b=7 (28 words) and both at b=8, d=128, spill). Two value rows a
-# thread, or octopus-qjl at b=3, spill under it, so those run uncapped
+# (octopus b=2-4) or with C_rho folded into its table (octopus-qjl b <= 2), the scalar section up to
+# CAPPED_SCALAR_WORDS code and sign words a key (turboquant-mse and -qjl b <= 6 at d=128, every b at d=64).
+# Two value rows a thread, octopus-qjl at b=3-4 (C_rho looked up), turboquant-qjl b=7 (28 words) and both
+# turboquant codecs at b=8, d=128, spill under it, so those run uncapped
 MAX_REGISTERS = 80
 CAPPED_SCALAR_WORDS = 24
 
@@ -508,7 +509,7 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     if codec.decode == "scalar":
         fits = codec.code_words + (-(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
     else:
-        fits = not codec.has_qjl
+        fits = not codec.has_qjl or lay.fold_rho
     capped = block_v * n_groups // value_groups == 32 * num_warps and fits
     v_words = -(-d * values.bits // 32)
     consts = dict(D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),

@@ -70,7 +70,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     launches = {f"tables g={g}": (g, functools.partial(
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
         num_warps=8 if wide else 4, programs_per_sm=3 if wide else 8, group=g))
-        for g in groups if score_tables.adc_limit(kc, 1, 1, g) is None}
+        for g in groups if kc.decode == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
     launches["tables default g, no register cap"] = (score_tables.table_layout(kc).group, functools.partial(
         uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
         programs_per_sm=3 if wide else 8))
@@ -80,7 +80,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
         err = ((fn().float() - ref).norm() / ref.norm()).item()
         ms = bench._bench(bench._graphed(fn), rep_ms)
         lay = score_tables.table_layout(kc, g)
-        kib = f"{lay.codes * lay.entries * 4 / 1024:.1f}" if g else ""
+        kib = f"{lay.codes * lay.entries * 4 / 1024:.1f}" if "tables" in label else ""
         print(f"| {name} | {bits} | {d} x {heads} | {label} | {kib} | {ms:.3f} | {sdpa_ms:.3f} | "
               f"{sdpa_ms / ms:.2f} | {err:.1e} |", flush=True)
 
@@ -90,7 +90,8 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=131072)
     parser.add_argument("--bits", default="2,3,4")
     parser.add_argument("--groups", default="1,2,3,4,6,8")
-    parser.add_argument("--codecs", default="turboquant-mse,turboquant-qjl")
+    parser.add_argument("--codecs", default="turboquant-mse,turboquant-qjl",
+                        help="comma list (a triplet codec gets its default table launch, capped and not)")
     parser.add_argument("--rep-ms", type=float, default=50)
     parser.add_argument("--d", type=int, choices=[d for d, _ in bench.LONG_DIMS], help="one head dim only")
     args = parser.parse_args()
