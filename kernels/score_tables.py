@@ -432,11 +432,11 @@ STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 v
 # a register cap where a thread holds one value row and the key loop fits under it: it keeps 3 programs of 8
 # warps on an SM with the gated loads, without spills (sm_90, d=64 and 128): the triplet section without QJL
 # (octopus b=2-4) or with C_rho folded into its table (octopus-qjl b <= 2), the scalar section up to
-# CAPPED_SCALAR_WORDS code and sign words a key (turboquant-mse and -qjl b <= 6 at d=128, every b at d=64).
-# Two value rows a thread, octopus-qjl at b=3-4 (C_rho looked up), turboquant-qjl b=7 (28 words) and both
-# turboquant codecs at b=8, d=128, spill under it, so those run uncapped
+# CAPPED_SCALAR_WORDS code words a key, QJL sign words counted twice (turboquant-mse b <= 7 and -qjl b <= 6 at
+# d=128, every b at d=64; mse b=8 (32 words) and qjl b=7 (24 + 2 x 4) spill under it, which the rule fits).
+# Two value rows a thread and octopus-qjl at b=3-4 (C_rho looked up) spill under it too, so those run uncapped
 MAX_REGISTERS = 80
-CAPPED_SCALAR_WORDS = 24
+CAPPED_SCALAR_WORDS = 28
 
 
 # scalar section: a table code holds the most coordinates whose codes fit in this many bits (64 entries a
@@ -507,7 +507,7 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * num_warps else 1
     value_groups = min(value_groups, n_groups)
     if codec.decode == "scalar":
-        fits = codec.code_words + (-(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
+        fits = codec.code_words + (2 * -(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
     else:
         fits = not codec.has_qjl or lay.fold_rho
     capped = block_v * n_groups // value_groups == 32 * num_warps and fits

@@ -173,8 +173,9 @@ CAPS = {
     ("octopus-qjl", 3, 128): False,  # C_rho looked up: spills under the cap
     ("turboquant-mse", 2, 128): True,
     ("turboquant-qjl", 2, 128): True,
-    ("turboquant-qjl", 6, 128): True,  # 20 code + 4 sign words
-    ("turboquant-qjl", 7, 128): False,  # 24 + 4: spills under the cap
+    ("turboquant-qjl", 6, 128): True,  # 20 code words + 2 x 4 sign words
+    ("turboquant-qjl", 7, 128): False,  # 24 + 2 x 4: spills under the cap
+    ("turboquant-mse", 7, 128): True,  # 28 code words
     ("turboquant-mse", 8, 128): False,  # 32 code words
 }
 

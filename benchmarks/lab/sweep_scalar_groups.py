@@ -71,7 +71,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
         num_warps=8 if wide else 4, programs_per_sm=3 if wide else 8, group=g))
         for g in groups if kc.decode == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
-    launches["tables default g, no register cap"] = (score_tables.table_layout(kc).group, functools.partial(
+    launches["tables default, no register cap"] = (score_tables.table_layout(kc).group, functools.partial(
         uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
         programs_per_sm=3 if wide else 8))
     launches["default (flash.attention)"] = (None, functools.partial(flash.attention, *call, scale=scale))
