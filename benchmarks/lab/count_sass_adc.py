@@ -18,7 +18,7 @@ import torch
 
 from octopus_audio import backend
 from octopus_audio.codecs import get_codec
-from octopus_audio.kernels import PackedValues, score_tables
+from octopus_audio.kernels import PackedValues, query_tables, score_tables
 
 _spec = importlib.util.spec_from_file_location(
     "count_sass_encode", os.path.join(os.path.dirname(os.path.abspath(__file__)), "count_sass_encode.py"))
@@ -45,7 +45,7 @@ def launch_shape(d: int) -> tuple[int, int, int]:
 
 def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None) -> dict:
     kc = backend.kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
-    lay = score_tables.table_layout(kc, group)
+    lay = query_tables.table_layout(kc, group)
     block_k, block_v, nw = launch_shape(d)
     values = PackedValues(torch.zeros(1, 1, 1, -(-d * bits // 32), dtype=torch.int32),
                           torch.zeros(1, 1, 1, d // 16), torch.zeros(1, 1, 1, d // 16), bits)
@@ -57,9 +57,9 @@ def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None =
     tab_consts = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128),
                       HAS_QJL=kc.has_qjl, TP=16)
     if kc.decode == "scalar":
-        tab_fn, tab_consts = score_tables._scalar_tables_kernel, dict(tab_consts, B=kc.code_bits, G=lay.group)
+        tab_fn, tab_consts = query_tables._scalar_tables_kernel, dict(tab_consts, B=kc.code_bits, G=lay.group)
     else:
-        tab_fn = score_tables._octopus_tables_kernel
+        tab_fn = query_tables._octopus_tables_kernel
         tab_consts = dict(tab_consts, B_RHO=kc.param("b_rho"), FOLD_RHO=lay.fold_rho)
     tab = sass.sass_stats(sass._compile(tab_fn, TABLE_TYPES, tab_consts, 4))
     st.update(codec=name, bits=bits, d=d, group=lay.group, table_codes=lay.codes, code_bits=lay.bits,

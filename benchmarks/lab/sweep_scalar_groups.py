@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from octopus_audio import backend, bench
 from octopus_audio.codecs import get_codec
-from octopus_audio.kernels import PackedKeys, PackedValues, flash, score_tables
+from octopus_audio.kernels import PackedKeys, PackedValues, flash, query_tables, score_tables
 from octopus_audio.values import ValueQuantizer
 
 
@@ -71,7 +71,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
         num_warps=8 if wide else 4, programs_per_sm=3 if wide else 8, group=g))
         for g in groups if kc.decode == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
-    launches["tables default, no register cap"] = (score_tables.table_layout(kc).group, functools.partial(
+    launches["tables default, no register cap"] = (query_tables.table_layout(kc).group, functools.partial(
         uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
         programs_per_sm=3 if wide else 8))
     launches["default (flash.attention)"] = (None, functools.partial(flash.attention, *call, scale=scale))
@@ -79,7 +79,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     for label, (g, fn) in launches.items():
         err = ((fn().float() - ref).norm() / ref.norm()).item()
         ms = bench._bench(bench._graphed(fn), rep_ms)
-        lay = score_tables.table_layout(kc, g)
+        lay = query_tables.table_layout(kc, g)
         kib = f"{lay.codes * lay.entries * 4 / 1024:.1f}" if "tables" in label else ""
         print(f"| {name} | {bits} | {d} x {heads} | {label} | {kib} | {ms:.3f} | {sdpa_ms:.3f} | "
               f"{sdpa_ms / ms:.2f} | {err:.1e} |", flush=True)
