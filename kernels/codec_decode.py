@@ -133,7 +133,8 @@ def _triplet_query_block(kc, rot: torch.Tensor) -> torch.Tensor:
 
 
 SECTIONS = {
-    "scalar": Section(SCALAR.value, _scalar_tables, _scalar_attention_tables, _plain_constants),
+    "scalar": Section(SCALAR.value, _scalar_tables, _scalar_attention_tables, _plain_constants,
+                      score_tables=True),
     "polar": Section(POLAR.value, _polar_tables, _polar_attention_tables, _plain_constants),
     "triplet": Section(TRIPLET.value, _triplet_tables, _triplet_attention_tables, _triplet_constants,
                        _triplet_query_block, halves=False,

@@ -238,7 +238,7 @@ class AttnConfig:
     1: none); programs_per_sm: the split-K count aims at this many programs per multiprocessor;
     split_min_keys: no split gets fewer compressed keys than this (default 4 * block_n); window_split: when
     the store is split, the native window gets a split of its own instead of riding on the last one (default
-    True). One query row per KV head with score tables (the triplet section) runs the table-lookup kernel:
+    True). One query row per KV head with score tables (triplet, scalar sections) runs the score-table kernel:
     there block_n is the keys per step of its score phase, block_v those of its value phase, num_warps and
     programs_per_sm as here.
     """
@@ -311,7 +311,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     a block, because the unrolled code grows with the tile and ptxas's time with it (sm_90, Triton 3.6,
     octopus b=2, 64 keys a step: 8 / 11 / 23 s to compile at 16 / 32 / 64 rows, over 120 s at 128).
 
-    One query row (the codecs without score tables; the octopus codecs take `_table_attention`): no tensor
+    One query row (polarquant, and a window over 64 tokens; the others take `_table_attention`): no tensor
     cores, word tiles; at d <= 64 256 keys a step, 8 warps, 8 programs per SM, at d = 128 128 keys, 4 warps,
     4 programs per SM: the configurations `bench --tune` picked (H200, turboquant-mse b=2, 1 q x 8k/32k/128k
     keys: 0.028 / 0.089 / 0.300 ms at d=64 x 16 heads, 0.061 / 0.180 / 0.759 ms at d=128 x 32 heads, against
@@ -388,7 +388,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     `num_splits` forces the split-K count (default: enough programs to fill the GPU); `config` overrides the
     launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts
     happen in the kernel's prologue, so the host does no tensor math. One query row per KV head of a codec
-    with score tables (the triplet section, a window of at most 64 tokens) runs the table-lookup kernel.
+    with score tables (triplet, scalar sections; a window of at most 64 tokens) runs the table kernel.
     `gluon` (default True): where `gluon_scope.gluon_limit` finds the call in scope (an H200, bf16, d=64, up
     to 80 query rows a KV head...) and neither `num_splits` nor `config` is given, the Gluon kernel
     (gluon_flash.py) runs instead; the choice is logged once per reason.

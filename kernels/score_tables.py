@@ -1,20 +1,25 @@
-"""One query row per KV head from per-query score tables (triplet section): the kernels and their launcher.
+"""One query row per KV head from per-query score tables (triplet and scalar sections): the attention kernel
+and its launcher (the tables: query_tables.py).
 
 With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
-of key n is a sum of per-triplet terms that depend only on the triplet's code,
+of key n is a sum of terms that each depend only on one code of the key,
 
     q . k_n = gamma_n * sum_i rho(c_ni) * (q_rot,i . n_hat(dir(c_ni)))           (octopus, formats.md)
 
 so a table T[i, c] = qk_scale * rho(c) * (q_rot,i . n_hat(dir(c))) built once per query row turns the key loop
 into one lookup and one add per triplet (asymmetric distance computation, as in product quantization). The
-QJL term (R' q_rot) . sigma_n takes a second table over the sign bytes: S[p, e] = qk_scale * sum_t
-q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in global memory and are read through
-L1 (a row's table is 11-22 KB at d = 64-128, b = 2).
+scalar section (turboquant-*: q . k_n = gamma_n * sum_j q_rot[j] C_coord[c_nj]) groups G adjacent coordinates,
+whose codes lie side by side in the bit stream, into one table code of G b bits: T[i, e] = qk_scale *
+sum_{j < G} q_rot[G i + j] C_coord[e_j] (table_layout: the most coordinates within SCALAR_GROUP_BITS bits),
+so the same key loop runs over the groups. The QJL term (R' q_rot) . sigma_n takes a second table over the
+sign bytes: S[p, e] = qk_scale * sum_t q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in
+global memory and are read through L1 (a row's table is 11-22 KB at d = 64-128, b = 2, octopus; 5.5-11 KB
+turboquant-mse). Polarquant has none: its recursive angles do not separate into per-code terms.
 
 Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
 channels for the values) with few registers and no per-block cross-thread reductions:
 1. scores: each thread owns whole keys, loads a key's code words once each and cuts the codes with
-   compile-time shifts (the unrolled loops), adds one table entry per triplet; the scores (log2 units,
+   compile-time shifts (the unrolled loops), adds one table entry per code; the scores (log2 units,
    4 bytes a key) go to a scratch row, and their maximum m is kept.
 2. values: p_n = 2^(s_n - m) (an exact two-pass softmax: m is known), and sum_n p_n (c_nj scale_ng +
    min_ng) accumulated elementwise per thread and reduced once at the end. Group-16 values up to 8 bits
@@ -37,6 +42,7 @@ import triton.language as tl
 from .bits import masked_load, store_rounded
 from .codec_decode import SECTIONS
 from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
+from .query_tables import TableLayout, build_tables, table_layout
 from .spec import KernelCodec, PackedKeys, PackedValues
 from .value_decode import in_place_sum, values_by_key, values_in_place
 
@@ -49,70 +55,6 @@ def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
     else:
         c = ((w_cur >> SH) | (w_next << (32 - SH))) & ((1 << N_BITS) - 1)
     return c.to(tl.int32, bitcast=True)
-
-
-@triton.jit
-def _triplet_component(qs, had_ptr, k, i, C: tl.constexpr, D: tl.constexpr):
-    """q_rot[3i + C] for the triplets i [TP] (zero beyond d), from qs = s_h * q / sqrt(d) [D]."""
-    col = 3 * i + C
-    hk = tl.load(had_ptr + k[:, None] * D + col[None, :], mask=(col < D)[None, :], other=0.0)
-    return tl.sum(qs[:, None] * hk, axis=0)
-
-
-@triton.jit
-def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut_ptr, qlut_ptr,
-                           H, inv_sqrt_d, qk_scale,
-                           D: tl.constexpr, L: tl.constexpr, B_RHO: tl.constexpr,
-                           FOLD_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, CHUNK: tl.constexpr,
-                           HAS_QJL: tl.constexpr, TP: tl.constexpr):
-    """One program per (query row r, block of TP triplets) (KV head h = r % H): that part of the row's score
-    tables; the block-0 programs also write the QJL table.
-
-    q_rot = R q = H_d (s_h * q) / sqrt(d); triplet i's components are q_rot[3i + c] (zero beyond d).
-    T[r, i, e] = qk_scale * C_rho[e & mask] * (q_rot,i . D[e >> B_RHO]) when FOLD_RHO (e < 2^n), else
-    T[r, i, e] = qk_scale * (q_rot,i . D[e]) (e < 4^b_dir; rho is looked up in the attention loop).
-    HAS_QJL: q_j = R' q_rot, S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1).
-    """
-    r = tl.program_id(0)
-    blk = tl.program_id(1)
-    h = r % H
-    k = tl.arange(0, D)
-    qs = tl.load(q_ptr + r * D + k).to(tl.float32) * tl.load(rs_ptr + h * D + k) * inv_sqrt_d
-    i = blk * TP + tl.arange(0, TP)
-    live = i < L
-    qx = _triplet_component(qs, had_ptr, k, i, 0, D)
-    qy = _triplet_component(qs, had_ptr, k, i, 1, D)
-    qz = _triplet_component(qs, had_ptr, k, i, 2, D)
-    row_lut = lut_ptr + r * (L * N_ENTRIES)
-    for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
-        e = e0 + tl.arange(0, CHUNK)
-        if FOLD_RHO:
-            dirn = e >> B_RHO
-            rho = tl.load(rho_ptr + (e & ((1 << B_RHO) - 1)))
-        else:
-            dirn = e
-            rho = tl.full((CHUNK,), 1.0, tl.float32)
-        dx = tl.load(dir_ptr + dirn * 3)
-        dy = tl.load(dir_ptr + dirn * 3 + 1)
-        dz = tl.load(dir_ptr + dirn * 3 + 2)
-        t = qx[:, None] * dx[None, :] + qy[:, None] * dy[None, :] + qz[:, None] * dz[None, :]
-        t = t * (rho * qk_scale)[None, :]
-        tl.store(row_lut + i[:, None] * N_ENTRIES + e[None, :], t, mask=live[:, None])
-    if HAS_QJL and blk == 0:
-        # q_rot along the contraction axis, then q_j = H_d (s'_h * q_rot) / sqrt(d)
-        hfull = tl.load(had_ptr + k[:, None] * D + k[None, :])
-        q_rot = tl.sum(qs[:, None] * hfull, axis=0)
-        qr = q_rot[:, None] * tl.load(qs_ptr + h * D + k)[:, None] * inv_sqrt_d
-        p = tl.arange(0, D // 8)
-        byte = tl.arange(0, 256)
-        s = tl.zeros((D // 8, 256), tl.float32)
-        for bit in tl.static_range(8):
-            col = 8 * p + bit
-            hj = tl.load(had_ptr + k[:, None] * D + col[None, :])
-            qj = tl.sum(qr * hj, axis=0)  # q_j[8p + t], [D/8]
-            sgn = ((byte >> bit) & 1).to(tl.float32) * 2.0 - 1.0
-            s += qj[:, None] * sgn[None, :]
-        tl.store(qlut_ptr + r * (D // 8 * 256) + p[:, None] * 256 + byte[None, :], s * qk_scale)
 
 
 @triton.jit(do_not_specialize=["total_rows", "n_splits"])
@@ -375,7 +317,6 @@ def _adc_attn_kernel(
 
 LOG2E = 1.4426950408889634
 
-FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet
 
 MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
 
@@ -383,52 +324,81 @@ MAX_WINDOW = 64
 
 STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
 
-# a register cap where a thread holds one value row and the codec has no QJL term: it keeps 3 programs of 8
-# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128, b=2-4); two value rows a thread,
-# or octopus-qjl at b=3, spill under it, so those run uncapped
+# a register cap where a thread holds one value row and the key loop fits under it: it keeps 3 programs of 8
+# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128): the triplet section without QJL
+# (octopus b=2-4) or with C_rho folded into its table (octopus-qjl b <= 2), the scalar section up to
+# CAPPED_SCALAR_WORDS code words a key, QJL sign words counted twice (turboquant-mse b <= 7 and -qjl b <= 6 at
+# d=128, every b at d=64; mse b=8 (32 words) and qjl b=7 (24 + 2 x 4) spill under it, which the rule fits).
+# Two value rows a thread and octopus-qjl at b=3-4 (C_rho looked up) spill under it too, so those run uncapped
 MAX_REGISTERS = 80
+CAPPED_SCALAR_WORDS = 28
 
 
-def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0) -> str | None:
+def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None = None) -> str | None:
     """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
-    score tables (triplet) whose per-triplet table is small enough, a native window of at most MAX_WINDOW
-    tokens."""
+    score tables (triplet, scalar) with codes to look up and tables of at most MAX_ENTRIES entries a code, a
+    native window of at most MAX_WINDOW tokens. `group`: attention_adc's."""
     if t_win > MAX_WINDOW:
         return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
         return f"{n_rows} query rows per KV head (the table path takes 1)"
     if not SECTIONS[codec.decode].score_tables:
         return f"the {codec.decode} section (it has no score tables)"
-    if table_entries(codec)[0] > MAX_ENTRIES:
-        return f"a direction table of {4 ** codec.param('b_dir')} entries (at most {MAX_ENTRIES})"
+    if codec.code_bits == 0:
+        return "keys without codes (0 bits a code: nothing to look up)"
+    if group is not None and (codec.decode != "scalar" or not isinstance(group, int) or group < 1):
+        return f"group={group!r} (a positive number of coordinates, for the scalar section only)"
+    entries = table_layout(codec, group).entries
+    if entries > MAX_ENTRIES:
+        what = "a direction table" if codec.decode == "triplet" else "a group table"
+        return f"{what} of {entries} entries a code (at most {MAX_ENTRIES})"
     return None
 
 
-def table_entries(codec: KernelCodec) -> tuple[int, bool]:
-    """(entries per triplet, fold_rho): C_rho is folded in when 2^n <= FOLD_ENTRIES or there is one norm."""
-    folded = 1 << codec.code_bits
-    if folded <= FOLD_ENTRIES or codec.param("b_rho") == 0:
-        return folded, True
-    return 4 ** codec.param("b_dir"), False
+def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValues, t_win: int, block_k: int,
+                        block_v: int, num_warps: int) -> tuple[dict, dict]:
+    """The attention kernel's compile-time constants but DIRECT, and its launch options (num_warps, the
+    register cap), as attention_adc launches it. A thread takes two value groups of a key per row where a
+    step still has a row for every thread (always for widths not dividing 32), else one; with one row a
+    thread and a key loop that fits (MAX_REGISTERS' comment) the kernel runs under MAX_REGISTERS."""
+    d = codec.head_dim
+    n_groups = d // values.group
+    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
+        value_groups = 2
+    else:  # fewer rows than threads would change the tile's layout (replicated rows)
+        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * num_warps else 1
+    value_groups = min(value_groups, n_groups)
+    if codec.decode == "scalar":
+        fits = codec.code_words + (2 * -(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
+    else:
+        fits = not codec.has_qjl or lay.fold_rho
+    capped = block_v * n_groups // value_groups == 32 * num_warps and fits
+    v_words = -(-d * values.bits // 32)
+    consts = dict(D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
+                  N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
+                  V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
+                  BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
+                  STAGE_K=max(STAGE_KEYS, block_k, block_v))
+    return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
 
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None) -> torch.Tensor:
+                  programs_per_sm: int | None = None, group: int | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
     the caller has validated them (attention routes here). Two launches (tables, attention) plus the
     log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
-    the window may hold at most MAX_WINDOW tokens here. A thread takes two value groups of a key per row where
-    a step still has a row for every thread (always for widths not dividing 32), else one.
+    the window may hold at most MAX_WINDOW tokens here (value layout, register cap: attention_constants).
+    group (scalar section): coordinates a table code (table_layout's default when None).
     """
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
-    why = adc_limit(codec, (hq // h) * tq, t_win)
+    why = adc_limit(codec, (hq // h) * tq, t_win, group)
     if why is not None:
         raise ValueError(f"the table-lookup attention cannot take {why}")
     dev = q_BHTD.device
@@ -437,20 +407,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qk_scale = scale * LOG2E
     rows = b * h
     t_cap = keys.codes.shape[2]
-    entries, fold = table_entries(codec)
-    n_trip = codec.num_codes
+    lay = table_layout(codec, group)
     q = q_BHTD.contiguous()
 
-    lut = torch.empty(rows, n_trip, entries, device=dev, dtype=torch.float32)
-    qlut = torch.empty(rows, d // 8, 256, device=dev, dtype=torch.float32) if codec.has_qjl else lut
-    qjl_signs = codec.qjl_signs if codec.has_qjl else codec.rotation_signs
-    tp = 16
-    _octopus_tables_kernel[(rows, _cdiv(n_trip, tp))](
-        q, codec.rotation_signs, qjl_signs, codec.hadamard, codec.table("directions"),
-        codec.table("centroids"), lut, qlut,
-        h, 1.0 / math.sqrt(d), qk_scale,
-        D=d, L=n_trip, B_RHO=codec.param("b_rho"), FOLD_RHO=fold, N_ENTRIES=entries,
-        CHUNK=min(entries, 128), HAS_QJL=codec.has_qjl, TP=tp, num_warps=4)
+    lut, qlut = build_tables(q, codec, lay, h, qk_scale)
 
     if k_window is None or t_win == 0:
         k_window = v_window = torch.zeros(1, 1, 1, d, device=dev, dtype=q.dtype)
@@ -463,14 +423,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_k = block_k or 32 * nw
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
-    n_groups = d // values.group
-    if 32 % values.bits and n_groups % 2 == 0:  # widths not dividing 32 cut pairs of groups (whole words)
-        value_groups = 2
-    else:  # fewer rows than threads would change the tile's layout (replicated rows)
-        value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * nw else 1
-    value_groups = min(value_groups, n_groups)
-    capped = block_v * n_groups // value_groups == 32 * nw and not codec.has_qjl
-    stage_keys = max(STAGE_KEYS, step)
+    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
         want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
@@ -481,7 +434,6 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     opart, lse = split_buffers(out, num_splits, rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    v_words = values.codes.shape[-1]
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
         lut, qlut, q, codec.table("centroids"),
@@ -491,11 +443,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
         h, t_cap, length, t_win, chunk, num_splits, rows, qk_scale, math.sqrt(math.pi / (2 * d)), 0,
-        D=d, L=n_trip, K_BITS=codec.code_bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
-        N_ENTRIES=entries, FOLD_RHO=fold, HAS_QJL=codec.has_qjl,
-        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
-        BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), DIRECT=direct, V_GT=value_groups,
-        STAGE_K=stage_keys, num_warps=nw, **({"maxnreg": MAX_REGISTERS} if capped else {}))
+        DIRECT=direct, **consts, **options)
     if not direct:
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)

@@ -84,14 +84,15 @@ def kernel_ops(device: str):
                 codec_encode,
                 encode,
                 launch,
+                query_tables,
                 score_tables,
                 spec,
                 value_decode,
                 value_encode,
             )
 
-            modules = (bits, launch, spec, codec_decode, value_decode, codec_encode, score_tables, flash,
-                       value_encode, encode, pkg)
+            modules = (bits, launch, spec, codec_decode, value_decode, codec_encode, query_tables,
+                       score_tables, flash, value_encode, encode, pkg)
             for module in modules:
                 importlib.reload(module)
     return pkg

@@ -89,6 +89,19 @@ CASES = [
     ("octopus", 1, 128, 97, 2, None, torch.float32),  # one norm: b_rho = 0
     ("octopus-qjl", 2, 64, 257, 1, 2, torch.float32),
     ("octopus-qjl", 3, 128, 140, 1, None, torch.bfloat16),
+    # scalar section: groups of 6 // b coordinates a table code (b=2: 3, the last group of d=64 and 128
+    # short), one coordinate a code from b=4 on; turboquant-qjl at b keeps b-1 bits a coordinate (b=2: 6)
+    ("turboquant-mse", 2, 64, 455, 1, None, torch.float32),
+    ("turboquant-mse", 2, 128, 300, 0, 3, torch.bfloat16),
+    ("turboquant-mse", 3, 64, 1, 1, None, torch.float32),
+    ("turboquant-mse", 3, 128, 257, 2, 2, torch.float32),
+    ("turboquant-mse", 4, 64, 130, 40, None, torch.bfloat16),
+    ("turboquant-mse", 4, 128, 97, 1, None, torch.float32),
+    ("turboquant-mse", 8, 64, 70, 1, None, torch.float32),
+    ("turboquant-qjl", 2, 64, 257, 1, 2, torch.float32),
+    ("turboquant-qjl", 2, 128, 140, 1, None, torch.bfloat16),
+    ("turboquant-qjl", 3, 128, 33, 3, None, torch.float32),
+    ("turboquant-qjl", 4, 64, 0, 2, None, torch.float32),
 ]
 
 
@@ -106,6 +119,95 @@ def test_table_attention_matches_reference(name, bits, d, length, window, splits
     assert got.dtype == dtype and got.shape == q.shape
     err, floor = rel(got, want)
     assert err <= TOL[dtype] + floor, f"relative RMS error {err:.2e} > {TOL[dtype]:.0e} + floor {floor:.1e}"
+
+
+GROUP_CASES = [
+    # codec, bits, d, coordinates a table code: codes of 2..10 bits, straddling words, short last groups
+    ("turboquant-mse", 2, 64, 1),
+    ("turboquant-mse", 2, 128, 4),
+    ("turboquant-mse", 2, 64, 5),  # 10-bit codes, 13 groups: the last of 4 coordinates
+    ("turboquant-mse", 3, 128, 3),  # 9-bit codes, 43 groups
+    ("turboquant-qjl", 3, 64, 4),
+    ("turboquant-mse", 4, 64, 2),
+]
+
+
+@pytest.mark.parametrize("name,bits,d,group", GROUP_CASES,
+                         ids=[f"{c[0]}-b{c[1]}-d{c[2]}-g{c[3]}" for c in GROUP_CASES])
+def test_scalar_groups_match_reference(name, bits, d, group):
+    """The scalar section's table codes at group sizes other than the default."""
+    lib, codec, q, keys, values, k_win, v_win = make_store(
+        name, bits, batch=1, heads=2, length=150, window=1, d=d, dtype=torch.float32, seed=41)
+    want = reference(lib, q, keys, values, 150, k_win, v_win)
+    dev = torch.device(DEVICE)
+    q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
+    got = tables().attention_adc(q_d, keys_d, values_d, 150, kw, vw, codec.to(dev), group=group)
+    err, floor = rel(got, want)
+    assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
+
+
+LAYOUTS = {
+    # (codec, bits, d): (table codes a key, bits a code, entries a code, C_rho folded, coordinates a code)
+    ("turboquant-mse", 2, 128): (43, 6, 64, True, 3),
+    ("turboquant-qjl", 2, 64): (11, 6, 64, True, 6),
+    ("turboquant-mse", 3, 64): (32, 6, 64, True, 2),
+    ("turboquant-mse", 4, 128): (128, 4, 16, True, 1),
+    ("octopus", 2, 128): (43, 7, 128, True, 0),
+}
+
+
+def test_table_layouts():
+    """Default table codes: triplets as coded; scalar groups of the most coordinates within 6 bits."""
+    got = {}
+    for name, bits, d in LAYOUTS:
+        lay = tables().table_layout(make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
+                                               dtype=torch.float32)[1])
+        got[name, bits, d] = (lay.codes, lay.bits, lay.entries, lay.fold_rho, lay.group)
+    assert got == LAYOUTS
+
+
+CAPS = {
+    # (codec, bits, d): whether the H200 launch (d=128: 256 / 64 keys a step, 8 warps) runs under the cap
+    ("octopus", 2, 128): True,
+    ("octopus-qjl", 2, 128): True,  # C_rho folded into the table
+    ("octopus-qjl", 3, 128): False,  # C_rho looked up: spills under the cap
+    ("turboquant-mse", 2, 128): True,
+    ("turboquant-qjl", 2, 128): True,
+    ("turboquant-qjl", 6, 128): True,  # 20 code words + 2 x 4 sign words
+    ("turboquant-qjl", 7, 128): False,  # 24 + 2 x 4: spills under the cap
+    ("turboquant-mse", 7, 128): True,  # 28 code words
+    ("turboquant-mse", 8, 128): False,  # 32 code words
+}
+
+
+def test_register_cap():
+    """MAX_REGISTERS where the sm_90 compile of the key loop fits under it (its comment's measurements)."""
+    st = tables()
+    got = {}
+    for name, bits, d in CAPS:
+        _, kc, _, _, values, _, _ = make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
+                                               dtype=torch.float32)
+        _, options = st.attention_constants(kc, st.table_layout(kc), values, 1, 256, 64, 8)
+        got[name, bits, d] = options.get("maxnreg") == st.MAX_REGISTERS
+    assert got == CAPS
+
+
+def test_refuses_codes_it_cannot_look_up():
+    """turboquant-qjl at b=1 has no codes (the flash kernel serves it); group sizes are the scalar section's
+    and keep a table code's entries within MAX_ENTRIES."""
+    st = tables()
+    _, qjl1, *_ = make_store("turboquant-qjl", 1, batch=1, heads=1, length=1, window=0, d=64,
+                             dtype=torch.float32)
+    assert "nothing to look up" in st.adc_limit(qjl1, 1)
+    _, mse2, *_ = make_store("turboquant-mse", 2, batch=1, heads=1, length=1, window=0, d=64,
+                             dtype=torch.float32)
+    assert st.adc_limit(mse2, 1) is None
+    assert "at most 4096" in st.adc_limit(mse2, 1, group=7)
+    assert "positive" in st.adc_limit(mse2, 1, group=0)
+    _, oct2, q, keys, values, k_win, v_win = make_store("octopus", 2, batch=1, heads=1, length=8, window=1,
+                                                        d=64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="scalar section only"):
+        st.attention_adc(q, keys, values, 8, k_win, v_win, oct2, group=2)
 
 
 def test_large_scores_stay_exact():
