@@ -254,7 +254,8 @@ def _region(x, lut_ptr, LUT_SCALE: tl.constexpr, ASM: tl.constexpr):
     (triplet_tables.TripletSearchTables.lut): cell j = floor((x + 1) L) (clamped; NaN goes to a cell too),
     then one compare against the cell's threshold."""
     j = tl.fma(x, LUT_SCALE * 1.0, LUT_SCALE * 1.0).to(tl.int32)
-    j = tl.minimum(j.to(tl.uint32, bitcast=True), 2 * LUT_SCALE).to(tl.int32, bitcast=True)
+    if not ASM:  # compiled: |x| < 1 + 1/L truncates into 0..2L and a NaN converts to 0; numpy's NaN: INT_MIN
+        j = tl.minimum(j.to(tl.uint32, bitcast=True), 2 * LUT_SCALE).to(tl.int32, bitcast=True)
     thr, below = _table_vec(lut_ptr + 2 * j, 2, ASM)
     return below.to(tl.int32, bitcast=True) + (x > thr).to(tl.int32)
 
@@ -275,10 +276,10 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     vector load each, scored in the reference's own arithmetic (t_x n_x + t_y n_y) + t_z n_z (bit-equal
     scores); a tie keeps the first: the reference's lowest-index rule. A zero triplet searches as (0, 0, 1),
     the reference's placeholder direction: the first of the four tied directions around the pole, its seeds."""
-    zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
+    l1 = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz)
+    zero = l1 == 0
     tzs = tl.where(zero, 1.0, tz)
-    l1 = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tzs)
-    inv = _rcp(l1, ASM)  # approximate: it places the seeds only
+    inv = _rcp(tl.where(zero, 1.0, l1), ASM)  # approximate: it places the seeds only
     px = tx * inv
     py = ty * inv
     lower = tzs < 0
@@ -288,10 +289,15 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     r_eta = _region(eta, lut_ptr, LUT_SCALE, ASM)
     R: tl.constexpr = (1 << B_DIR) << HALF
     row = cand_ptr + (r_xi * R + r_eta) * (4 * SEARCH_K)
-    best = tl.full(tx.shape, float("-inf"), tl.float32)
-    second = best
-    pick = tl.zeros(tx.shape, tl.int32)
-    for k in tl.static_range(SEARCH_K):
+    # candidate 0 is never padding: it opens the best, the runner-up is -inf
+    nx, ny, nz, nf = _table_vec(row, 4, ASM)
+    best = (tx * nx + ty * ny) + tzs * nz
+    second = tl.full(tx.shape, float("-inf"), tl.float32)
+    if WANT_DIR:
+        pick = tl.zeros(tx.shape, tl.int32)
+    else:
+        pick = nf.to(tl.int32, bitcast=True)
+    for k in tl.static_range(1, SEARCH_K):
         nx, ny, nz, nf = _table_vec(row + 4 * k, 4, ASM)
         s = (tx * nx + ty * ny) + tzs * nz
         better = s > best
@@ -340,7 +346,7 @@ def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: t
 @triton.jit
 def _octopus_tile(tx, ty, tz, valid, lut_ptr, cand_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
                   B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr, HALF: tl.constexpr,
-                  WANT_DIR: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
+                  RHO_SCALE: tl.constexpr, WANT_DIR: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
     indices and (WANT_DIR) the chosen directions from the table: `_octopus_search`, then the rho index of the
     winner's score (the reference's own). Its scores are the reference's bit for bit, but the reference
@@ -367,7 +373,10 @@ def _octopus_tile(tx, ty, tz, valid, lut_ptr, cand_ptr, dir_ptr, bnd_ptr, cent_p
         ddy = _table(dir_ptr + M * M + flat, ASM)
         ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
         s = (tx * ddx + ty * ddy) + tz * ddz
-    i_rho = _index(s, bnd_ptr, B_RHO, ASM)
+    if RHO_SCALE > 0:  # |s| <= ||u|| = 1
+        i_rho = _region(s, lut_ptr + 2 * (2 * LUT_SCALE + 1), RHO_SCALE, ASM)
+    else:
+        i_rho = _index(s, bnd_ptr, B_RHO, ASM)
     return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz, near
 
 
@@ -387,7 +396,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
                    LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
                    KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr,
                    HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
@@ -406,7 +415,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE,
                                                      HAS_QJL, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
         # (the period sums lift octopus-qjl b=2 to 255 registers and spills; its gather pack does not)
@@ -442,7 +451,7 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
                     xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr,
                     K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr, B_DIR: tl.constexpr,
                     B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr,
                     SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the block's
     near-tie flag goes to near_ptr[pid])."""
@@ -451,11 +460,11 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
         # instead of the D/2 of one power-of-two tile
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words_b, _, acc_b, res2_b, near_b = _octopus_words(
             xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words = words | words_b
         acc += acc_b
@@ -464,7 +473,7 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
     else:
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, HAS_QJL, DOT_NATIVE,
+            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL, DOT_NATIVE,
             SPLIT, EXACT)
     if EXACT == 1:
         tl.store(near_ptr + pid, near)
@@ -509,7 +518,7 @@ def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_
                  cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE: tl.constexpr, D: tl.constexpr,
                  LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr,
                  KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, LP: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
                  HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
                  BLOCK_T: tl.constexpr):
     """(code words [BT, WP], their word numbers in the stream, R' r [BT, D], ||r|| [BT]) of the rows xsg
@@ -518,7 +527,7 @@ def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_
     if DECODE == TRIPLET:
         words, wmap, proj, gamma_r = _triplet_encode(
             xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr,
-            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, LP, HAS_QJL, DOT_NATIVE, SPLIT,
+            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT,
             EXACT)
     else:
         dcol = tl.arange(0, D)[None, :]

@@ -81,7 +81,7 @@ def _encode_keys_kernel(
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-    HALF: tl.constexpr, LP: tl.constexpr,
+    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -132,7 +132,7 @@ def _encode_keys_kernel(
             xsg = xf * sgn
         words, wmap, proj, gamma_r = encode_codes(
             xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, LP,
+            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
             HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
         if K_WORDS > 0:
             tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
@@ -154,7 +154,7 @@ def _encode_unit_kernel(
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-    HALF: tl.constexpr, LP: tl.constexpr,
+    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr,
@@ -170,7 +170,7 @@ def _encode_unit_kernel(
             k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, LP, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
@@ -196,7 +196,7 @@ def _triplet_search(codec: KernelCodec) -> TripletSearchTables:
     dev = codec.table("directions").device
     if dev not in cache:
         cache[dev] = search_tables(codec.table("directions"), codec.table("xi_centroids"),
-                                   codec.table("xi_boundaries"))
+                                   codec.table("xi_boundaries"), codec.table("boundaries"))
     return cache[dev]
 
 
@@ -264,8 +264,7 @@ KEY_LAUNCH = {
 }
 
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
-                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", False, 10): (64, 4, 128),
-                   (64, "triplet", False, 13): (64, 4, 128), (64, "triplet", True, 7): (128, 8, 128)}
+                   (64, "polar", False, 2): (128, 4, None)}
 
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
@@ -309,7 +308,7 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
                   B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
                   SEARCH_K=search.k if search else 0, LUT_SCALE=search.lut_scale if search else 0,
-                  HALF=int(search.half) if search else 0,
+                  HALF=int(search.half) if search else 0, RHO_SCALE=search.rho_scale if search else 0,
                   LP=codec.triplet_lanes if octo else 16,
                   HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
                   DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)

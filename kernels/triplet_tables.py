@@ -28,6 +28,7 @@ import torch
 
 PRUNE_MAX_DIR_BITS = 5  # pruned regions up to 32 x 32 cells (about 4 s of host clipping at 32; 4x per bit)
 MARGIN = 1e-5  # region widening (folded units) and score slack (L1-normalised triplets) of the pruning
+RHO_LOOKUP_BITS = 3  # from 7 rho boundaries the lookup (2 loads' worth) beats a compare per boundary
 LUT_EDGE_GUARD = 2.0**-22  # no threshold this close below a lookup cell's upper edge (fp32 rounding of x + 1)
 
 
@@ -36,13 +37,16 @@ class TripletSearchTables:
     """candidates [R*R, K, 4] fp32 (row rx * R + ry: its K candidates as above); lut [2L + 1, 2] fp32: for
     lookup cell j (x in [j/L - 1, (j+1)/L - 1)), the one region threshold in it (+inf if none) and, as int32
     bits, the number of thresholds below the cell; so region(x) = lut[j, 1] + (x > lut[j, 0]) with
-    j = min(floor((x + 1) L), 2L). half: regions are half-cells (seed = region >> 1)."""
+    j = min(floor((x + 1) L), 2L). half: regions are half-cells (seed = region >> 1). Rows 2L + 1 on: the
+    same lookup of the rho index (the number of rho boundaries below a score in [-1, 1]) at scale
+    rho_scale, when the rho codebook has at least RHO_LOOKUP_BITS bits (else rho_scale 0, no rows)."""
 
     candidates: torch.Tensor
     lut: torch.Tensor
     k: int
     lut_scale: int
     half: bool
+    rho_scale: int = 0
 
     @property
     def regions(self) -> int:
@@ -143,9 +147,10 @@ def _lookup(thresholds: np.ndarray) -> tuple[torch.Tensor, int]:
 
 
 def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries: torch.Tensor,
-                  device: torch.device | None = None) -> TripletSearchTables:
+                  rho_boundaries: torch.Tensor, device: torch.device | None = None) -> TripletSearchTables:
     """The tables of one direction grid: `directions` [M*M, 3] fp32 (row i_xi * M + i_eta), the xi codebook's
-    M centroids and M - 1 boundaries (ascending), on `device` (default: the directions')."""
+    M centroids and M - 1 boundaries (ascending), and the rho codebook's boundaries (ascending, in (0, 1)),
+    on `device` (default: the directions')."""
     m = centroids.numel()
     c = centroids.detach().double().cpu().numpy()
     b = boundaries.detach().double().cpu().numpy()
@@ -162,8 +167,12 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
         rows[r, : idx.numel(), :3] = dirs32[idx]
         rows[r, : idx.numel(), 3] = idx.to(torch.int32).view(torch.float32)
     lut, scale = _lookup(_thresholds(c, b, half))
+    rho_scale = 0
+    if rho_boundaries.numel() >= (1 << RHO_LOOKUP_BITS) - 1:
+        rho_lut, rho_scale = _lookup(rho_boundaries.detach().double().cpu().numpy())
+        lut = torch.cat([lut, rho_lut])
     dev = device if device is not None else directions.device
-    return TripletSearchTables(rows.to(dev), lut.to(dev), k, scale, half)
+    return TripletSearchTables(rows.to(dev), lut.to(dev), k, scale, half, rho_scale)
 
 
 def search_reference(t_N3: torch.Tensor, tables: TripletSearchTables) -> torch.Tensor:
