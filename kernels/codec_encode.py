@@ -275,7 +275,8 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     the seed's 3x3 that can win there, in increasing flat index, NaN-padded) gives SEARCH_K directions, one
     vector load each, scored in the reference's own arithmetic (t_x n_x + t_y n_y) + t_z n_z (bit-equal
     scores); a tie keeps the first: the reference's lowest-index rule. A zero triplet searches as (0, 0, 1),
-    the reference's placeholder direction: the first of the four tied directions around the pole, its seeds."""
+    the reference's placeholder direction: the first of the four tied directions around the pole, its
+    seeds."""
     l1 = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz)
     zero = l1 == 0
     tzs = tl.where(zero, 1.0, tz)
@@ -395,7 +396,8 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
                    LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
-                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr,
+                   LUT_SCALE: tl.constexpr,
                    HALF: tl.constexpr, RHO_SCALE: tl.constexpr,
                    HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
@@ -415,7 +417,8 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE,
+                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+                                                     HALF, RHO_SCALE,
                                                      HAS_QJL, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
         # period sums where they take fewer instructions (sm_90 SASS; with QJL only up to 7 bits)
@@ -451,7 +454,8 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
                     xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr,
                     K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr, B_DIR: tl.constexpr,
                     B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
+                   DOT_NATIVE: tl.constexpr,
                     SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the block's
     near-tie flag goes to near_ptr[pid])."""
@@ -460,11 +464,13 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
         # instead of the D/2 of one power-of-two tile
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+            HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words_b, _, acc_b, res2_b, near_b = _octopus_words(
             xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+            HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words = words | words_b
         acc += acc_b
@@ -473,7 +479,8 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
     else:
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, HAS_QJL, DOT_NATIVE,
+            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, HAS_QJL, DOT_NATIVE,
             SPLIT, EXACT)
     if EXACT == 1:
         tl.store(near_ptr + pid, near)
@@ -517,7 +524,8 @@ def _scalar_encode(y, gmax, inv_g, inv_sqrt_d, hoff, had_ptr, qs_ptr, cent_ptr, 
 def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
                  cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE: tl.constexpr, D: tl.constexpr,
                  LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr,
-                 KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+                 KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr,
+                 LUT_SCALE: tl.constexpr,
                    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
                  HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
                  BLOCK_T: tl.constexpr):
@@ -527,7 +535,8 @@ def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_
     if DECODE == TRIPLET:
         words, wmap, proj, gamma_r = _triplet_encode(
             xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr,
-            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT,
+            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT,
             EXACT)
     else:
         dcol = tl.arange(0, D)[None, :]

@@ -132,7 +132,8 @@ def _encode_keys_kernel(
             xsg = xf * sgn
         words, wmap, proj, gamma_r = encode_codes(
             xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
+            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
+            SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
             HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
         if K_WORDS > 0:
             tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
@@ -170,7 +171,8 @@ def _encode_unit_kernel(
             k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
@@ -224,9 +226,9 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
     """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
     device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
     16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
-    table as its three coordinate rows [3, 4^b_dir] and its search tables (`_triplet_search`: the region lookup
-    as xib_ptr, the candidate rows as aux_ptr). Built from the codec's device tensors (no host copy; the
-    search tables once per codec on the host).
+    table as its three coordinate rows [3, 4^b_dir] and its search tables (`_triplet_search`: the region
+    lookup as xib_ptr, the candidate rows as aux_ptr). Built from the codec's device tensors (no host copy;
+    the search tables once per codec on the host).
     Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
     have none."""
     cache = codec.__dict__.setdefault("_encode_tables", {})

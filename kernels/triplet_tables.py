@@ -1,5 +1,6 @@
-"""The triplet section's search tables: the local3x3 candidates that can win in each region of the octahedral grid,
-and the lookup table that places a folded coordinate in its region (built on the host, read by the key encode).
+"""The triplet section's search tables: the local3x3 candidates that can win in each region of the octahedral
+grid, and the lookup table that places a folded coordinate in its region (built on the host, read by the key
+encode).
 
 Regions: with pruning (b_dir <= PRUNE_MAX_DIR_BITS) a region is a half-cell: the xi axis is cut at the xi
 boundaries and at the xi centroids (2M - 1 thresholds, M = 2^b_dir), so the seed cell is region >> 1 and a
@@ -30,6 +31,7 @@ PRUNE_MAX_DIR_BITS = 5  # pruned regions up to 32 x 32 cells (about 4 s of host 
 MARGIN = 1e-5  # region widening (folded units) and score slack (L1-normalised triplets) of the pruning
 RHO_LOOKUP_BITS = 3  # from 7 rho boundaries the lookup (2 loads' worth) beats a compare per boundary
 LUT_EDGE_GUARD = 2.0**-22  # no threshold this close below a lookup cell's upper edge (fp32 rounding of x + 1)
+MAX_LUT_SCALE = 1 << 12  # lookup cells of 1/4096 at the finest (8193 rows of 8 bytes)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def _clip(poly: list, a: float, b: float, c: float) -> list:
 def _affine_pieces(x0: float, x1: float, y0: float, y1: float):
     """(polygon, A): the rectangle [x0, x1] x [y0, y1] cut into the pieces of the folded square where the
     unfolded point p = A @ (xi, eta, 1) is affine: per quadrant (signs sx, sy) the upper half
-    p = (xi, eta, 1 - |xi| - |eta|) and the lower half p = (sx (1 - |eta|), sy (1 - |xi|), 1 - |xi| - |eta|)."""
+    p = (xi, eta, 1 - |xi| - |eta|) and the lower half
+    p = (sx (1 - |eta|), sy (1 - |xi|), 1 - |xi| - |eta|)."""
     rect = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
     for sx in (1.0, -1.0):
         for sy in (1.0, -1.0):
@@ -124,10 +127,11 @@ def _candidate_lists(centroids: tuple, boundaries: tuple, directions: bytes, hal
     return tuple(lists)
 
 
-def _lookup(thresholds: np.ndarray) -> tuple[torch.Tensor, int]:
-    """(lut [2L + 1, 2] fp32, L): the smallest power of two L whose cells of width 1/L hold at most one
-    threshold each and none within LUT_EDGE_GUARD below a cell's upper edge (where fp32 rounding of
-    (x + 1) L may already give the next cell)."""
+def _lookup(thresholds: np.ndarray) -> tuple[torch.Tensor, int] | None:
+    """(lut [2L + 1, 2] fp32, L): the smallest power of two L up to MAX_LUT_SCALE whose cells of width 1/L
+    hold at most one threshold each and none within LUT_EDGE_GUARD below a cell's upper edge (where fp32
+    rounding of (x + 1) L may already give the next cell); None where there is none (a threshold just below
+    a dyadic edge stays below it at every finer scale)."""
     t = thresholds.astype(np.float64)
     scale = 2
     while True:
@@ -136,8 +140,8 @@ def _lookup(thresholds: np.ndarray) -> tuple[torch.Tensor, int]:
         if np.unique(cell).size == cell.size and not np.any(upper - t < LUT_EDGE_GUARD):
             break
         scale *= 2
-        if scale > 1 << 16:
-            raise ValueError("xi thresholds too close together for the region lookup table")
+        if scale > MAX_LUT_SCALE:
+            return None
     j = np.arange(2 * scale + 1)
     thr = np.full(j.size, np.inf, dtype=np.float32)
     thr[cell] = thresholds.astype(np.float32)
@@ -166,13 +170,26 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
         idx = torch.tensor(cand, dtype=torch.int64)
         rows[r, : idx.numel(), :3] = dirs32[idx]
         rows[r, : idx.numel(), 3] = idx.to(torch.int32).view(torch.float32)
-    lut, scale = _lookup(_thresholds(c, b, half))
-    rho_scale = 0
-    if rho_boundaries.numel() >= (1 << RHO_LOOKUP_BITS) - 1:
-        rho_lut, rho_scale = _lookup(rho_boundaries.detach().double().cpu().numpy())
-        lut = torch.cat([lut, rho_lut])
+    found = _lookup(_thresholds(c, b, half))
+    if found is None:
+        raise ValueError(f"the {m} xi centroids and boundaries admit no region lookup table of at most "
+                         f"{MAX_LUT_SCALE} cells a unit (a threshold within {LUT_EDGE_GUARD:.1e} below a "
+                         "cell edge)")
+    lut, scale = found
+    rho_scale = 0  # the rho index by compares or a binary search (codec_encode._index) where it stays 0
+    rho = rho_boundaries.detach().double().cpu().numpy()
+    found = _lookup(rho) if rho.size >= (1 << RHO_LOOKUP_BITS) - 1 else None
+    if found is not None:
+        lut, rho_scale = torch.cat([lut, found[0]]), found[1]
     dev = device if device is not None else directions.device
     return TripletSearchTables(rows.to(dev), lut.to(dev), k, scale, half, rho_scale)
+
+
+def region(x: torch.Tensor, lut: torch.Tensor, scale: int) -> torch.Tensor:
+    """The number of thresholds below each x (fp32; a value on one goes lower) by a lookup table of `_lookup`
+    (rows from the table's start), in plain PyTorch as the kernel computes it (codec_encode._region)."""
+    j = torch.floor((x + 1) * scale).clamp(0, 2 * scale).long()
+    return lut[j, 1].view(torch.int32).long() + (x > lut[j, 0]).long()
 
 
 def search_reference(t_N3: torch.Tensor, tables: TripletSearchTables) -> torch.Tensor:
@@ -188,13 +205,9 @@ def search_reference(t_N3: torch.Tensor, tables: TripletSearchTables) -> torch.T
     lower = tz < 0
     xi = torch.where(lower, torch.where(px < 0, py.abs() - 1, 1 - py.abs()), px)
     eta = torch.where(lower, torch.where(py < 0, px.abs() - 1, 1 - px.abs()), py)
-    lut, scale = tables.lut.to(t.device), tables.lut_scale
-
-    def region(x):
-        j = torch.floor((x + 1) * scale).clamp(0, 2 * scale).long()
-        return lut[j, 1].view(torch.int32).long() + (x > lut[j, 0]).long()
-
-    cand = tables.candidates.to(t.device)[region(xi) * tables.regions + region(eta)]  # [N, K, 4]
+    lut = tables.lut.to(t.device)
+    rows = region(xi, lut, tables.lut_scale) * tables.regions + region(eta, lut, tables.lut_scale)
+    cand = tables.candidates.to(t.device)[rows]  # [N, K, 4]
     s = (t[:, 0, None] * cand[..., 0] + t[:, 1, None] * cand[..., 1]) + tz[:, None] * cand[..., 2]
     s = torch.where(s.isnan(), torch.full_like(s, float("-inf")), s)
     first = (s == s.max(-1, keepdim=True).values).long().argmax(-1, keepdim=True)
