@@ -254,7 +254,7 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
 # (rows per program, warps, register cap or None) of the key kernel per (decode section, QJL side-car): the
 # H200 sweep of the encode launches (each row checked against the library on the GPU) where the kernel has not
 # changed since (scalar, polar), else the fewest SASS instructions per key without spills
-# (benchmarks/count_sass_encode.py; the triplet section since its near-tie flags). Head dims above 64 take
+# (benchmarks/lab/count_sass_encode.py; the triplet section since its table search). Head dims above 64 take
 # the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
 # launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
 # ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
@@ -262,7 +262,7 @@ KEY_LAUNCH = {
     64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
          ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
     128: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 8, None),
-          ("triplet", False): (64, 8, 128), ("triplet", True): (16, 4, None)},
+          ("triplet", False): (64, 4, None), ("triplet", True): (16, 4, None)},
 }
 
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
