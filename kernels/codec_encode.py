@@ -17,6 +17,7 @@ from .codec_decode import POLAR, TRIPLET
 
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
+NEAR_ROWS = tl.constexpr(16)  # encode_keys re-decides near ties in groups of this many rows
 
 
 # ---------------------------------------------------------------- shared: rotation, division, search
@@ -365,8 +366,8 @@ def _octopus_tile(tx, ty, tz, valid, lut_ptr, cand_ptr, dir_ptr, bnd_ptr, cent_p
     # exact mirror images score alike in both arithmetics (t on a symmetry plane: tx or ty 0, |tx| = |ty|);
     # any other pair of scores within NEAR may be ordered unlike the reference's
     sym = (tx == 0) | (ty == 0) | (tl.abs(tx) == tl.abs(ty))
-    near = tl.max(tl.max((valid & ~sym & (best - second <= NEAR * tl.abs(best))).to(tl.int32), 1), 0)
-    if (EXACT == 2) or ((EXACT == 0) and (near > 0)):
+    near = tl.max((valid & ~sym & (best - second <= NEAR * tl.abs(best))).to(tl.int32), 1)  # per row
+    if (EXACT == 2) or ((EXACT == 0) and (tl.max(near, 0) > 0)):
         zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
         flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
         flat = tl.where(zero, i_xi * M + i_eta, flat)
@@ -404,7 +405,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
     code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
     [BT, WP] in order), for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
-    otherwise), and `_octopus_tile`'s near-tie flag."""
+    otherwise), and `_octopus_tile`'s near-tie flags per row."""
     BT: tl.constexpr = xsg.shape[0]
     hrow = tl.arange(0, D)[:, None]
     lcol = tl.arange(0, W)[None, :]
@@ -457,8 +458,8 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
                    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
                    DOT_NATIVE: tl.constexpr,
                     SPLIT: tl.constexpr, EXACT: tl.constexpr):
-    """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the block's
-    near-tie flag goes to near_ptr[pid])."""
+    """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the near-tie
+    flags of the block's groups of NEAR_ROWS rows go to near_ptr[pid * BT / NEAR_ROWS + g])."""
     if D >= 128:
         # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
         # instead of the D/2 of one power-of-two tile
@@ -483,7 +484,10 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
             RHO_SCALE, HAS_QJL, DOT_NATIVE,
             SPLIT, EXACT)
     if EXACT == 1:
-        tl.store(near_ptr + pid, near)
+        BT: tl.constexpr = xsg.shape[0]
+        NT: tl.constexpr = NEAR_ROWS if BT >= NEAR_ROWS else BT
+        groups = tl.max(tl.reshape(near, (BT // NT, NT)), 1)
+        tl.store(near_ptr + pid * (BT // NT) + tl.arange(0, BT // NT), groups)
     gamma_r = res2
     if HAS_QJL:
         gamma_r = tl.sqrt_rn(res2)

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .bits import bf16_bits, pack_tile
 from .codec_decode import SECTIONS
-from .codec_encode import encode_codes
+from .codec_encode import NEAR_ROWS, encode_codes
 from .launch import (
     EncodeConfig,
     _interpreting,
@@ -105,8 +105,10 @@ def _encode_keys_kernel(
     map.
     EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
     encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
-    writes near_ptr[pid] (the block holds a near tie), then 2 redoes just those blocks in the reference's
-    arithmetic (a separate launch keeps that rare path's registers out of the first).
+    writes a flag per group of NEAR_ROWS rows (the group holds a near tie), then 2, with NEAR_ROWS rows a
+    program, redoes just the flagged groups in the reference's arithmetic (a separate launch keeps that rare
+    path's registers out of the first; groups smaller than the first launch's blocks redo fewer rows: at 64
+    rows a block, b=4 flags about one block in seven).
     """
     pid = tl.program_id(0)
     go = True  # EXACT 2: only the blocks the first launch flagged
@@ -350,16 +352,22 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     dummy = unused_buffer(dev)
     programs = triton.cdiv(n_rows, block_t)
     octo = codec.decode == "triplet"
-    # octopus: a second launch redoes the blocks the first flags (near ties, encode._octopus_tile)
-    near = torch.empty(programs, device=dev, dtype=torch.int32) if octo and programs else dummy
+    tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
+    # octopus: a second launch of NEAR_ROWS rows and one warp a program redoes the row groups the first flags
+    # (near ties, codec_encode._octopus_tile; one warp: sm_90 SASS 422 warp-instructions a key against 591
+    # with four, octopus b=4 d=64)
+    group = min(NEAR_ROWS.value, block_t)
+    near = torch.empty(programs * (block_t // group), device=dev, dtype=torch.int32) if octo and programs \
+        else dummy
     for exact in (1, 2) if octo else (0,):
-        _encode_keys_kernel[(programs,)](
+        rows = group if exact == 2 else block_t
+        _encode_keys_kernel[(triton.cdiv(n_rows, rows),)](
             kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
             signs if signs is not None else dummy, gamma_r16,
-            dummy, near, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
-            n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, EXACT=exact,
-            **consts, **launch,
+            dummy, near, *tables, n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
+            ALIGNED=t % rows == 0, EXACT=exact, **dict(consts, BLOCK_T=rows),
+            **(launch if exact != 2 else dict(launch, num_warps=1)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
