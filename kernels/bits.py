@@ -129,7 +129,8 @@ def pack_whole(codes, N_BITS: tl.constexpr):
 
 @triton.jit
 def pack_period_sums(codes, N_BITS: tl.constexpr):
-    """Codes [BT, CP] of N_BITS bits, N_BITS odd or twice odd and at most 7, CP a multiple of P -> (words,
+    """Codes [BT, CP] of N_BITS bits, N_BITS odd and at most 7 or twice odd and at most 14 (a period's words
+    Q at most 8), CP a multiple of P -> (words,
     their word numbers in the stream [1, W], -1 for padding). The stream repeats every P = 32 / gcd(N, 32)
     codes (Q = P N / 32 words): per period, codes paired (c_2i | c_2i+1 << N), and word k the sum of the
     pairs' pieces that fall in it (shifted left, or right for a pair that began in word k - 1)."""
@@ -160,12 +161,13 @@ def pack_tile(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP
           SUM: tl.constexpr = True):
     """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
     where unused): `pack_whole` when the codes per word are whole and fill the padded row,
-    `pack_period_sums` for 3, 5, 6 and 7 bits over whole periods (with SUM), else `pack_codes` (a register
-    gather)."""
+    `pack_period_sums` for 3, 5, 6, 7, 10 and 14 bits over whole periods (with SUM), else `pack_codes` (a
+    register gather)."""
     CP: tl.constexpr = codes.shape[1]
     if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
         return pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
-    elif SUM and (N_BITS <= 7) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
+    elif SUM and ((N_BITS <= 7) or (N_BITS % 4 == 2)) and (N_BITS <= 14) and (N_BITS % 4 != 0) \
+            and (CP % (16 << (N_BITS % 2)) == 0):
         return pack_period_sums(codes, N_BITS)
     else:
         return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]

@@ -17,6 +17,7 @@ from .codec_decode import POLAR, TRIPLET
 
 LINEAR_BITS = tl.constexpr(3)  # `_index`: compares against every boundary up to this many bits
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
+NEAR_ROWS = tl.constexpr(16)  # encode_keys re-decides near ties in groups of this many rows
 
 
 # ---------------------------------------------------------------- shared: rotation, division, search
@@ -230,82 +231,94 @@ def _rcp(x, ASM: tl.constexpr):
 
 
 @triton.jit
-def _sign_of(x, s):
-    """x with its sign flipped where s is negative (s never +-0 here): one bit operation."""
-    sb = s.to(tl.int32, bitcast=True) & -2147483648
-    return (x.to(tl.int32, bitcast=True) ^ sb).to(tl.float32, bitcast=True)
+def _table_vec(ptrs, N: tl.constexpr, ASM: tl.constexpr):
+    """N (2 or 4) consecutive fp32 table entries from each of ptrs (aligned to 4 N bytes) as N tensors: one
+    vector load per element (ASM, compiled kernels: inline read-only loads, like `_table`)."""
+    if ASM:
+        if N == 2:
+            return tl.inline_asm_elementwise("ld.global.nc.v2.f32 {$0, $1}, [$2];", "=f,=f,l", [ptrs],
+                                             dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
+                                             [ptrs], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                             is_pure=True, pack=1)
+    else:
+        if N == 2:
+            return tl.load(ptrs), tl.load(ptrs + 1)
+        else:
+            return tl.load(ptrs), tl.load(ptrs + 1), tl.load(ptrs + 2), tl.load(ptrs + 3)
 
 
 @triton.jit
-def _try_direction(best, second, best_k, K: tl.constexpr, tz, txs, A, oA, tys, B, oB):
-    """One local3x3 candidate: the grid point (xi, eta) = (sa A, sb B) unfolds to v = (sa X, sb Y, w),
-    w = 1 - A - B, (X, Y) = (A, B) on the upper half and (1 - B, 1 - A) where w < 0; its score
-    s = t.v / ||v|| (txs = sa tx, tys = sb ty). Keeps the larger score (the first on a tie), its number K,
-    and the runner-up's score (equal to the best's on a tie)."""
-    w = oA - B
-    lower = w < 0
-    X = tl.where(lower, oB, A)
-    Y = tl.where(lower, oA, B)
-    dot = tl.fma(txs, X, tl.fma(tys, Y, tz * w))
-    s = dot * tl.math.rsqrt(tl.fma(X, X, tl.fma(Y, Y, w * w)))
-    better = s > best
-    # the largest score below or equal to the best, the best's own value once (a repeat at the grid's edge
-    # scores NaN: `_xi_triples`)
-    second = tl.where(better, best, tl.where(s <= best, tl.maximum(second, s), second))
-    return tl.where(better, s, best), second, tl.where(better, K, best_k)
+def _region(x, lut_ptr, LUT_SCALE: tl.constexpr, ASM: tl.constexpr):
+    """The number of region thresholds below x (a value on one goes lower) by the lookup table
+    (triplet_tables.TripletSearchTables.lut): cell j = floor((x + 1) L) (clamped; NaN goes to a cell too),
+    then one compare against the cell's threshold."""
+    j = tl.fma(x, LUT_SCALE * 1.0, LUT_SCALE * 1.0).to(tl.int32)
+    if not ASM:  # compiled: |x| < 1 + 1/L truncates into 0..2L and a NaN converts to 0; numpy's NaN: INT_MIN
+        j = tl.minimum(j.to(tl.uint32, bitcast=True), 2 * LUT_SCALE).to(tl.int32, bitcast=True)
+    thr, below = _table_vec(lut_ptr + 2 * j, 2, ASM)
+    return below.to(tl.int32, bitcast=True) + (x > thr).to(tl.int32)
 
 
 @triton.jit
-def _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR: tl.constexpr, ASM: tl.constexpr):
+def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K: tl.constexpr,
+                    LUT_SCALE: tl.constexpr, HALF: tl.constexpr, WANT_DIR: tl.constexpr, ASM: tl.constexpr):
     """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
-    its score s = t.n_hat, the runner-up's score, the seeds i_xi, i_eta).
+    its score s = t.n_hat (0 for a zero triplet), the best and runner-up scores of the search, the seeds
+    i_xi, i_eta, and with WANT_DIR the winner's direction (else placeholders)).
 
     The reference keeps the candidate of least cost rho^2 - 2 c(s) s + c(s)^2 with c(s) the rho centroid
     nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
-    codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The candidate
-    directions are unfolded in registers from the xi centroids (3 per coordinate from `aux_ptr`, rows
-    (C[i-1], C[i], C[i+1], 0) clamped) instead of read from the direction table; their s differ from the
-    table's by float rounding only, as do the seeds, computed from t / ||t||_1 (one reciprocal). Candidates
-    run in increasing flat index and a tie keeps the first: the reference's lowest-index rule."""
-    M: tl.constexpr = 1 << B_DIR
-    l1 = tl.abs(tx) + tl.abs(ty) + tl.abs(tz)
-    inv = _rcp(tl.where(l1 > 0, l1, 1.0), ASM)  # approximate: it places the seeds only
+    codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The seeds come
+    from t / ||t||_1 (one approximate reciprocal; they differ from the reference's by float rounding only) as
+    regions of the lookup table; the region's row of the candidate table (triplet_tables: the candidates of
+    the seed's 3x3 that can win there, in increasing flat index, NaN-padded) gives SEARCH_K directions, one
+    vector load each, scored in the reference's own arithmetic (t_x n_x + t_y n_y) + t_z n_z (bit-equal
+    scores); a tie keeps the first: the reference's lowest-index rule. A zero triplet searches as (0, 0, 1),
+    the reference's placeholder direction: the first of the four tied directions around the pole, its
+    seeds."""
+    l1 = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz)
+    zero = l1 == 0
+    tzs = tl.where(zero, 1.0, tz)
+    inv = _rcp(tl.where(zero, 1.0, l1), ASM)  # approximate: it places the seeds only
     px = tx * inv
     py = ty * inv
-    lower = tz < 0
+    lower = tzs < 0
     xi = tl.where(lower, tl.where(px < 0, tl.abs(py) - 1.0, 1.0 - tl.abs(py)), px)
     eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
-    i_xi = _index(xi, xib_ptr, B_DIR, ASM, True)
-    i_eta = _index(eta, xib_ptr, B_DIR, ASM, True)
-    rx = aux_ptr + i_xi * 4
-    ry = aux_ptr + i_eta * 4
-    b0 = _table(ry, ASM)
-    b1 = _table(ry + 1, ASM)
-    b2 = _table(ry + 2, ASM)
-    B0 = tl.abs(b0)
-    B1 = tl.abs(b1)
-    B2 = tl.abs(b2)
-    oB0 = 1.0 - B0
-    oB1 = 1.0 - B1
-    oB2 = 1.0 - B2
-    t0 = _sign_of(ty, b0)
-    t1 = _sign_of(ty, b1)
-    t2 = _sign_of(ty, b2)
-    best = tl.full(tx.shape, float("-inf"), tl.float32)
-    second = best
-    best_k = tl.zeros(tx.shape, tl.int32)
-    for dx in tl.static_range(3):
-        a = _table(rx + dx, ASM)
-        A = tl.abs(a)
-        oA = 1.0 - A
-        txs = _sign_of(tx, a)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx, tz, txs, A, oA, t0, B0, oB0)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 1, tz, txs, A, oA, t1, B1, oB1)
-        best, second, best_k = _try_direction(best, second, best_k, 3 * dx + 2, tz, txs, A, oA, t2, B2, oB2)
-    kx = (best_k * 11) >> 5  # best_k // 3 for best_k < 9
-    fx = tl.minimum(tl.maximum(i_xi + kx - 1, 0), M - 1)
-    fy = tl.minimum(tl.maximum(i_eta + (best_k - 3 * kx) - 1, 0), M - 1)
-    return fx * M + fy, best, second, i_xi, i_eta
+    r_xi = _region(xi, lut_ptr, LUT_SCALE, ASM)
+    r_eta = _region(eta, lut_ptr, LUT_SCALE, ASM)
+    R: tl.constexpr = (1 << B_DIR) << HALF
+    row = cand_ptr + (r_xi * R + r_eta) * (4 * SEARCH_K)
+    # candidate 0 is never padding: it opens the best, the runner-up is -inf
+    nx, ny, nz, nf = _table_vec(row, 4, ASM)
+    best = (tx * nx + ty * ny) + tzs * nz
+    second = tl.full(tx.shape, float("-inf"), tl.float32)
+    if WANT_DIR:
+        pick = tl.zeros(tx.shape, tl.int32)
+    else:
+        pick = nf.to(tl.int32, bitcast=True)
+    for k in tl.static_range(1, SEARCH_K):
+        nx, ny, nz, nf = _table_vec(row + 4 * k, 4, ASM)
+        s = (tx * nx + ty * ny) + tzs * nz
+        better = s > best
+        if WANT_DIR:
+            pick = tl.where(better, k, pick)
+        else:
+            pick = tl.where(better, nf.to(tl.int32, bitcast=True), pick)
+        # the runner-up: the median of (best, second, s), which ignores a NaN s (max and min drop NaN)
+        second = tl.minimum(best, tl.maximum(second, s))
+        best = tl.maximum(best, s)
+    if WANT_DIR:
+        ddx, ddy, ddz, nf = _table_vec(row + 4 * pick, 4, ASM)
+        flat = nf.to(tl.int32, bitcast=True)
+    else:
+        flat = pick
+        ddx = best
+        ddy = best
+        ddz = best
+    return flat, tl.where(zero, 0.0, best), best, second, r_xi >> HALF, r_eta >> HALF, ddx, ddy, ddz
 
 
 @triton.jit
@@ -333,42 +346,39 @@ def _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR: t
 
 
 @triton.jit
-def _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
-                  B_RHO: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
+def _octopus_tile(tx, ty, tz, valid, lut_ptr, cand_ptr, dir_ptr, bnd_ptr, cent_ptr, B_DIR: tl.constexpr,
+                  B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr, HALF: tl.constexpr,
+                  RHO_SCALE: tl.constexpr, WANT_DIR: tl.constexpr, EXACT: tl.constexpr, ASM: tl.constexpr):
     """Codes ((i_xi << b_dir | i_eta) << b_rho | i_rho) of a tile of triplets (0 where not `valid`), the rho
-    indices and the chosen directions from the table: `_octopus_search`, then the rho index of the winner's
-    score against the table's direction (it differs from the search's own score only within float rounding,
-    and the -qjl residual needs the table's direction anyway). Where the search's
-    two best distinct scores lie within NEAR (relative) of each other, its rounding may order them unlike
-    the reference's (as may an exact tie off the symmetry planes): EXACT 0, a program holding such a triplet
-    reruns every triplet's choice in the
-    reference's arithmetic (`_octopus_exact`; rare); 1, the choice stays the search's and the last value
-    returned says whether the tile holds one (a second launch with EXACT 2 redoes such programs); 2, every
-    choice in the reference's arithmetic. A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which
-    differs from the reference's sum of squares only where those underflow, |t| < 4e-23) keeps the
-    placeholder direction's seeds and the rho index of s = 0."""
+    indices and (WANT_DIR) the chosen directions from the table: `_octopus_search`, then the rho index of the
+    winner's score (the reference's own). Its scores are the reference's bit for bit, but the reference
+    ranks them by a rounded cost: where the search's two best distinct scores lie within NEAR (relative) of
+    each other, the rounding may order them unlike the scores (as may an exact tie off the symmetry
+    planes): EXACT 0, a program holding such a triplet reruns every triplet's choice in the reference's
+    arithmetic (`_octopus_exact`; rare); 1, the choice stays the search's and the last value returned says
+    whether the tile holds one (a second launch with EXACT 2 redoes such programs); 2, every choice in the
+    reference's arithmetic. A zero triplet (rho = 0; tested as |tx| + |ty| + |tz| = 0, which differs from
+    the reference's sum of squares only where those underflow, |t| < 4e-23) keeps the placeholder
+    direction's seeds and the rho index of s = 0."""
     M: tl.constexpr = 1 << B_DIR
-    flat, s, second, i_xi, i_eta = _octopus_search(tx, ty, tz, xib_ptr, aux_ptr, B_DIR, ASM)
-    # a zero triplet keeps its seeds (their direction feeds the -qjl residual); its s = 0 on either path
-    zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
+    flat, s, best, second, i_xi, i_eta, ddx, ddy, ddz = _octopus_search(
+        tx, ty, tz, lut_ptr, cand_ptr, B_DIR, SEARCH_K, LUT_SCALE, HALF, WANT_DIR, ASM)
     # exact mirror images score alike in both arithmetics (t on a symmetry plane: tx or ty 0, |tx| = |ty|);
     # any other pair of scores within NEAR may be ordered unlike the reference's
     sym = (tx == 0) | (ty == 0) | (tl.abs(tx) == tl.abs(ty))
-    near = tl.max(tl.max((valid & ~sym & (s - second <= NEAR * tl.abs(s))).to(tl.int32), 1), 0)
-    if (EXACT == 2) or ((EXACT == 0) and (near > 0)):
+    near = tl.max((valid & ~sym & (best - second <= NEAR * tl.abs(best))).to(tl.int32), 1)  # per row
+    if (EXACT == 2) or ((EXACT == 0) and (tl.max(near, 0) > 0)):
+        zero = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz) == 0
         flat = _octopus_exact(tx, ty, tz, i_xi, i_eta, dir_ptr, bnd_ptr, cent_ptr, B_DIR, B_RHO, ASM)
         flat = tl.where(zero, i_xi * M + i_eta, flat)
         ddx = _table(dir_ptr + flat, ASM)
         ddy = _table(dir_ptr + M * M + flat, ASM)
         ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
         s = (tx * ddx + ty * ddy) + tz * ddz
+    if RHO_SCALE > 0:  # |s| <= ||u|| = 1
+        i_rho = _region(s, lut_ptr + 2 * (2 * LUT_SCALE + 1), RHO_SCALE, ASM)
     else:
-        flat = tl.where(zero, i_xi * M + i_eta, flat)
-        ddx = _table(dir_ptr + flat, ASM)
-        ddy = _table(dir_ptr + M * M + flat, ASM)
-        ddz = _table(dir_ptr + 2 * M * M + flat, ASM)
-        s = (tx * ddx + ty * ddy) + tz * ddz
-    i_rho = _index(s, bnd_ptr, B_RHO, ASM)
+        i_rho = _index(s, bnd_ptr, B_RHO, ASM)
     return tl.where(valid, (flat << B_RHO) | i_rho, 0), i_rho, ddx, ddy, ddz, near
 
 
@@ -387,13 +397,15 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
                    inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
                    LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
-                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr,
+                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr,
+                   LUT_SCALE: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr,
                    HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
     code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
     [BT, WP] in order), for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
-    otherwise), and `_octopus_tile`'s near-tie flag."""
+    otherwise), and `_octopus_tile`'s near-tie flags per row."""
     BT: tl.constexpr = xsg.shape[0]
     hrow = tl.arange(0, D)[:, None]
     lcol = tl.arange(0, W)[None, :]
@@ -406,10 +418,12 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, EXACT, SPLIT)
+                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+                                                     HALF, RHO_SCALE,
+                                                     HAS_QJL, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
-        # (the period sums lift octopus-qjl b=2 to 255 registers and spills; its gather pack does not)
-        words, wmap = pack_tile(code, K_CODES, K_BITS, WP, KP, not HAS_QJL)
+        # period sums where they take fewer instructions (sm_90 SASS; with QJL only up to 7 bits)
+        words, wmap = pack_tile(code, K_CODES, K_BITS, WP, KP, (not HAS_QJL) or (K_BITS <= 7))
     else:
         N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
         words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
@@ -440,20 +454,24 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
 def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr,
                     xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr,
                     K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr, B_DIR: tl.constexpr,
-                    B_RHO: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr,
+                    B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
+                   DOT_NATIVE: tl.constexpr,
                     SPLIT: tl.constexpr, EXACT: tl.constexpr):
-    """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the block's
-    near-tie flag goes to near_ptr[pid])."""
+    """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the near-tie
+    flags of the block's groups of NEAR_ROWS rows go to near_ptr[pid * BT / NEAR_ROWS + g])."""
     if D >= 128:
         # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
         # instead of the D/2 of one power-of-two tile
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+            HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words_b, _, acc_b, res2_b, near_b = _octopus_words(
             xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL,
+            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+            HALF, RHO_SCALE, HAS_QJL,
             DOT_NATIVE, SPLIT, EXACT)
         words = words | words_b
         acc += acc_b
@@ -462,10 +480,14 @@ def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr,
     else:
         words, wmap, acc, res2, near = _octopus_words(
             xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, HAS_QJL, DOT_NATIVE,
+            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, HAS_QJL, DOT_NATIVE,
             SPLIT, EXACT)
     if EXACT == 1:
-        tl.store(near_ptr + pid, near)
+        BT: tl.constexpr = xsg.shape[0]
+        NT: tl.constexpr = NEAR_ROWS if BT >= NEAR_ROWS else BT
+        groups = tl.max(tl.reshape(near, (BT // NT, NT)), 1)
+        tl.store(near_ptr + pid * (BT // NT) + tl.arange(0, BT // NT), groups)
     gamma_r = res2
     if HAS_QJL:
         gamma_r = tl.sqrt_rn(res2)
@@ -506,7 +528,9 @@ def _scalar_encode(y, gmax, inv_g, inv_sqrt_d, hoff, had_ptr, qs_ptr, cent_ptr, 
 def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
                  cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE: tl.constexpr, D: tl.constexpr,
                  LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr,
-                 KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+                 KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr,
+                 LUT_SCALE: tl.constexpr,
+                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
                  HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
                  BLOCK_T: tl.constexpr):
     """(code words [BT, WP], their word numbers in the stream, R' r [BT, D], ||r|| [BT]) of the rows xsg
@@ -515,7 +539,8 @@ def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_
     if DECODE == TRIPLET:
         words, wmap, proj, gamma_r = _triplet_encode(
             xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr,
-            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, DOT_NATIVE, SPLIT,
+            aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT,
             EXACT)
     else:
         dcol = tl.arange(0, D)[None, :]

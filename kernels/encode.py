@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .bits import bf16_bits, pack_tile
 from .codec_decode import SECTIONS
-from .codec_encode import encode_codes
+from .codec_encode import NEAR_ROWS, encode_codes
 from .launch import (
     EncodeConfig,
     _interpreting,
@@ -22,6 +22,7 @@ from .launch import (
     unused_buffer,
 )
 from .spec import KernelCodec, PackedKeys, PackedValues
+from .triplet_tables import TripletSearchTables, search_tables
 from .value_encode import _CHUNK_DTYPES, encode_value_groups, mark_bad
 
 
@@ -79,7 +80,8 @@ def _encode_keys_kernel(
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
@@ -95,15 +97,18 @@ def _encode_keys_kernel(
     (codec_encode.encode_codes): codebook search against boundaries (scalar), recursive polar angles by cross
     products against the boundaries' cos and sin (polar; `aux_ptr` the trig table), octahedral seeds and
     local3x3 joint rounding (triplet: the triplet coordinates come straight out of three matmuls with the
-    Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `aux_ptr` the xi neighbour table; the winner's
-    rho index from its score against the direction table `dir_ptr` [3, 4^b_dir]); the -qjl codecs add
+    Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `xib_ptr` the seeds' region lookup and `aux_ptr`
+    the candidate rows of triplet_tables; the direction table `dir_ptr` [3, 4^b_dir] for near ties); the
+    -qjl codecs add
     sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `pack_tile`'s word
     map.
     EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
     encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
-    writes near_ptr[pid] (the block holds a near tie), then 2 redoes just those blocks in the reference's
-    arithmetic (a separate launch keeps that rare path's registers out of the first).
+    writes a flag per group of NEAR_ROWS rows (the group holds a near tie), then 2, with NEAR_ROWS rows a
+    program, redoes just the flagged groups in the reference's arithmetic (a separate launch keeps that rare
+    path's registers out of the first; groups smaller than the first launch's blocks redo fewer rows: at 64
+    rows a block, b=4 flags about one block in seven).
     """
     pid = tl.program_id(0)
     go = True  # EXACT 2: only the blocks the first launch flagged
@@ -129,7 +134,8 @@ def _encode_keys_kernel(
             xsg = xf * sgn
         words, wmap, proj, gamma_r = encode_codes(
             xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, LP,
+            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
+            SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
             HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
         if K_WORDS > 0:
             tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
@@ -150,7 +156,8 @@ def _encode_unit_kernel(
     n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, LP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
     ALIGNED: tl.constexpr,
@@ -166,7 +173,8 @@ def _encode_unit_kernel(
             k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, LP, HAS_QJL, S_WORDS,
+            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            RHO_SCALE, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
         encode_value_groups(pid - key_programs, v_ptr, stride_vb, stride_vh, stride_vt, v_codes_ptr,
@@ -185,16 +193,15 @@ def _triplet_hadamard(codec: KernelCodec) -> torch.Tensor:
     return out
 
 
-def _xi_triples(codec: KernelCodec) -> torch.Tensor:
-    """[2^b_dir, 4] fp32: row i = (C_xi[i-1], C_xi[i], C_xi[i+1], 0), the xi values of a seed's three
-    local3x3 neighbours (one row read per seed); NaN off the grid, where the reference's clamped index
-    repeats a neighbour (a NaN candidate never wins and never counts as the runner-up)."""
-    c = codec.table("xi_centroids")
-    m = c.numel()
-    i = torch.arange(m, device=c.device)
-    nan = torch.full_like(c, float("nan"))
-    cols = [torch.where((i + k >= 0) & (i + k < m), c[(i + k).clamp(0, m - 1)], nan) for k in (-1, 0, 1)]
-    return torch.stack(cols + [torch.zeros_like(c)], 1).contiguous()
+def _triplet_search(codec: KernelCodec) -> TripletSearchTables:
+    """The triplet section's search tables (`triplet_tables.search_tables`) on the codec's device, built once
+    per codec and device."""
+    cache = codec.__dict__.setdefault("_triplet_search", {})
+    dev = codec.table("directions").device
+    if dev not in cache:
+        cache[dev] = search_tables(codec.table("directions"), codec.table("xi_centroids"),
+                                   codec.table("xi_boundaries"), codec.table("boundaries"))
+    return cache[dev]
 
 
 def _polar_trig(codec: KernelCodec) -> torch.Tensor:
@@ -221,7 +228,9 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
     """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
     device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
     16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
-    table as its three coordinate rows [3, 4^b_dir]. Built from the codec's device tensors (no host copy).
+    table as its three coordinate rows [3, 4^b_dir] and its search tables (`_triplet_search`: the region
+    lookup as xib_ptr, the candidate rows as aux_ptr). Built from the codec's device tensors (no host copy;
+    the search tables once per codec on the host).
     Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
     have none."""
     cache = codec.__dict__.setdefault("_encode_tables", {})
@@ -236,8 +245,9 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
             codec.qjl_signs if codec.has_qjl else dummy,
             codec.tables.get("centroids", dummy),
             boundaries if boundaries is not None and boundaries.numel() else dummy,
-            codec.table("xi_boundaries") if octo else dummy,
-            _xi_triples(codec) if octo else _polar_trig(codec) if codec.decode == "polar" else dummy,
+            _triplet_search(codec).lut if octo else dummy,
+            _triplet_search(codec).candidates if octo else _polar_trig(codec) if codec.decode == "polar"
+            else dummy,
             codec.table("directions").t().contiguous() if octo else dummy)
     return cache[key]
 
@@ -246,20 +256,20 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
 # (rows per program, warps, register cap or None) of the key kernel per (decode section, QJL side-car): the
 # H200 sweep of the encode launches (each row checked against the library on the GPU) where the kernel has not
 # changed since (scalar, polar), else the fewest SASS instructions per key without spills
-# (benchmarks/count_sass_encode.py; the triplet section since its near-tie flags). Head dims above 64 take
+# (benchmarks/lab/count_sass_encode.py; the triplet section since its table search). Head dims above 64 take
 # the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
 # launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
-# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
+# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2); and octopus-qjl b=4 by
+# the SASS count (225.1 a key, no spills, against 228.9 and a spilled word at 64 rows, 4 warps).
 KEY_LAUNCH = {
     64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
          ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
     128: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 8, None),
-          ("triplet", False): (64, 8, 128), ("triplet", True): (16, 4, None)},
+          ("triplet", False): (64, 4, None), ("triplet", True): (16, 4, None)},
 }
 
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
-                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", False, 10): (64, 4, 128),
-                   (64, "triplet", False, 13): (64, 4, 128), (64, "triplet", True, 7): (128, 8, 128)}
+                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", True, 13): (128, 8, None)}
 
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
@@ -297,10 +307,13 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
     words, wp, kp = pack_shape(max(n_bits, 1), n_codes)
     s_words, s_wp, s_kp = pack_shape(1, d)
     octo = codec.decode == "triplet"
+    search = _triplet_search(codec) if octo else None
     block_t, launch = _encode_launch(d, config, codec, n_rows, device)
     consts = dict(DECODE=SECTIONS[codec.decode].id, D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
                   B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
+                  SEARCH_K=search.k if search else 0, LUT_SCALE=search.lut_scale if search else 0,
+                  HALF=int(search.half) if search else 0, RHO_SCALE=search.rho_scale if search else 0,
                   LP=codec.triplet_lanes if octo else 16,
                   HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
                   DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
@@ -340,16 +353,22 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     dummy = unused_buffer(dev)
     programs = triton.cdiv(n_rows, block_t)
     octo = codec.decode == "triplet"
-    # octopus: a second launch redoes the blocks the first flags (near ties, encode._octopus_tile)
-    near = torch.empty(programs, device=dev, dtype=torch.int32) if octo and programs else dummy
+    tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
+    # octopus: a second launch of NEAR_ROWS rows and one warp a program redoes the row groups the first flags
+    # (near ties, codec_encode._octopus_tile; one warp: sm_90 SASS 422 warp-instructions a key against 591
+    # with four, octopus b=4 d=64)
+    group = min(NEAR_ROWS.value, block_t)
+    near = torch.empty(programs * (block_t // group), device=dev, dtype=torch.int32) if octo and programs \
+        else dummy
     for exact in (1, 2) if octo else (0,):
-        _encode_keys_kernel[(programs,)](
+        rows = group if exact == 2 else block_t
+        _encode_keys_kernel[(triton.cdiv(n_rows, rows),)](
             kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
             signs if signs is not None else dummy, gamma_r16,
-            dummy, near, *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
-            n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False, ALIGNED=t % block_t == 0, EXACT=exact,
-            **consts, **launch,
+            dummy, near, *tables, n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
+            ALIGNED=t % rows == 0, EXACT=exact, **dict(consts, BLOCK_T=rows),
+            **(launch if exact != 2 else dict(launch, num_warps=1)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
 

@@ -82,6 +82,36 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert got.signs is None and got.gamma_r is None
 
 
+# octopus search paths beyond the default split's b <= 4: whole 3x3 rows (b_dir 6, 7: no half-cell pruning),
+# rho indices by lookup (b_rho 4, 5) and by compares where no lookup table exists (b_rho 8 at d=64; 14-bit
+# codes packed by period sums); odd token counts
+SEARCH_CASES = [("octopus", 5, {}, 64, 37, torch.bfloat16), ("octopus-qjl", 5, {}, 128, 19, torch.float32),
+                ("octopus", 5, {"dir_bits": 7, "rho_bits": 2}, 64, 23, torch.float16),
+                ("octopus", 3, {"dir_bits": 3, "rho_bits": 8}, 64, 41, torch.float32),
+                ("octopus-qjl", 3, {"dir_bits": 3, "rho_bits": 8}, 64, 29, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("name,bits,opts,d,tokens,dtype", SEARCH_CASES,
+                         ids=[f"{n}-b{b}{''.join(f'-{k}{v}' for k, v in o.items())}-d{d}-t{t}-{str(x)[6:]}"
+                              for n, b, o, d, t, x in SEARCH_CASES])
+def test_octopus_search_paths_match_codec(name, bits, opts, d, tokens, dtype):
+    heads = 2
+    codec = get_codec(name, bits, d, seed=13, **opts)
+    k = _keys((1, heads, tokens, d), dtype, seed=bits * 3 + d + tokens)
+    k[0, 0, 2] = 0.0
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    want = codec.encode(k.cpu())
+    n, n_codes = codec.code_bits, codec.num_triplets
+    frac = _mismatch(unpack(got.codes.cpu(), n, n_codes), unpack(want.codes, n, n_codes))
+    assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ"
+    if codec.qjl:
+        keep = torch.ones(heads, tokens, dtype=torch.bool)
+        keep[0, 2] = False  # the zero key's signs (see test_encode_keys_matches_codec)
+        sg, sw = unpack(got.signs.cpu(), 1, d)[0], unpack(want.signs, 1, d)[0]
+        assert _mismatch(sg[keep], sw[keep]) < MAX_MISMATCH
+        assert _mismatch(got.gamma_r, want.gamma_r) < MAX_MISMATCH
+
+
 # T a multiple of the rows per program (128 under the interpreter): every block lies in one head, whose
 # rotation signs the kernel reads once (encode_keys passes ALIGNED)
 ALIGNED_CASES = [("octopus", 2, 64, torch.bfloat16), ("polarquant", 3, 64, torch.float32),
@@ -137,7 +167,8 @@ def _assert_identical(got, want) -> None:
             assert _mismatch(a, b) == 0.0, field
 
 
-EXACT_CASES = [("octopus", 3, 64, torch.bfloat16), ("octopus-qjl", 2, 128, torch.float32)]
+EXACT_CASES = [("octopus", 3, 64, torch.bfloat16), ("octopus-qjl", 2, 128, torch.float32),
+               ("octopus", 5, 64, torch.float16)]
 
 
 @pytest.mark.parametrize("name,bits,d,dtype", EXACT_CASES,
@@ -276,6 +307,29 @@ def test_bit_helpers_roundtrip(n, length):
                             WP=wp, KP=kp)
     assert torch.equal(words.cpu(), pack(codes.cpu().long(), n))
     assert torch.equal(out.cpu(), codes.cpu())
+
+
+@triton.jit
+def _pack_tile_kernel(codes_ptr, words_ptr, L: tl.constexpr, LP: tl.constexpr, N: tl.constexpr,
+                      W: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr):
+    rows = tl.arange(0, 4)[:, None]
+    j = tl.arange(0, LP)[None, :]
+    codes = tl.load(codes_ptr + rows * L + j, mask=j < L, other=0)
+    words, wmap = kbits.pack_tile(codes, L, N, WP, KP)
+    tl.store(words_ptr + rows * W + wmap, words, mask=(wmap >= 0) & (wmap < W))
+
+
+@pytest.mark.parametrize("n,length", [(7, 22), (10, 22), (14, 22), (10, 16), (6, 43)])
+def test_pack_tile_period_sums(n, length):
+    """pack_tile (period sums for 3, 5, 6, 7, 10 and 14 bits) against octopus_audio.packing."""
+    kernel_ops(DEVICE)
+    g = torch.Generator().manual_seed(n + length)
+    codes = torch.randint(0, 2**n, (4, length), generator=g, dtype=torch.int32).to(DEVICE)
+    words_n, wp, kp = pack_shape(n, length)
+    words = torch.zeros(4, words_n, dtype=torch.int32, device=DEVICE)
+    _pack_tile_kernel[(1,)](codes, words, L=length, LP=max(32, triton.next_power_of_2(length)), N=n,
+                            W=words_n, WP=wp, KP=kp)
+    assert torch.equal(words.cpu(), pack(codes.cpu().long(), n))
 
 
 def test_octopus_encode_under_inference_mode():

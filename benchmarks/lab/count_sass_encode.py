@@ -100,6 +100,7 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None,
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
           dump: str | None = None, aligned: bool = True,
           dtype: str = "bf16", exact: int = 1) -> dict:
+    from octopus_audio.kernels import encode
     from octopus_audio.kernels.encode import _encode_keys_kernel
 
     consts, rows, launch = key_constants(name, bits, d, block_t, native=dtype != "fp32")
@@ -113,6 +114,9 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
     from octopus_audio.kernels.codec_decode import SECTIONS
 
     exact = exact if consts["DECODE"] == SECTIONS["triplet"].id else 0  # the triplet section's near-tie pass
+    if exact == 2 and block_t is None:  # encode_keys's redo launch: NEAR_ROWS rows and one warp a program
+        rows, consts = encode.NEAR_ROWS.value, dict(consts, BLOCK_T=encode.NEAR_ROWS.value)
+        warps = num_warps or 1
     kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact),
                       warps, launch.get("maxnreg") if num_warps is None else None)
     st = sass_stats(kernel)
@@ -144,7 +148,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="the keys' dtype")
     parser.add_argument("--exact", type=int, choices=(0, 1, 2), default=1,
                         help="octopus: the kernel's EXACT (1: encode_keys's first launch, what every key "
-                             "runs; 2: its second, for blocks with a near tie; 0: encode_unit's inline one)")
+                             "runs; 2: its second, for row groups with a near tie, 16 rows and one warp a "
+                             "program unless --block-t / --num-warps say otherwise; 0: encode_unit's inline "
+                             "one)")
     parser.add_argument("--json")
     parser.add_argument("--dump", help="folder for each kernel's ttgir, ptx and sass")
     args = parser.parse_args()
