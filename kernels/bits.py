@@ -129,8 +129,8 @@ def pack_whole(codes, N_BITS: tl.constexpr):
 
 @triton.jit
 def pack_period_sums(codes, N_BITS: tl.constexpr):
-    """Codes [BT, CP] of N_BITS bits, N_BITS odd and at most 7 or twice odd and at most 14 (a period's words
-    Q at most 8), CP a multiple of P -> (words,
+    """Codes [BT, CP] of N_BITS bits, N_BITS odd or twice odd and at most 15 (a pair of codes fits a word),
+    CP a multiple of P -> (words,
     their word numbers in the stream [1, W], -1 for padding). The stream repeats every P = 32 / gcd(N, 32)
     codes (Q = P N / 32 words): per period, codes paired (c_2i | c_2i+1 << N), and word k the sum of the
     pairs' pieces that fall in it (shifted left, or right for a pair that began in word k - 1)."""
@@ -138,7 +138,7 @@ def pack_period_sums(codes, N_BITS: tl.constexpr):
     CP: tl.constexpr = codes.shape[1]
     P: tl.constexpr = 32 if N_BITS % 2 == 1 else 16
     Q: tl.constexpr = N_BITS * P // 32
-    QP: tl.constexpr = 4 if Q <= 4 else 8
+    QP: tl.constexpr = 4 if Q <= 4 else (8 if Q <= 8 else 16)
     NPER: tl.constexpr = CP // P
     c0, c1 = tl.split(tl.reshape(codes.to(tl.uint32, bitcast=True), (BT, CP // 2, 2)))
     v = tl.reshape(c0 | (c1 << N_BITS), (BT, NPER, P // 2))
@@ -161,13 +161,12 @@ def pack_tile(codes, L: tl.constexpr, N_BITS: tl.constexpr, WP: tl.constexpr, KP
           SUM: tl.constexpr = True):
     """Codes [BT, CP] (CP >= L, codes beyond L zero) -> (words, their word numbers in the stream [1, W]; -1
     where unused): `pack_whole` when the codes per word are whole and fill the padded row,
-    `pack_period_sums` for 3, 5, 6, 7, 10 and 14 bits over whole periods (with SUM), else `pack_codes` (a
-    register gather)."""
+    `pack_period_sums` for 3, 5, 6, 7, 9, 10, 11, 13, 14 and 15 bits over whole periods (with SUM), else
+    `pack_codes` (a register gather)."""
     CP: tl.constexpr = codes.shape[1]
     if (32 % N_BITS == 0) and ((CP * N_BITS) == (WP * 32)):
         return pack_whole(codes, N_BITS), tl.arange(0, WP)[None, :]
-    elif SUM and ((N_BITS <= 7) or (N_BITS % 4 == 2)) and (N_BITS <= 14) and (N_BITS % 4 != 0) \
-            and (CP % (16 << (N_BITS % 2)) == 0):
+    elif SUM and (N_BITS <= 15) and (N_BITS % 4 != 0) and (CP % (16 << (N_BITS % 2)) == 0):
         return pack_period_sums(codes, N_BITS)
     else:
         return pack_codes(codes, 0, L, N_BITS, WP, KP), tl.arange(0, WP)[None, :]

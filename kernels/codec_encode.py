@@ -422,8 +422,7 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
                                                      HALF, RHO_SCALE,
                                                      HAS_QJL, EXACT, SPLIT)
     if J0 == 0 and W >= K_CODES:
-        # period sums where they take fewer instructions (sm_90 SASS; with QJL only up to 7 bits)
-        words, wmap = pack_tile(code, K_CODES, K_BITS, WP, KP, (not HAS_QJL) or (K_BITS <= 7))
+        words, wmap = pack_tile(code, K_CODES, K_BITS, WP, KP)
     else:
         N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
         words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)

@@ -259,8 +259,7 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
 # (benchmarks/lab/count_sass_encode.py; the triplet section since its table search). Head dims above 64 take
 # the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
 # launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
-# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2); and octopus-qjl b=4 by
-# the SASS count (225.1 a key, no spills, against 228.9 and a spilled word at 64 rows, 4 warps).
+# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
 KEY_LAUNCH = {
     64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
          ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
@@ -269,7 +268,7 @@ KEY_LAUNCH = {
 }
 
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
-                   (64, "polar", False, 2): (128, 4, None), (64, "triplet", True, 13): (128, 8, None)}
+                   (64, "polar", False, 2): (128, 4, None)}
 
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 

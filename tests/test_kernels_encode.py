@@ -319,9 +319,10 @@ def _pack_tile_kernel(codes_ptr, words_ptr, L: tl.constexpr, LP: tl.constexpr, N
     tl.store(words_ptr + rows * W + wmap, words, mask=(wmap >= 0) & (wmap < W))
 
 
-@pytest.mark.parametrize("n,length", [(7, 22), (10, 22), (14, 22), (10, 16), (6, 43)])
+@pytest.mark.parametrize("n,length", [(7, 22), (9, 22), (10, 22), (11, 43), (13, 22), (14, 22), (15, 22),
+                                     (10, 16), (13, 32), (6, 43)])
 def test_pack_tile_period_sums(n, length):
-    """pack_tile (period sums for 3, 5, 6, 7, 10 and 14 bits) against octopus_audio.packing."""
+    """pack_tile (period sums for 3, 5, 6, 7, 9, 10, 11, 13, 14 and 15 bits) against octopus_audio.packing."""
     kernel_ops(DEVICE)
     g = torch.Generator().manual_seed(n + length)
     codes = torch.randint(0, 2**n, (4, length), generator=g, dtype=torch.int32).to(DEVICE)
