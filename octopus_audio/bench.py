@@ -389,7 +389,8 @@ def tune(candidates: dict[str, list[Job]], rep_ms: float) -> tuple[dict[str, obj
 
 def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | None = None) -> list[dict]:
     """Every job's row (a failing job is recorded with its error and the rest still run); the rows so far are
-    rewritten to `partial` after each one."""
+    rewritten to `partial` after each one, the failing row included. An error that leaves the GPU unusable
+    (a sticky CUDA error) stops the run with a RuntimeError naming that row."""
     import torch
 
     rows: list[dict] = []
@@ -405,12 +406,17 @@ def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | N
             row["frac_copy_bw"] = row["gbps"] / copy_gbps
         except Exception as e:
             row = {"kind": job.kind, "shape": job.shape.label if job.shape else "", "codec": job.codec,
-                   "bits": job.bits, "error": f"{type(e).__name__}: {e}"}
-        torch.cuda.empty_cache()
+                   "bits": job.bits, "launch": "cache.attend" if job.config is None else repr(job.config),
+                   "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log.info("%s", row)
         if partial is not None:
             partial.write_text(json.dumps(rows, indent=1, default=str))
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError as e:
+            where = {k: row.get(k) for k in ("kind", "shape", "codec", "bits", "launch", "error")}
+            raise RuntimeError(f"the GPU is unusable after the row {where}: {e}") from e
     return rows
 
 

@@ -68,3 +68,26 @@ def test_the_plan_times_every_attention_row_publicly_and_adds_tuned_rows():
     tuned = plan("full", ["octopus"], [2], {"aar": AttnConfig(64, 64, 4, 1)})
     aar = [j for j in tuned if j.kind == "attention" and j.shape.tq > 1]
     assert [j.config is None for j in aar] == [True, False] * (len(aar) // 2)
+
+
+def test_a_row_that_breaks_the_gpu_is_recorded_and_named(tmp_path, monkeypatch):
+    """A row whose error leaves the GPU unusable (empty_cache raising afterwards) is written to the partial
+    file with its error before the run stops, and the stop names it."""
+    from octopus_audio import bench
+
+    def broken(job, rep_ms, sdpa_ms):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def lost():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(bench, "_attention_row", broken)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lost)
+    job = Job("attention", "octopus", 2, SHAPES[0])
+    partial = tmp_path / "rows_partial.json"
+    with pytest.raises(RuntimeError, match="unusable after the row.*'codec': 'octopus'"):
+        bench.run_rows([job, job], 10, 1.0, partial=partial)
+    import json
+
+    rows = json.loads(partial.read_text())
+    assert len(rows) == 1 and "illegal memory access" in rows[0]["error"]
