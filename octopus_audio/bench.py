@@ -68,6 +68,11 @@ class Job:
     shape: AttnShape | None = None
     config: object = None
 
+    @property
+    def launch(self) -> str:
+        """What the row times: the public `cache.attend`, or the launcher with a tuned configuration."""
+        return "cache.attend" if self.config is None else f"tuned {self.config!r}"
+
 
 def shape_class(shape: AttnShape) -> str:
     """The tuning class of an attention shape: one launch configuration serves each class."""
@@ -289,7 +294,7 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
     device = torch.device(_DEVICE)
     s = job.shape
     row = {"kind": "attention", "shape": s.label, "codec": job.codec, "bits": job.bits,
-           "launch": "cache.attend" if job.config is None else f"tuned {job.config!r}"}
+           "launch": job.launch}
     if s not in sdpa_ms:
         q0, k0, v0 = _sdpa_inputs(s, device)
         sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
@@ -406,7 +411,7 @@ def run_rows(jobs: list[Job], rep_ms: float, copy_gbps: float, partial: Path | N
             row["frac_copy_bw"] = row["gbps"] / copy_gbps
         except Exception as e:
             row = {"kind": job.kind, "shape": job.shape.label if job.shape else "", "codec": job.codec,
-                   "bits": job.bits, "launch": "cache.attend" if job.config is None else repr(job.config),
+                   "bits": job.bits, "launch": job.launch,
                    "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log.info("%s", row)
