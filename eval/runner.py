@@ -404,7 +404,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
                 continue
             start = time.perf_counter()
             out = as_generated(out)
-            try:  # the floor row: sampled-output metrics only (see the module docstring)
+            try:  # the floor row's forced_of is empty: sampled-output metrics only (the module docstring)
                 metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)

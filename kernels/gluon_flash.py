@@ -281,17 +281,12 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
     fence_async_shared()
     gl.thread_barrier()
     if Q_SMEM:
-        _rotate_tile(qn, qa, rot_scale)
-        if HAS_B:
-            _rotate_tile(qn, qb, rot_scale)
-        if HAS_C:
-            _rotate_tile(qn, qc, qjl_scale)
-    else:
-        _rotate_tile(q, qa, rot_scale)
-        if HAS_B:
-            _rotate_tile(q, qb, rot_scale)
-        if HAS_C:
-            _rotate_tile(q, qc, qjl_scale)
+        q = qn  # the rotations' A operand from shared memory
+    _rotate_tile(q, qa, rot_scale)
+    if HAS_B:
+        _rotate_tile(q, qb, rot_scale)
+    if HAS_C:
+        _rotate_tile(q, qc, qjl_scale)
     fence_async_shared()
     gl.thread_barrier()
     mmaR: gl.constexpr = _mma(BLOCK)
