@@ -259,12 +259,16 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
 # (benchmarks/lab/count_sass_encode.py; the triplet section since its table search). Head dims above 64 take
 # the d=128 row, 256 with half its rows. KEY_LAUNCH_BITS overrides one at a code width (d=64): the fastest
 # launches of the H200 sweep, except the scalar section without QJL, which runs uncapped: the 128-register cap
-# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2).
+# ran 0.1935 ms against 0.1028 ms without it (18.7% vs 35.2% of copy bandwidth, b=2). The triplet section at
+# d=128 (H200, triton 3.6, 32 heads x 8k keys, b=2): 2048 elements of a key tile a warp (64 rows x 4 warps,
+# 128 x 8) fault in the rotation dot (compute-sanitizer: out-of-range shared or local address), so it takes
+# 1024: octopus 64 x 8 under the 128 cap 0.589 ms (uncapped 0.668, 32 x 4 0.871), octopus-qjl 32 x 4 0.955
+# (16 x 4 1.118); test_kernels_encode's full-size launches run each row unhalved on the GPU.
 KEY_LAUNCH = {
     64: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 4, None),
          ("triplet", False): (64, 4, None), ("triplet", True): (64, 4, None)},
     128: {("scalar", False): (64, 4, None), ("scalar", True): (64, 4, None), ("polar", False): (64, 8, None),
-          ("triplet", False): (64, 4, None), ("triplet", True): (16, 4, None)},
+          ("triplet", False): (64, 8, 128), ("triplet", True): (32, 4, None)},
 }
 
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),

@@ -82,6 +82,40 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert got.signs is None and got.gamma_r is None
 
 
+# every codec at both head dims through the launch a long unit gets (KEY_LAUNCH's rows and warps, not halved
+# for a small launch): the GPU only, the interpreter always takes 128 rows. A launch table row that faults
+# (triplet d=128 at 64 rows x 4 warps did on the H200) or mis-encodes fails here.
+FULL_CASES = [(name, bits, d) for name in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus",
+                                            "octopus-qjl") for d in (64, 128) for bits in (2, 4)]
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="compiled launches: set OCTOPUS_AUDIO_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("name,bits,d", FULL_CASES, ids=[f"{n}-b{b}-d{d}" for n, b, d in FULL_CASES])
+def test_full_size_launches_match_codec(name, bits, d):
+    from octopus_audio.kernels.encode import _encode_launch
+    from octopus_audio.kernels.launch import _sm_count
+
+    ops = kernel_ops(DEVICE)
+    heads = 2
+    kc = backend.kernel_codec(get_codec(name, bits, d, seed=5), heads, DEVICE)
+    rows = _encode_launch(d, None, kc)[0]
+    tokens = _sm_count(torch.device(DEVICE)) * rows + 5  # 2 x SMs programs and a partial one: not halved
+    assert _encode_launch(d, None, kc, heads * tokens, torch.device(DEVICE))[0] == rows
+    k, v = _qkv_views(1, tokens, heads, d, torch.bfloat16, seed=bits + d)
+    got = ops.encode_keys(k.contiguous(), kc)
+    want = get_codec(name, bits, d, seed=5).encode(k.cpu())
+    n, n_codes = kc.code_bits, kc.num_codes
+    if n > 0:
+        frac = _mismatch(unpack(got.codes.cpu(), n, n_codes), unpack(want.codes, n, n_codes))
+        assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ"
+    assert _mismatch(got.gamma, want.gamma) < MAX_MISMATCH
+    keys, values = _store(kc, 1, heads, tokens, d, bits, 16)
+    ops.encode_unit(k, v, kc, keys, values, 0)
+    for field, t in _fields(keys, values).items():
+        if field in ("codes", "gamma", "signs", "gamma_r") and t is not None:
+            assert torch.equal(t.cpu(), getattr(got, field).cpu()), f"the unit encode's {field}"
+
+
 # octopus search paths beyond the default split's b <= 4: whole 3x3 rows (b_dir 6, 7: no half-cell pruning),
 # rho indices by lookup (b_rho 4, 5) and by compares where no lookup table exists (b_rho 8 at d=64; 14-bit
 # codes packed by period sums); odd token counts
