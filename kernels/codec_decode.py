@@ -86,6 +86,13 @@ def _polar_attention_tables(kc) -> tuple[torch.Tensor, torch.Tensor]:
                                                  torch.sin(centroids).reshape(-1).contiguous()))
 
 
+def polar_cos_sin(kc) -> torch.Tensor:
+    """[levels * 2^n * 2] fp32: cos and sin of each angle centroid side by side, level-major (the score
+    tables' polar section reads both of an angle in one cache line), cached."""
+    return _cached(kc, "_cos_sin_pairs",
+                   lambda: torch.stack(_polar_attention_tables(kc), -1).reshape(-1).contiguous())
+
+
 def _triplet_tables(kc) -> dict:
     b_dir, b_rho = kc.param("b_dir"), kc.param("b_rho")
     if b_dir < 1 or b_rho < 0 or kc.code_bits != 2 * b_dir + b_rho or kc.num_codes != -(-kc.head_dim // 3):
@@ -135,7 +142,8 @@ def _triplet_query_block(kc, rot: torch.Tensor) -> torch.Tensor:
 SECTIONS = {
     "scalar": Section(SCALAR.value, _scalar_tables, _scalar_attention_tables, _plain_constants,
                       score_tables=True),
-    "polar": Section(POLAR.value, _polar_tables, _polar_attention_tables, _plain_constants),
+    "polar": Section(POLAR.value, _polar_tables, _polar_attention_tables, _plain_constants,
+                     score_tables=True),
     "triplet": Section(TRIPLET.value, _triplet_tables, _triplet_attention_tables, _triplet_constants,
                        _triplet_query_block, halves=False,
                        gathers=lambda kc: dir_table(kc) == DIR_FOLDED, score_tables=True),

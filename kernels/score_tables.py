@@ -1,5 +1,5 @@
-"""One query row per KV head from per-query score tables (triplet and scalar sections): the attention kernel
-and its launcher (the tables: query_tables.py).
+"""One query row per KV head from per-query score tables (triplet, scalar and polar sections): the attention
+kernel and its launcher (the tables: query_tables.py).
 
 With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
 of key n is a sum of terms that each depend only on one code of the key,
@@ -14,7 +14,11 @@ sum_{j < G} q_rot[G i + j] C_coord[e_j] (table_layout: the most coordinates with
 so the same key loop runs over the groups. The QJL term (R' q_rot) . sigma_n takes a second table over the
 sign bytes: S[p, e] = qk_scale * sum_t q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in
 global memory and are read through L1 (a row's table is 11-22 KB at d = 64-128, b = 2, octopus; 5.5-11 KB
-turboquant-mse). Polarquant has none: its recursive angles do not separate into per-code terms.
+turboquant-mse). The polar section (polarquant: u_hat's coordinates are products of cos and sin along
+a binary tree of angles) does not separate into per-code terms, but its score folds up the tree: with
+S_-1[i] = q_rot[i] and S_lv[m] = cos(psi_lv,m) S_lv-1[2m] + sin(psi_lv,m) S_lv-1[2m+1],
+q . k_n = gamma_n * S_top. A table per subtree of the bottom G levels (query_tables) gives its S_G-1 in one
+lookup; each level above costs a cos | sin pair read and two FMAs an angle (`_polar_score_step`).
 
 Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
 channels for the values) with few registers and no per-block cross-thread reductions:
@@ -40,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .bits import masked_load, store_rounded
-from .codec_decode import SECTIONS
+from .codec_decode import SECTIONS, polar_cos_sin
 from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
 from .query_tables import TableLayout, build_tables, table_layout
 from .spec import KernelCodec, PackedKeys, PackedValues
@@ -97,6 +101,36 @@ def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.c
 
 
 @triton.jit
+def _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS: tl.constexpr, PAIRS: tl.constexpr, MASKED: tl.constexpr):
+    """(gamma fp32, the code words as a tuple of uint32, their xor with gamma's bits) of keys n: every load of
+    a step first (PAIRS: two words a load), the xor for the gate of its table reads (_score_step)."""
+    krow = kc_ptr + n.to(tl.int64) * K_WORDS
+    gamma = masked_load(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
+    ws = ()
+    for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
+        if PAIRS:
+            pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
+            ws = ws + (pa, pb)
+        else:
+            ws = ws + (masked_load(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
+    mix = gamma.to(tl.uint32, bitcast=True)
+    for wi in tl.static_range(K_WORDS):
+        mix = mix ^ ws[wi]
+    return gamma, ws, mix
+
+
+@triton.jit
+def _keep_scores(s_ptr, n, n_ok, s, m_vec, MASKED: tl.constexpr):
+    """Store a step's scores s of keys n (those not n_ok left out when MASKED); the running maximum."""
+    if MASKED:
+        tl.store(s_ptr + n, s, mask=n_ok)
+        return tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    else:
+        tl.store(s_ptr + n, s)
+        return tl.maximum(m_vec, s)
+
+
+@triton.jit
 def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end, qjl_coef, zero,
                 m_vec, rho0, rho1, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr,
                 K_WORDS: tl.constexpr, B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr,
@@ -110,20 +144,9 @@ def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_pt
     n = n0 + tl.arange(0, BLOCK_K)
     n_ok = n < end
     s = tl.zeros((BLOCK_K,), tl.float32)
-    krow = kc_ptr + n.to(tl.int64) * K_WORDS
     S_WORDS: tl.constexpr = D // 32
     srow = ks_ptr + n.to(tl.int64) * S_WORDS
-    gamma = masked_load(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
-    ws = ()
-    for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
-        if PAIRS:
-            pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
-            ws = ws + (pa, pb)
-        else:
-            ws = ws + (masked_load(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
-    mix = gamma.to(tl.uint32, bitcast=True)
-    for wi in tl.static_range(K_WORDS):
-        mix = mix ^ ws[wi]
+    gamma, ws, mix = _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS, PAIRS, MASKED)
     if HAS_QJL:
         g_r = masked_load(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
         sws = ()
@@ -159,20 +182,58 @@ def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_pt
                 e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
                 sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
         s += qjl_coef * g_r * sq
-    s = s * gamma
-    if MASKED:
-        tl.store(s_ptr + n, s, mask=n_ok)
-        return tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
+    return _keep_scores(s_ptr, n, n_ok, s * gamma, m_vec, MASKED)
+
+
+@triton.jit
+def _field(ws, OFF: tl.constexpr, WIDTH: tl.constexpr):
+    """The WIDTH-bit field at bit OFF of the code words ws (a tuple; it may straddle two), int32."""
+    WI: tl.constexpr = OFF // 32
+    SH: tl.constexpr = OFF % 32
+    if SH + WIDTH <= 32:
+        c = (ws[WI] >> SH) & ((1 << WIDTH) - 1)
     else:
-        tl.store(s_ptr + n, s)
-        return tl.maximum(m_vec, s)
+        c = ((ws[WI] >> SH) | (ws[WI + 1] << (32 - SH))) & ((1 << WIDTH) - 1)
+    return c.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _polar_score_step(row_lut, cs_ptr, kc_ptr, kg_ptr, s_ptr, n0, end, zero, m_vec, D: tl.constexpr,
+                      LOG2D: tl.constexpr, G: tl.constexpr, A_BITS: tl.constexpr, K_WORDS: tl.constexpr,
+                      N_ENTRIES: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr,
+                      MASKED: tl.constexpr):
+    """One step of _store_scores for the polar section (module docstring): keys [n0, n0 + BLOCK_K).
+
+    Subtree m's table code (query_tables._polar_tables_kernel) gathers level lv's 2^(G-1-lv) angle codes
+    from D - (D >> lv) + m 2^(G-1-lv) on into bits A_BITS (2^G - 2^(G-lv)) up; level lv >= G's angle m is
+    code D - (D >> lv) + m, its cos | sin pair at cs_ptr + 2 (lv 2^A_BITS + code). Loads gated as in
+    _score_step."""
+    n = n0 + tl.arange(0, BLOCK_K)
+    n_ok = n < end
+    gamma, ws, mix = _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS, PAIRS, MASKED)
+    gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
+    sub = ()
+    for m in tl.static_range(D >> G):
+        e = tl.zeros((BLOCK_K,), tl.int32)
+        for lv in tl.static_range(G):
+            e = e | (_field(ws, A_BITS * (D - (D >> lv) + m * (1 << (G - 1 - lv))), A_BITS << (G - 1 - lv))
+                     << (A_BITS * ((1 << G) - (1 << (G - lv)))))
+        sub = sub + (tl.load(row_lut + m * N_ENTRIES + e, mask=gate),)
+    for lv in tl.static_range(G, LOG2D):
+        up = ()
+        for m in tl.static_range(D >> (lv + 1)):
+            pair = cs_ptr + 2 * (lv * (1 << A_BITS) + _field(ws, A_BITS * (D - (D >> lv) + m), A_BITS))
+            up = up + (tl.load(pair) * sub[2 * m] + tl.load(pair + 1) * sub[2 * m + 1],)
+        sub = up
+    return _keep_scores(s_ptr, n, n_ok, sub[0] * gamma, m_vec, MASKED)
 
 
 @triton.jit
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
                   zero, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
+                  LOG2D: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
@@ -189,13 +250,21 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
     m_vec = tl.full((BLOCK_K,), float("-inf"), tl.float32)
     full = start + (end - start) // BLOCK_K * BLOCK_K
     for n0 in range(start, full, BLOCK_K):
-        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
-                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
-                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, False)
+        if POLAR_G > 0:
+            m_vec = _polar_score_step(row_lut, rho_ptr, kc_ptr, kg_ptr, s_ptr, n0, end, zero, m_vec, D, LOG2D,
+                                      POLAR_G, A_BITS, K_WORDS, N_ENTRIES, BLOCK_K, PAIRS, False)
+        else:
+            m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
+                                qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                                FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, False)
     if full < end:
-        m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full, end,
-                            qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
-                            FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, True)
+        if POLAR_G > 0:
+            m_vec = _polar_score_step(row_lut, rho_ptr, kc_ptr, kg_ptr, s_ptr, full, end, zero, m_vec, D,
+                                      LOG2D, POLAR_G, A_BITS, K_WORDS, N_ENTRIES, BLOCK_K, PAIRS, True)
+        else:
+            m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full,
+                                end, qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO,
+                                N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, True)
     return tl.max(m_vec, 0)
 
 
@@ -225,7 +294,8 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    V_GT: tl.constexpr, STAGE_K: tl.constexpr,
+    V_GT: tl.constexpr, STAGE_K: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
+    LOG2D: tl.constexpr,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -237,7 +307,9 @@ def _adc_attn_kernel(
     of the merge kernel. Group-16 values up to 8 bits go through values_in_place (V_GT groups of a key a
     thread row; widths not dividing 32 need V_GT = 2), the split in stages of STAGE_K keys, each scored, then
     its values accumulated, the accumulators rescaled when the running maximum grows; other value formats
-    through values_by_key after the whole split is scored. The score phase loads code words two at a time
+    through values_by_key after the whole split is scored. POLAR_G > 0: the polar section's scores
+    (_polar_score_step, its bottom POLAR_G levels a table code, A_BITS bits an angle; rho_ptr then holds the
+    angles' cos | sin pairs). The score phase loads code words two at a time
     where a key has an even number of them (PAIRS) and predicates its table reads on all of a step's loads
     (`zero` must be 0; _score_step).
     """
@@ -267,7 +339,8 @@ def _adc_attn_kernel(
             c1 = tl.minimum(c0 + STAGE_K, end)
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                                 ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef, zero,
-                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
+                                D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS,
+                                POLAR_G, A_BITS, LOG2D)
             tl.debug_barrier()
             if m_c > m_run:
                 alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
@@ -286,7 +359,8 @@ def _adc_attn_kernel(
     else:
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                           ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
-                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS)
+                          D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS,
+                          POLAR_G, A_BITS, LOG2D)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
@@ -336,8 +410,8 @@ CAPPED_SCALAR_WORDS = 28
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None = None) -> str | None:
     """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
-    score tables (triplet, scalar) with codes to look up and tables of at most MAX_ENTRIES entries a code, a
-    native window of at most MAX_WINDOW tokens. `group`: attention_adc's."""
+    score tables (triplet, scalar, polar) with codes to look up and tables of at most MAX_ENTRIES entries a
+    code, a native window of at most MAX_WINDOW tokens. `group`: attention_adc's."""
     if t_win > MAX_WINDOW:
         return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
@@ -370,6 +444,8 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     value_groups = min(value_groups, n_groups)
     if codec.decode == "scalar":
         fits = codec.code_words + (2 * -(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
+    elif codec.decode == "polar":
+        fits = False
     else:
         fits = not codec.has_qjl or lay.fold_rho
     capped = block_v * n_groups // value_groups == 32 * num_warps and fits
@@ -378,7 +454,8 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
                   N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
                   V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
                   BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
-                  STAGE_K=max(STAGE_KEYS, block_k, block_v))
+                  STAGE_K=max(STAGE_KEYS, block_k, block_v), POLAR_G=lay.levels, A_BITS=codec.code_bits,
+                  LOG2D=d.bit_length() - 1)
     return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
 
@@ -436,7 +513,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
-        lut, qlut, q, codec.table("centroids"),
+        lut, qlut, q, polar_cos_sin(codec) if codec.decode == "polar" else codec.table("centroids"),
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),

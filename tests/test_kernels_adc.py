@@ -102,6 +102,14 @@ CASES = [
     ("turboquant-qjl", 2, 128, 140, 1, None, torch.bfloat16),
     ("turboquant-qjl", 3, 128, 33, 3, None, torch.float32),
     ("turboquant-qjl", 4, 64, 0, 2, None, torch.float32),
+    # polar section: tables over the bottom two levels (b <= 2: 3 angles, 6 bits) or one (b >= 3), the levels
+    # above folded in the key loop; 127 and 63 codes a key straddle words
+    ("polarquant", 2, 64, 455, 1, None, torch.float32),
+    ("polarquant", 2, 128, 300, 0, 3, torch.bfloat16),
+    ("polarquant", 1, 64, 97, 2, 2, torch.float32),
+    ("polarquant", 3, 128, 130, 40, None, torch.float32),
+    ("polarquant", 4, 64, 1, 1, None, torch.bfloat16),
+    ("polarquant", 8, 64, 70, 1, None, torch.float32),
 ]
 
 
@@ -147,22 +155,27 @@ def test_scalar_groups_match_reference(name, bits, d, group):
 
 
 LAYOUTS = {
-    # (codec, bits, d): (table codes a key, bits a code, entries a code, C_rho folded, coordinates a code)
-    ("turboquant-mse", 2, 128): (43, 6, 64, True, 3),
-    ("turboquant-qjl", 2, 64): (11, 6, 64, True, 6),
-    ("turboquant-mse", 3, 64): (32, 6, 64, True, 2),
-    ("turboquant-mse", 4, 128): (128, 4, 16, True, 1),
-    ("octopus", 2, 128): (43, 7, 128, True, 0),
+    # (codec, bits, d): (table codes a key, bits a code, entries a code, C_rho folded, coordinates a code,
+    # angle levels a code)
+    ("turboquant-mse", 2, 128): (43, 6, 64, True, 3, 0),
+    ("turboquant-qjl", 2, 64): (11, 6, 64, True, 6, 0),
+    ("turboquant-mse", 3, 64): (32, 6, 64, True, 2, 0),
+    ("turboquant-mse", 4, 128): (128, 4, 16, True, 1, 0),
+    ("octopus", 2, 128): (43, 7, 128, True, 0, 0),
+    ("polarquant", 1, 64): (16, 3, 8, True, 0, 2),  # 3 levels would take 7 bits
+    ("polarquant", 2, 128): (32, 6, 64, True, 0, 2),
+    ("polarquant", 3, 64): (32, 3, 8, True, 0, 1),
 }
 
 
 def test_table_layouts():
-    """Default table codes: triplets as coded; scalar groups of the most coordinates within 6 bits."""
+    """Default table codes: triplets as coded; scalar groups of the most coordinates within 6 bits; polar
+    subtrees of the most bottom levels whose angle codes fit in 6 bits."""
     got = {}
     for name, bits, d in LAYOUTS:
         lay = tables().table_layout(make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
                                                dtype=torch.float32)[1])
-        got[name, bits, d] = (lay.codes, lay.bits, lay.entries, lay.fold_rho, lay.group)
+        got[name, bits, d] = (lay.codes, lay.bits, lay.entries, lay.fold_rho, lay.group, lay.levels)
     assert got == LAYOUTS
 
 
@@ -177,6 +190,7 @@ CAPS = {
     ("turboquant-qjl", 7, 128): False,  # 24 + 2 x 4: spills under the cap
     ("turboquant-mse", 7, 128): True,  # 28 code words
     ("turboquant-mse", 8, 128): False,  # 32 code words
+    ("polarquant", 2, 128): False,  # not compiled under it yet
 }
 
 

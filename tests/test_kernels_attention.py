@@ -125,17 +125,18 @@ def test_octopus_direction_decodes_agree(launch):
     assert_close(got, want, TOL[torch.float32])
 
 
-# one query row of a scalar codec (turboquant-*): score tables under a short window, the flash kernel's
-# single-row path past the table path's 64 window tokens (the AAR window: 75)
-SCALAR_ROWS = {"mse-score-tables": ("turboquant-mse", 3, 1), "mse-flash-row": ("turboquant-mse", 3, 75),
-               "qjl-score-tables": ("turboquant-qjl", 2, 1), "qjl-flash-row": ("turboquant-qjl", 2, 75)}
+# one query row of a scalar or polar codec (turboquant-*, polarquant): score tables under a short window, the
+# flash kernel's single-row path past the table path's 64 window tokens (the AAR window: 75)
+SINGLE_ROWS = {"mse-score-tables": ("turboquant-mse", 3, 1), "mse-flash-row": ("turboquant-mse", 3, 75),
+               "qjl-score-tables": ("turboquant-qjl", 2, 1), "qjl-flash-row": ("turboquant-qjl", 2, 75),
+               "polar-score-tables": ("polarquant", 2, 1), "polar-flash-row": ("polarquant", 2, 75)}
 
 
-@pytest.mark.parametrize("case", list(SCALAR_ROWS))
-def test_scalar_single_row_paths_agree(case):
-    """attention routes one query row of turboquant-* to the score tables or the flash kernel by the window,
-    and both match the library."""
-    name, bits, window = SCALAR_ROWS[case]
+@pytest.mark.parametrize("case", list(SINGLE_ROWS))
+def test_single_row_paths_agree(case):
+    """attention routes one query row of turboquant-* and polarquant to the score tables or the flash kernel
+    by the window, and both match the library."""
+    name, bits, window = SINGLE_ROWS[case]
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         name, bits, tq=1, length=300, window=window, d=64, groups=1, dtype=torch.float32, heads=2, seed=5)
     want = decoded_attention(codec, q, keys, values, 300, k_win, v_win, 1 / 8)

@@ -26,7 +26,8 @@ sass = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sass)
 
 HEADS = 16
-JOBS = [(n, b, d) for n in ("turboquant-mse", "turboquant-qjl", "octopus", "octopus-qjl") for b in (2, 3, 4)
+JOBS = [(n, b, d) for n in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+        for b in (2, 3, 4)
         for d in (64, 128)]
 ATTN_TYPES = {"lut_ptr": "*fp32", "qlut_ptr": "*fp32", "qn_ptr": "*bf16", "rho_ptr": "*fp32",
               "kc_ptr": "*i32", "kg_ptr": "*bf16", "ks_ptr": "*i32", "kr_ptr": "*bf16", "vc_ptr": "*i32",
@@ -34,7 +35,8 @@ ATTN_TYPES = {"lut_ptr": "*fp32", "qlut_ptr": "*fp32", "qn_ptr": "*bf16", "rho_p
               "out_ptr": "*bf16", "opart_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32",
               "qjl_coef": "fp32"}
 TABLE_TYPES = {"q_ptr": "*bf16", "rs_ptr": "*fp32", "qs_ptr": "*fp32", "had_ptr": "*fp32", "dir_ptr": "*fp32",
-               "rho_ptr": "*fp32", "cent_ptr": "*fp32", "lut_ptr": "*fp32", "qlut_ptr": "*fp32",
+               "rho_ptr": "*fp32", "cent_ptr": "*fp32", "cs_ptr": "*fp32", "lut_ptr": "*fp32",
+               "qlut_ptr": "*fp32",
                "inv_sqrt_d": "fp32", "qk_scale": "fp32"}
 
 
@@ -58,6 +60,10 @@ def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None =
                       HAS_QJL=kc.has_qjl, TP=16)
     if kc.decode == "scalar":
         tab_fn, tab_consts = query_tables._scalar_tables_kernel, dict(tab_consts, B=kc.code_bits, G=lay.group)
+    elif kc.decode == "polar":
+        tab_fn = query_tables._polar_tables_kernel
+        tab_consts = dict(tab_consts, A_BITS=kc.code_bits, G=lay.levels)
+        del tab_consts["HAS_QJL"]
     else:
         tab_fn = query_tables._octopus_tables_kernel
         tab_consts = dict(tab_consts, B_RHO=kc.param("b_rho"), FOLD_RHO=lay.fold_rho)
