@@ -7,7 +7,13 @@ cache another value). Measured on these three clips (octopus and turboquant-mse 
 against 1, one thread): sampled-output metrics within 1.6e-4 relative (the bf16-KV floor's LSD; codec rows
 2e-5), teacher-forced top-1 by at most one position of 455 (two with the one-pass teacher forcing that
 runs on GPUs), teacher-forced KL within 0.4% (codec rows) and 4.3e-7 absolute (the bf16-KV floor's KL of
-1.7e-6 to 1.2e-5). The tolerances below sit above those figures."""
+1.7e-6 to 1.2e-5). The tolerances below sit above those figures.
+
+A sampled generation amplifies such a flip when it moves a sampled token: on an AMD EPYC development machine
+both codec rows of ambi_choir (and no other) came out up to 1.0% apart in their sampled-output metrics (SNR;
+latent cosine 0.14% and 0.45%) while their teacher-forced metrics stayed within the tolerances above. So the
+rows of one clip at most may leave the rounding tolerance of the sampled-output metrics, and only to
+DIVERGED_REL: a batching fault (a row given another clip's condition, seed or cache) moves every clip."""
 
 import json
 import shutil
@@ -17,6 +23,8 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLED = ("latent_cos", "logmel_mse", "lsd_db", "snr_db")  # metrics of the sampled output
+DIVERGED_REL = 0.05
 CLIPS = ("ambi_choir.flac", "loop_amen.flac", "misc_crow.flac")
 
 
@@ -49,6 +57,7 @@ def test_batched_rows_equal_unbatched_with_the_default_model(tmp_path):
 
     one, three = rows(tmp_path / "one"), rows(tmp_path / "three")
     assert one.keys() == three.keys() and len(one) == 3 * 4  # two floors and two codecs per clip
+    diverged = set()
     for key, a in one.items():
         b = three[key]
         assert a["status"] == b["status"] == "ok", key
@@ -62,7 +71,11 @@ def test_batched_rows_equal_unbatched_with_the_default_model(tmp_path):
                 tolerance = dict(rel=1e-2, abs=1e-6)
             else:
                 tolerance = dict(rel=1e-3)
+            if name in SAMPLED and b["metrics"][name] != pytest.approx(value, **tolerance):
+                diverged.add(key[0])
+                tolerance = dict(rel=DIVERGED_REL)
             assert b["metrics"][name] == pytest.approx(value, **tolerance), (key, name)
+    assert len(diverged) <= 1, f"sampled outputs of {sorted(diverged)} moved beyond rounding"
     for name in CLIPS:
         clip = Path(name).stem
         with np.load(tmp_path / "one" / "refs" / f"{clip}.npz") as a, \
