@@ -346,15 +346,15 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
 
 def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
     """The single-query score-table path (adc_ops). Defaults from the H200 sweeps at 128k keys, octopus b=2:
-    d >= 128: 256 keys a score step, 64 a value step, 8 warps; d <= 64: 128 / 64, 4 warps. The split count
-    fills one wave of the programs resident an SM (score_tables.resident_programs: under the 80-register cap
-    3 of 8 warps, 6 of 4): at d=128, 12 splits at 32 heads on 132 SMs, 0.229 ms against 0.29 ms at 17 splits
-    (1.37 waves)."""
+    d >= 128: 256 keys a score step,
+    64 a value step, 8 warps, 3 programs per SM, which is what is resident under the 80-register cap, so
+    the splits (floor(3 * SMs / rows) = 12 at 32 heads on 132 SMs) fill one wave: 0.229 ms against 0.29 ms
+    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 8 programs per SM."""
     wide = codec.head_dim >= 128
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
                          num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
                          block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
-                         programs_per_sm=cfg.programs_per_sm)
+                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 8))
 
 
 def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:

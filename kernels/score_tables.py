@@ -459,19 +459,6 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
 
-SM_REGISTERS = 65536  # 32-bit registers an SM (sm_80 / sm_90)
-
-
-def resident_programs(options: dict) -> int:
-    """Programs of the attention kernel an SM holds at once, by registers, under the register cap
-    (attention_constants' options); uncapped (no count before the compile): 8 programs of 4 warps, 3 of 8,
-    the H200 sweeps' choices at 128k keys."""
-    nw = options["num_warps"]
-    if "maxnreg" in options:
-        return max(1, SM_REGISTERS // (options["maxnreg"] * 32 * nw))
-    return 8 if nw <= 4 else 3
-
-
 def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
@@ -516,7 +503,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
-        want = max(1, (programs_per_sm or resident_programs(options)) * _sm_count(dev) // rows)
+        want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)
         num_splits = max(1, min(want, _cdiv(length, 4 * step)))
     num_splits, chunk = split_chunk(length, min(int(num_splits), max(1, _cdiv(length, step))), step)
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)

@@ -206,14 +206,6 @@ def test_register_cap():
     assert got == CAPS
 
 
-def test_split_count_fills_resident_programs():
-    """The default split count aims at the programs an SM holds: by registers under the cap (80 x 32 lanes
-    x 4 warps: 6 in 65536; x 8 warps: 3), the sweeps' 8 / 3 uncapped."""
-    st = tables()
-    assert [st.resident_programs({"num_warps": nw, "maxnreg": 80}) for nw in (2, 4, 8)] == [12, 6, 3]
-    assert [st.resident_programs({"num_warps": nw}) for nw in (4, 8)] == [8, 3]
-
-
 def test_refuses_codes_it_cannot_look_up():
     """turboquant-qjl at b=1 has no codes (the flash kernel serves it); group sizes are the scalar section's
     and keep a table code's entries within MAX_ENTRIES."""
