@@ -350,12 +350,14 @@ def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, sc
     d >= 128: 256 keys a score step,
     64 a value step, 8 warps, 3 programs per SM, which is what is resident under the 80-register cap, so
     the splits (floor(3 * SMs / rows) = 12 at 32 heads on 132 SMs) fill one wave: 0.229 ms against 0.29 ms
-    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 8 programs per SM."""
+    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 4 programs per SM (the cap holds 6): `bench --tune`
+    at 16 heads, graph ms, against 8 (1.33 waves): octopus 0.0997 -> 0.0938 at 128k keys, 0.0449 -> 0.0394 at
+    32k, turboquant-mse / -qjl and octopus-qjl 5-13% faster alike."""
     wide = codec.head_dim >= 128
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
                          num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
                          block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
-                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 8))
+                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 4))
 
 
 def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:

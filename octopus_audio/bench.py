@@ -90,14 +90,14 @@ def tuning_jobs() -> dict[str, list[Job]]:
     # one query row: the score-table path (block_n = keys per score step, block_v per value step)
     long_cfgs = [AttnConfig(block_n=bn, block_v=bv, num_warps=nw, programs_per_sm=pps)
                  for bn, bv, nw, pps in ((128, 64, 4, 8), (256, 64, 8, 4), (128, 32, 4, 8), (256, 64, 8, 8),
-                                         (256, 32, 8, 4), (128, 64, 4, 4))]
+                                         (256, 32, 8, 4), (128, 64, 4, 4), (128, 64, 4, 6), (256, 64, 8, 3))]
     jobs = {"aar": [Job("attention", DEFAULT_CODEC, 2, aar, config=c) for c in aar_cfgs]}
     for d, h in LONG_DIMS:
         shape = AttnShape(f"tune 1 q x 128k, d={d}", 1, h, 1, LONG_KEYS[-1] - 1, 1, d)
         jobs[f"long-d{d}"] = [Job("attention", DEFAULT_CODEC, 2, shape, config=c) for c in long_cfgs]
     enc_cfgs = [EncodeConfig(32, 4, 1), EncodeConfig(16, 4, 1), EncodeConfig(64, 4, 1),
-                EncodeConfig(64, 8, 1),
-                EncodeConfig(128, 8, 1)]
+                EncodeConfig(64, 8, 1), EncodeConfig(128, 8, 1),
+                EncodeConfig(32, 2, 1)]  # octopus: a third more resident warps (kernels.md, Encode)
     jobs["encode-k"] = [Job("encode-k", DEFAULT_CODEC, 2, config=c) for c in enc_cfgs]
     jobs["encode-v"] = [Job("encode-v", "values", 2, config=c) for c in enc_cfgs]
     return jobs

@@ -69,11 +69,11 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     wide = d >= 128
     launches = {f"tables g={g}": (g, functools.partial(
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
-        num_warps=8 if wide else 4, programs_per_sm=3 if wide else 8, group=g))
+        num_warps=8 if wide else 4, programs_per_sm=3 if wide else 4, group=g))
         for g in groups if kc.decode == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
     launches["tables default, no register cap"] = (query_tables.table_layout(kc).group, functools.partial(
         uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
-        programs_per_sm=3 if wide else 8))
+        programs_per_sm=3 if wide else 4))
     launches["default (flash.attention)"] = (None, functools.partial(flash.attention, *call, scale=scale))
     launches["flash single row"] = (None, functools.partial(flash_row, *call, scale=scale))
     for label, (g, fn) in launches.items():
