@@ -317,8 +317,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     turboquant-mse b=2, 1 q x 8k/32k/128k keys: 0.028 / 0.089 / 0.300 ms at d=64 x 16 heads, 0.061 / 0.180 /
     0.759 ms at d=128 x 32 heads, against 0.053 / 0.130 / 0.411 and 0.100 / 0.313 / 1.132 ms with the earlier
     32 keys, 4 warps, 8 programs per SM, which an octopus b=2 sweep had chosen before octopus moved to score
-    tables). A block of queries: up to
-    128 rows (64 at d > 64), 64 keys a step, 4 warps; gathered codes
+    tables). A block of queries: up to 128 rows (64 at d > 64), 64 keys a step, 4 warps; gathered codes
     for folded octopus rows, word tiles otherwise. The H200 sweep at AAR shapes (d=64, 16-bit operands),
     octopus b=2 at 128 rows, 64 keys a step, 4 warps: gathered codes with folded rows 0.278 ms at B=64 and
     2.105 ms at B=512, against 0.324 / 2.49 ms unfolded from word tiles, 0.288 / 2.196 ms for folded rows

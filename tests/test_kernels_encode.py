@@ -97,13 +97,14 @@ def test_full_size_launches_match_codec(name, bits, d):
 
     ops = kernel_ops(DEVICE)
     heads = 2
-    kc = backend.kernel_codec(get_codec(name, bits, d, seed=5), heads, DEVICE)
+    lib = get_codec(name, bits, d, seed=5)
+    kc = backend.kernel_codec(lib, heads, DEVICE)
     rows = _encode_launch(d, None, kc)[0]
     tokens = _sm_count(torch.device(DEVICE)) * rows + 5  # 2 x SMs programs and a partial one: not halved
     assert _encode_launch(d, None, kc, heads * tokens, torch.device(DEVICE))[0] == rows
     k, v = _qkv_views(1, tokens, heads, d, torch.bfloat16, seed=bits + d)
     got = ops.encode_keys(k.contiguous(), kc)
-    want = get_codec(name, bits, d, seed=5).encode(k.cpu())
+    want = lib.encode(k.cpu())
     n, n_codes = kc.code_bits, kc.num_codes
     if n > 0:
         frac = _mismatch(unpack(got.codes.cpu(), n, n_codes), unpack(want.codes, n, n_codes))

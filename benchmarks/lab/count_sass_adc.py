@@ -56,17 +56,16 @@ def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None =
     cap = maxnreg or options.get("maxnreg")
     kernel = sass._compile(score_tables._adc_attn_kernel, ATTN_TYPES, consts, nw, cap)
     st = sass.sass_stats(kernel)
-    tab_consts = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128),
-                      HAS_QJL=kc.has_qjl, TP=16)
-    if kc.decode == "scalar":
-        tab_fn, tab_consts = query_tables._scalar_tables_kernel, dict(tab_consts, B=kc.code_bits, G=lay.group)
-    elif kc.decode == "polar":
+    tab_consts = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128), TP=16)
+    if kc.decode == "polar":  # no QJL side-car
         tab_fn = query_tables._polar_tables_kernel
         tab_consts = dict(tab_consts, A_BITS=kc.code_bits, G=lay.levels)
-        del tab_consts["HAS_QJL"]
+    elif kc.decode == "scalar":
+        tab_fn = query_tables._scalar_tables_kernel
+        tab_consts = dict(tab_consts, HAS_QJL=kc.has_qjl, B=kc.code_bits, G=lay.group)
     else:
         tab_fn = query_tables._octopus_tables_kernel
-        tab_consts = dict(tab_consts, B_RHO=kc.param("b_rho"), FOLD_RHO=lay.fold_rho)
+        tab_consts = dict(tab_consts, HAS_QJL=kc.has_qjl, B_RHO=kc.param("b_rho"), FOLD_RHO=lay.fold_rho)
     tab = sass.sass_stats(sass._compile(tab_fn, TABLE_TYPES, tab_consts, 4))
     st.update(codec=name, bits=bits, d=d, group=lay.group, table_codes=lay.codes, code_bits=lay.bits,
               entries=lay.entries, table_kib=lay.codes * lay.entries * 4 / 1024,
