@@ -262,6 +262,12 @@ def _region(x, lut_ptr, LUT_SCALE: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _table_word(ptrs, ASM: tl.constexpr):
+    """An int32 table word stored as fp32 bits (`_table`, bitcast back)."""
+    return _table(ptrs, ASM).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K: tl.constexpr,
                     LUT_SCALE: tl.constexpr, HALF: tl.constexpr, WANT_DIR: tl.constexpr, ASM: tl.constexpr):
     """local3x3 joint rounding of triplets t = (tx, ty, tz) [BT, LP] -> (flat direction index of the winner,
@@ -272,12 +278,20 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     nearest s. That is rho^2 + min_k (c_k^2 - 2 c_k s), strictly decreasing in s as every c_k > 0 (the rho
     codebook lies in (0, 1]), so the least cost is the largest s: no rho search per candidate. The seeds come
     from t / ||t||_1 (one approximate reciprocal; they differ from the reference's by float rounding only) as
-    regions of the lookup table; the region's row of the candidate table (triplet_tables: the candidates of
-    the seed's 3x3 that can win there, in increasing flat index, NaN-padded) gives SEARCH_K directions, one
-    vector load each, scored in the reference's own arithmetic (t_x n_x + t_y n_y) + t_z n_z (bit-equal
-    scores); a tie keeps the first: the reference's lowest-index rule. A zero triplet searches as (0, 0, 1),
-    the reference's placeholder direction: the first of the four tied directions around the pole, its
-    seeds."""
+    regions of the lookup table; the region's row of the candidate table (triplet_tables: the flat indices of
+    the seed's 3x3 candidates that can win there, increasing, padded with M*M) gives SEARCH_K directions, one
+    vector load each from the direction rows (row M*M NaN), scored in the reference's own arithmetic
+    (t_x n_x + t_y n_y) + t_z n_z (bit-equal scores); a tie keeps the first: the reference's lowest-index
+    rule.
+    A zero triplet searches as (0, 0, 1), the reference's placeholder direction: the first of the four tied
+    directions around the pole, its seeds. The table layout (F-bit fields, words a row, where the direction
+    rows start) is triplet_tables' field_bits / row_words / dir_offset, computed here from the same
+    constants."""
+    M2: tl.constexpr = 1 << (2 * B_DIR)
+    F: tl.constexpr = 8 if M2 < 255 else 16 if M2 < 65535 else 32
+    RW: tl.constexpr = (SEARCH_K * F + 31) // 32
+    R: tl.constexpr = (1 << B_DIR) << HALF
+    DIR_OFF: tl.constexpr = (R * R * RW + 3) // 4 * 4
     l1 = (tl.abs(tx) + tl.abs(ty)) + tl.abs(tz)
     zero = l1 == 0
     tzs = tl.where(zero, 1.0, tz)
@@ -289,32 +303,40 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
     r_xi = _region(xi, lut_ptr, LUT_SCALE, ASM)
     r_eta = _region(eta, lut_ptr, LUT_SCALE, ASM)
-    R: tl.constexpr = (1 << B_DIR) << HALF
-    row = cand_ptr + (r_xi * R + r_eta) * (4 * SEARCH_K)
-    # candidate 0 is never padding: it opens the best, the runner-up is -inf
-    nx, ny, nz, nf = _table_vec(row, 4, ASM)
-    best = (tx * nx + ty * ny) + tzs * nz
+    row = cand_ptr + (r_xi * R + r_eta) * RW
+    if RW == 2:
+        w0, w1 = _table_vec(row, 2, ASM)
+        word = w0.to(tl.int32, bitcast=True)
+        word1 = w1.to(tl.int32, bitcast=True)
+    else:
+        word = _table_word(row, ASM)
+        word1 = word
+    best = tl.full(tx.shape, float("-inf"), tl.float32)
     second = tl.full(tx.shape, float("-inf"), tl.float32)
-    if WANT_DIR:
-        pick = tl.zeros(tx.shape, tl.int32)
-    else:
-        pick = nf.to(tl.int32, bitcast=True)
-    for k in tl.static_range(1, SEARCH_K):
-        nx, ny, nz, nf = _table_vec(row + 4 * k, 4, ASM)
-        s = (tx * nx + ty * ny) + tzs * nz
-        better = s > best
-        if WANT_DIR:
-            pick = tl.where(better, k, pick)
+    flat = tl.zeros(tx.shape, tl.int32)
+    for k in tl.static_range(SEARCH_K):
+        if (F * k) % 32 == 0 and k > 0:  # the next word of the row
+            if RW == 2:
+                word = word1
+            else:
+                word = _table_word(row + (F * k) // 32, ASM)
+        if F == 32:
+            f_k = word
         else:
-            pick = tl.where(better, nf.to(tl.int32, bitcast=True), pick)
-        # the runner-up: the median of (best, second, s), which ignores a NaN s (max and min drop NaN)
-        second = tl.minimum(best, tl.maximum(second, s))
-        best = tl.maximum(best, s)
+            f_k = (word >> ((F * k) % 32)) & ((1 << F) - 1)
+        nx, ny, nz, _ = _table_vec(cand_ptr + DIR_OFF + 4 * f_k, 4, ASM)
+        s = (tx * nx + ty * ny) + tzs * nz
+        if k == 0:  # candidate 0 is never padding: it opens the best, the runner-up stays -inf
+            best = s
+            flat = f_k
+        else:
+            flat = tl.where(s > best, f_k, flat)
+            # the runner-up: the median of (best, second, s), which ignores a NaN s (max and min drop NaN)
+            second = tl.minimum(best, tl.maximum(second, s))
+            best = tl.maximum(best, s)
     if WANT_DIR:
-        ddx, ddy, ddz, nf = _table_vec(row + 4 * pick, 4, ASM)
-        flat = nf.to(tl.int32, bitcast=True)
+        ddx, ddy, ddz, _ = _table_vec(cand_ptr + DIR_OFF + 4 * flat, 4, ASM)
     else:
-        flat = pick
         ddx = best
         ddy = best
         ddz = best

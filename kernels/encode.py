@@ -84,7 +84,7 @@ def _encode_keys_kernel(
     HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
     HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
     DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
-    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
+    ALIGNED: tl.constexpr, EXACT: tl.constexpr, REDO_GROUPS: tl.constexpr = 1,
 ):
     """Rows [BLOCK_T] (block `tl.program_id(0)`) of a unit K [B, H, T, D] (row r is token r % T of head
     (r // T) % H; the input's strides are given, unit stride along D) -> codes, gamma, QJL fields written to
@@ -106,45 +106,80 @@ def _encode_keys_kernel(
     EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
     encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
     writes a flag per group of NEAR_ROWS rows (the group holds a near tie), then 2, with NEAR_ROWS rows a
-    program, redoes just the flagged groups in the reference's arithmetic (a separate launch keeps that rare
+    block, redoes just the flagged groups in the reference's arithmetic (a separate launch keeps that rare
     path's registers out of the first; groups smaller than the first launch's blocks redo fewer rows: at 64
-    rows a block, b=4 flags about one block in seven).
+    rows a block, b=4 flags about one block in seven). The second launch's programs take REDO_GROUPS groups
+    each: one vector load of their flags, then the flagged ones in turn (a program a group spent 51 us of
+    the 0.50 ms of octopus b=2 at 64k tokens x 16 heads on the H200 launching programs that found no flag).
     """
     pid = tl.program_id(0)
-    go = True  # EXACT 2: only the blocks the first launch flagged
-    if EXACT == 2:
-        go = tl.load(near_ptr + pid) != 0
-    if go:
-        ok, src, dst, hoff = _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
-                                       BLOCK_T, ALIGNED)
-        dcol = tl.arange(0, D)[None, :]
-        x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
-        xf = x.to(tl.float32)
-        if CHECK:
-            if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
-                mark_bad(flag_ptr)
-        gamma, rscale = _key_norm(xf)
-        tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
-        gmax = tl.maximum(gamma, 1e-30)[:, None]
-        inv_g = tl.math.div_rn(1.0, gmax)
-        sgn = tl.load(rs_ptr + hoff + dcol)
-        if DOT_NATIVE:
-            xsg = x * sgn  # +-1 in the input dtype: exact
-        else:
-            xsg = xf * sgn
-        words, wmap, proj, gamma_r = encode_codes(
-            xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-            bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
-            SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
-            HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
-        if K_WORDS > 0:
-            tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
-                     mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
-        if HAS_QJL:
-            tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
-            sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
-            scol = tl.arange(0, S_WP)[None, :]
-            tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
+    if EXACT == 2:  # REDO_GROUPS groups a program: only those the first launch flagged
+        n_groups = (n_rows + BLOCK_T - 1) // BLOCK_T
+        g = pid * REDO_GROUPS + tl.arange(0, REDO_GROUPS)
+        if tl.max(tl.load(near_ptr + g, mask=g < n_groups, other=0), 0) != 0:
+            for i in range(REDO_GROUPS):
+                blk = pid * REDO_GROUPS + i
+                if tl.load(near_ptr + blk, mask=blk < n_groups, other=0) != 0:
+                    _encode_key_block(
+                        blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
+                        gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr,
+                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D,
+                        K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE,
+                        LP, HAS_QJL, S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+    else:
+        _encode_key_block(
+            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
+            flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
+            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP,
+            KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
+            DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+
+
+@triton.jit
+def _encode_key_block(
+    blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
+    near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
+    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
+    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
+    B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
+    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
+    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
+    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
+    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Block `blk` of `_encode_keys_kernel`'s rows: its keys' fields, encoded and stored."""
+    ok, src, dst, hoff = _key_rows(blk, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
+                                   BLOCK_T, ALIGNED)
+    dcol = tl.arange(0, D)[None, :]
+    x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
+    xf = x.to(tl.float32)
+    if CHECK:
+        if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
+            mark_bad(flag_ptr)
+    gamma, rscale = _key_norm(xf)
+    tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
+    gmax = tl.maximum(gamma, 1e-30)[:, None]
+    inv_g = tl.math.div_rn(1.0, gmax)
+    sgn = tl.load(rs_ptr + hoff + dcol)
+    if DOT_NATIVE:
+        xsg = x * sgn  # +-1 in the input dtype: exact
+    else:
+        xsg = xf * sgn
+    words, wmap, proj, gamma_r = encode_codes(
+        xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, blk, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
+        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
+        SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
+        HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
+    if K_WORDS > 0:
+        tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
+                 mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
+    if HAS_QJL:
+        tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
+        sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
+        scol = tl.arange(0, S_WP)[None, :]
+        tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 
 
 @triton.jit(do_not_specialize=["n_rows", "T", "OFFSET", "key_programs", "n_groups"])
@@ -246,7 +281,7 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
             codec.tables.get("centroids", dummy),
             boundaries if boundaries is not None and boundaries.numel() else dummy,
             _triplet_search(codec).lut if octo else dummy,
-            _triplet_search(codec).candidates if octo else _polar_trig(codec) if codec.decode == "polar"
+            _triplet_search(codec).table if octo else _polar_trig(codec) if codec.decode == "polar"
             else dummy,
             codec.table("directions").t().contiguous() if octo else dummy)
     return cache[key]
@@ -274,6 +309,7 @@ KEY_LAUNCH = {
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
                    (64, "polar", False, 2): (128, 4, None)}
 
+REDO_GROUPS = 16  # encode_keys' second launch: near-tie groups a program
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
@@ -366,12 +402,15 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
         else dummy
     for exact in (1, 2) if octo else (0,):
         rows = group if exact == 2 else block_t
-        _encode_keys_kernel[(triton.cdiv(n_rows, rows),)](
+        grid = triton.cdiv(n_rows, rows)
+        if exact == 2:
+            grid = triton.cdiv(grid, REDO_GROUPS)
+        _encode_keys_kernel[(grid,)](
             kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
             signs if signs is not None else dummy, gamma_r16,
             dummy, near, *tables, n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
-            ALIGNED=t % rows == 0, EXACT=exact, **dict(consts, BLOCK_T=rows),
-            **(launch if exact != 2 else dict(launch, num_warps=1)),
+            ALIGNED=t % rows == 0, EXACT=exact, REDO_GROUPS=REDO_GROUPS if exact == 2 else 1,
+            **dict(consts, BLOCK_T=rows), **(launch if exact != 2 else dict(launch, num_warps=1)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
 

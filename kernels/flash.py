@@ -344,19 +344,24 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
+# (keys a score step, keys a value step, warps, programs an SM) of the one-row score-table path, by head
+# dim (and polarquant at d >= 128): the H200 sweep at 128k keys, graph-timed
+# (benchmarks/lab/sweep_table_occupancy.py; kernels.md, "Split counts of the one-row path"). d <= 64 at 16
+# heads: 6 programs an SM (what the 80-register cap keeps resident) against 4: octopus 0.0933 -> 0.0785 ms,
+# every table codec 14-19% faster; d >= 128 at 32 heads: 256 keys, 8 warps, 3 programs (one wave of 12
+# splits), within 1% of (128, 32, 4, 6) for octopus and the turboquants; polarquant, whose angle folds take
+# more registers, 0.3573 -> 0.2751 ms at (128, 32, 4, 5).
+TABLE_LAUNCH = {"narrow": (128, 64, 4, 6), "wide": (256, 64, 8, 3), "wide-polar": (128, 32, 4, 5)}
+
+
 def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
-    """The single-query score-table path (adc_ops). Defaults from the H200 sweeps at 128k keys, octopus b=2:
-    d >= 128: 256 keys a score step,
-    64 a value step, 8 warps, 3 programs per SM, which is what is resident under the 80-register cap, so
-    the splits (floor(3 * SMs / rows) = 12 at 32 heads on 132 SMs) fill one wave: 0.229 ms against 0.29 ms
-    at 17 splits (1.37 waves); d <= 64: 128 / 64, 4 warps, 4 programs per SM (the cap holds 6): `bench --tune`
-    at 16 heads, graph ms, against 8 (1.33 waves): octopus 0.0997 -> 0.0938 at 128k keys, 0.0449 -> 0.0394 at
-    32k, turboquant-mse / -qjl and octopus-qjl 5-13% faster alike."""
-    wide = codec.head_dim >= 128
+    """The single-query score-table path (adc_ops), at TABLE_LAUNCH's launch where `cfg` leaves it open."""
+    kind = "narrow" if codec.head_dim < 128 else "wide-polar" if codec.decode == "polar" else "wide"
+    block_k, block_v, warps, per_sm = TABLE_LAUNCH[kind]
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
-                         num_splits=num_splits, block_k=cfg.block_n or (256 if wide else 128),
-                         block_v=cfg.block_v or 64, num_warps=cfg.num_warps or (8 if wide else 4),
-                         programs_per_sm=cfg.programs_per_sm or (3 if wide else 4))
+                         num_splits=num_splits, block_k=cfg.block_n or block_k,
+                         block_v=cfg.block_v or block_v, num_warps=cfg.num_warps or warps,
+                         programs_per_sm=cfg.programs_per_sm or per_sm)
 
 
 def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:

@@ -14,9 +14,13 @@ region's piece clipped by all its half-planes is not empty (float64 polygon clip
 that degenerates to a segment or a point still keeps k). At most 4 candidates survive per region up to
 b_dir = 6 (6 at 7 and 8). Without pruning a region is a seed cell listing its whole clamped 3x3.
 
-Each region's row lists its candidates in increasing flat index (the reference's tie rule), each as
-(n_x, n_y, n_z, flat) with the direction table's fp32 vector and the flat index's int32 bits, padded with NaN
-rows (a NaN score never wins and never counts as the runner-up).
+Each region's row lists its candidates' flat direction indices in increasing order (the reference's tie
+rule), FIELD bits each (`field_bits`: 8 up to b_dir = 3, 16 up to 7, 32 beyond), padded with M*M, whose
+direction is NaN (a NaN score never wins and never counts as the runner-up). The kernel reads a triplet's row
+(one word, two at 16 bits) and then each candidate's direction (n_x, n_y, n_z, 0) from a table of M*M + 1
+16-byte rows: at b_dir = 3 (octopus b=2) the two tables are 1 KB each, so a warp's gathers meet at most 8
+of their 128-byte lines (the L1's tag lookups, not the instructions, bounded the key encode on the H200 with
+16 KB rows of directions).
 """
 
 from __future__ import annotations
@@ -34,26 +38,57 @@ LUT_EDGE_GUARD = 2.0**-22  # no threshold this close below a lookup cell's upper
 MAX_LUT_SCALE = 1 << 12  # lookup cells of 1/4096 at the finest (8193 rows of 8 bytes)
 
 
+def field_bits(b_dir: int) -> int:
+    """Bits a candidate's flat index takes in a row: the M*M directions and the padding index M*M fit."""
+    return 8 if 4**b_dir < 255 else 16 if 4**b_dir < 65535 else 32
+
+
+def row_words(k: int, b_dir: int) -> int:
+    """32-bit words a region's row of k candidates takes."""
+    return -(-k * field_bits(b_dir) // 32)
+
+
+def dir_offset(regions: int, k: int, b_dir: int) -> int:
+    """Where the direction rows start in `TripletSearchTables.table` (fp32 elements; 16-byte aligned)."""
+    return -(-regions * regions * row_words(k, b_dir) // 4) * 4
+
+
 @dataclass(frozen=True)
 class TripletSearchTables:
-    """candidates [R*R, K, 4] fp32 (row rx * R + ry: its K candidates as above); lut [2L + 1, 2] fp32: for
-    lookup cell j (x in [j/L - 1, (j+1)/L - 1)), the one region threshold in it (+inf if none) and, as int32
-    bits, the number of thresholds below the cell; so region(x) = lut[j, 1] + (x > lut[j, 0]) with
-    j = min(floor((x + 1) L), 2L). half: regions are half-cells (seed = region >> 1). Rows 2L + 1 on: the
-    same lookup of the rho index (the number of rho boundaries below a score in [-1, 1]) at scale
-    rho_scale, when the rho codebook has at least RHO_LOOKUP_BITS bits (else rho_scale 0, no rows)."""
+    """table fp32 [dir_offset + 4 (M*M + 1)]: from 0 the rows [R*R, row_words] (row rx * R + ry; int32 words
+    stored as fp32 bits: candidate j in bits [F j mod 32, + F) of word F j // 32, F = field_bits), then the
+    direction rows [M*M + 1, 4] (n_x, n_y, n_z, 0) of the direction table's fp32 vectors, row M*M NaN.
+    lut [2L + 1, 2] fp32: for lookup cell j (x in [j/L - 1, (j+1)/L - 1)), the one region threshold in it
+    (+inf if none) and, as int32 bits, the number of thresholds below the cell; so region(x) = lut[j, 1] +
+    (x > lut[j, 0]) with j = min(floor((x + 1) L), 2L). half: regions are half-cells (seed = region >> 1).
+    Rows 2L + 1 on: the same lookup of the rho index (the number of rho boundaries below a score in [-1, 1])
+    at scale rho_scale, when the rho codebook has at least RHO_LOOKUP_BITS bits (else rho_scale 0, no
+    rows)."""
 
-    candidates: torch.Tensor
+    table: torch.Tensor
     lut: torch.Tensor
     k: int
     lut_scale: int
     half: bool
+    b_dir: int
     rho_scale: int = 0
 
     @property
     def regions(self) -> int:
         """R: regions per axis."""
-        return int(round(self.candidates.shape[0] ** 0.5))
+        return (1 << self.b_dir) << int(self.half)
+
+    def rows(self) -> torch.Tensor:
+        """[R*R, k] int64: each region's candidate flat indices (M*M: padding), unpacked from the table."""
+        words = self.table[: self.regions**2 * row_words(self.k, self.b_dir)].view(torch.int32)
+        words = words.long().reshape(self.regions**2, -1) & 0xFFFFFFFF
+        f = field_bits(self.b_dir)
+        j = torch.arange(self.k, device=words.device)
+        return (words[:, (f * j) // 32] >> ((f * j) % 32)) & ((1 << f) - 1)
+
+    def directions(self) -> torch.Tensor:
+        """[M*M + 1, 4] fp32: the direction rows (row M*M NaN)."""
+        return self.table[dir_offset(self.regions, self.k, self.b_dir):].reshape(-1, 4)
 
 
 def _clip(poly: list, a: float, b: float, c: float) -> list:
@@ -165,11 +200,20 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
     half = m <= 1 << PRUNE_MAX_DIR_BITS
     lists = _candidate_lists(tuple(c), tuple(b), dirs32.numpy().tobytes(), half)
     k = max(len(cand) for cand in lists)
-    rows = torch.full((len(lists), k, 4), float("nan"))
+    b_dir = m.bit_length() - 1
+    f = field_bits(b_dir)
+    flat = np.full((len(lists), k), m * m, dtype=np.uint64)
     for r, cand in enumerate(lists):
-        idx = torch.tensor(cand, dtype=torch.int64)
-        rows[r, : idx.numel(), :3] = dirs32[idx]
-        rows[r, : idx.numel(), 3] = idx.to(torch.int32).view(torch.float32)
+        flat[r, : len(cand)] = cand
+    words = np.zeros((len(lists), row_words(k, b_dir)), dtype=np.uint64)
+    for j in range(k):
+        words[:, (f * j) // 32] |= flat[:, j] << np.uint64((f * j) % 32)
+    start = dir_offset(m << int(half), k, b_dir)
+    table = torch.full((start + 4 * (m * m + 1),), float("nan"))
+    table[: words.size] = torch.from_numpy(words.astype(np.uint32).view(np.float32).reshape(-1))
+    dirs = table[start:].view(m * m + 1, 4)
+    dirs[: m * m, :3] = dirs32
+    dirs[: m * m, 3] = 0.0
     found = _lookup(_thresholds(c, b, half))
     if found is None:
         raise ValueError(f"the {m} xi centroids and boundaries admit no region lookup table of at most "
@@ -182,7 +226,7 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
     if found is not None:
         lut, rho_scale = torch.cat([lut, found[0]]), found[1]
     dev = device if device is not None else directions.device
-    return TripletSearchTables(rows.to(dev), lut.to(dev), k, scale, half, rho_scale)
+    return TripletSearchTables(table.to(dev), lut.to(dev), k, scale, half, b_dir, rho_scale)
 
 
 def region(x: torch.Tensor, lut: torch.Tensor, scale: int) -> torch.Tensor:
@@ -206,9 +250,10 @@ def search_reference(t_N3: torch.Tensor, tables: TripletSearchTables) -> torch.T
     xi = torch.where(lower, torch.where(px < 0, py.abs() - 1, 1 - py.abs()), px)
     eta = torch.where(lower, torch.where(py < 0, px.abs() - 1, 1 - px.abs()), py)
     lut = tables.lut.to(t.device)
-    rows = region(xi, lut, tables.lut_scale) * tables.regions + region(eta, lut, tables.lut_scale)
-    cand = tables.candidates.to(t.device)[rows]  # [N, K, 4]
+    region_ = region(xi, lut, tables.lut_scale) * tables.regions + region(eta, lut, tables.lut_scale)
+    flat = tables.rows().to(t.device)[region_]  # [N, K]
+    cand = tables.directions().to(t.device)[flat]  # [N, K, 4]
     s = (t[:, 0, None] * cand[..., 0] + t[:, 1, None] * cand[..., 1]) + tz[:, None] * cand[..., 2]
     s = torch.where(s.isnan(), torch.full_like(s, float("-inf")), s)
     first = (s == s.max(-1, keepdim=True).values).long().argmax(-1, keepdim=True)
-    return cand[..., 3].contiguous().view(torch.int32).gather(1, first)[:, 0].long()
+    return flat.gather(1, first)[:, 0]

@@ -5,6 +5,7 @@ them: this module sets it at import and re-imports the kernel modules if another
 With OCTOPUS_AUDIO_TEST_DEVICE=cuda it runs the compiled kernels on the GPU instead (same assertions).
 """
 
+import dataclasses
 import os
 
 DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
@@ -21,6 +22,7 @@ from octopus_audio import backend  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.kernels import bits as kbits  # noqa: E402
 from octopus_audio.kernels.launch import pack_shape  # noqa: E402
+from octopus_audio.kernels.triplet_tables import row_words  # noqa: E402
 from octopus_audio.packing import pack, unpack  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
 
@@ -209,13 +211,24 @@ EXACT_CASES = [("octopus", 3, 64, torch.bfloat16), ("octopus-qjl", 2, 128, torch
 @pytest.mark.parametrize("name,bits,d,dtype", EXACT_CASES,
                          ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in EXACT_CASES])
 def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeypatch):
-    """With every score pair counted as a near tie, every program takes the reference-arithmetic path of
-    local3x3 (`_octopus_exact`, otherwise rare): it must give the reference's codes too."""
+    """With every score pair counted as a near tie, every row group takes the reference-arithmetic path of
+    local3x3 (`_octopus_exact`, otherwise rare): it must give the reference's codes too. The first launch
+    searches a corrupted candidate table (one wrong candidate a region), so a group the second launch skips
+    keeps wrong codes; 46 groups of 16 rows: three programs of REDO_GROUPS, the last partly past the end."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import codec_encode
+    from octopus_audio.kernels import codec_encode, encode
 
     monkeypatch.setattr(codec_encode, "NEAR", tl.constexpr(1.0))
-    heads, tokens = 2, 45
+    search = encode._triplet_search
+
+    def corrupted(codec):  # every region's candidates: direction 0 (zero words)
+        tables = search(codec)
+        table = tables.table.clone()
+        table[: tables.regions**2 * row_words(tables.k, tables.b_dir)] = 0.0
+        return dataclasses.replace(tables, table=table)
+
+    monkeypatch.setattr(encode, "_triplet_search", corrupted)
+    heads, tokens = 2, 365
     codec = get_codec(name, bits, d, seed=2)
     k = _keys((1, heads, tokens, d), dtype, seed=bits + 200)
     k[0, 0, 3] = 0.0

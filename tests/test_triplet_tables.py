@@ -91,21 +91,30 @@ def test_rho_lookup_only_from_three_bits():
         assert torch.equal(tt.region(s, rows, tables.rho_scale), torch.searchsorted(bnd, s, right=False))
 
 
-def test_candidate_rows_are_ordered_and_padded():
+@pytest.mark.parametrize("b_dir", [3, 4, 6])
+def test_candidate_rows_are_ordered_and_padded(b_dir):
     """Each row: distinct candidates in increasing flat index (the reference's tie rule) from the seed's 3x3,
-    its direction table vectors bit for bit, then NaN padding only."""
-    b_dir = 4
+    then padding (M*M) only; the direction rows are the direction table's vectors bit for bit, then a NaN
+    row. b_dir = 3, 4, 6: 8-bit fields one word a row, 16-bit fields two words, 16-bit fields five words
+    (nine candidates, unpruned)."""
     m = 2**b_dir
     tables, dirs = _tables(b_dir), direction_table(b_dir)
-    for r, row in enumerate(tables.candidates):
-        real = ~row[:, 0].isnan()
+    assert tt.field_bits(b_dir) == (8 if b_dir <= 3 else 16)
+    rows = tables.rows()
+    assert rows.shape == (tables.regions**2, tables.k)
+    for r, row in enumerate(rows):
+        real = row != m * m
         n = int(real.sum())
         assert n >= 1 and bool(real[:n].all())
-        flat = row[:n, 3].contiguous().view(torch.int32).long()
+        flat = row[:n]
         assert torch.all(flat[1:] > flat[:-1])
-        ix, iy = (r // (2 * m)) >> 1, (r % (2 * m)) >> 1
+        ix, iy = (r // tables.regions) >> int(tables.half), (r % tables.regions) >> int(tables.half)
         assert torch.all(((flat // m) - ix).abs() <= 1) and torch.all(((flat % m) - iy).abs() <= 1)
-        assert torch.equal(row[:n, :3], dirs[flat])
+    table = tables.directions()
+    assert table.shape == (m * m + 1, 4)
+    assert torch.equal(table[: m * m, :3], dirs) and bool(torch.all(table[: m * m, 3] == 0))
+    assert bool(table[m * m].isnan().all())
+    assert tables.table.numel() == tt.dir_offset(tables.regions, tables.k, b_dir) + 4 * (m * m + 1)
 
 
 def test_tables_reject_a_mismatched_grid():

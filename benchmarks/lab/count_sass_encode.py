@@ -117,8 +117,10 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
     if exact == 2 and block_t is None:  # encode_keys's redo launch: NEAR_ROWS rows and one warp a program
         rows, consts = encode.NEAR_ROWS.value, dict(consts, BLOCK_T=encode.NEAR_ROWS.value)
         warps = num_warps or 1
-    kernel = _compile(_encode_keys_kernel, types, dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact),
-                      warps, launch.get("maxnreg") if num_warps is None else None)
+    redo = encode.REDO_GROUPS if exact == 2 else 1  # its programs take REDO_GROUPS groups
+    kernel = _compile(_encode_keys_kernel, types,
+                      dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact, REDO_GROUPS=redo), warps,
+                      launch.get("maxnreg") if num_warps is None else None)
     st = sass_stats(kernel)
     if dump:
         os.makedirs(dump, exist_ok=True)
