@@ -309,7 +309,8 @@ KEY_LAUNCH = {
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
                    (64, "polar", False, 2): (128, 4, None)}
 
-REDO_GROUPS = 16  # encode_keys' second launch: near-tie groups a program
+REDO_GROUPS = 16  # encode_keys' second launch: near-tie groups a program, and its warps
+REDO_WARPS = 1
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
@@ -410,7 +411,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
             signs if signs is not None else dummy, gamma_r16,
             dummy, near, *tables, n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
             ALIGNED=t % rows == 0, EXACT=exact, REDO_GROUPS=REDO_GROUPS if exact == 2 else 1,
-            **dict(consts, BLOCK_T=rows), **(launch if exact != 2 else dict(launch, num_warps=1)),
+            **dict(consts, BLOCK_T=rows), **(launch if exact != 2 else dict(launch, num_warps=REDO_WARPS)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
 
