@@ -309,8 +309,12 @@ KEY_LAUNCH = {
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
                    (64, "polar", False, 2): (128, 4, None)}
 
-REDO_GROUPS = 16  # encode_keys' second launch: near-tie groups a program, and its warps
-REDO_WARPS = 1
+# encode_keys' second launch: near-tie groups a program, and its warps. H200, octopus at 64k tokens x 16
+# heads, d=64, the whole encode_keys call (benchmarks/lab/sweep_redo_launch.py): (16, 4) against (16, 1)
+# b=2 / 3 / 4: 0.3176 / 0.3719 / 0.4337 ms against 0.3276 / 0.3850 / 0.4437 (4 warps cost more instructions
+# a key, 591 against 422 at b=4, but a program's one flagged group finishes sooner); 64 groups were slower.
+REDO_GROUPS = 16
+REDO_WARPS = 4
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
 
 
@@ -395,9 +399,8 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     octo = codec.decode == "triplet"
     tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
-    # octopus: a second launch of NEAR_ROWS rows and one warp a program redoes the row groups the first flags
-    # (near ties, codec_encode._octopus_tile; one warp: sm_90 SASS 422 warp-instructions a key against 591
-    # with four, octopus b=4 d=64)
+    # octopus: a second launch (REDO_GROUPS groups of NEAR_ROWS rows a program, REDO_WARPS warps) redoes the
+    # row groups the first flags (near ties, codec_encode._octopus_tile)
     group = min(NEAR_ROWS.value, block_t)
     near = torch.empty(programs * (block_t // group), device=dev, dtype=torch.int32) if octo and programs \
         else dummy
