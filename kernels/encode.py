@@ -98,9 +98,8 @@ def _encode_keys_kernel(
     products against the boundaries' cos and sin (polar; `aux_ptr` the trig table), octahedral seeds and
     local3x3 joint rounding (triplet: the triplet coordinates come straight out of three matmuls with the
     Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `xib_ptr` the seeds' region lookup and `aux_ptr`
-    the candidate rows of triplet_tables; the direction table `dir_ptr` [3, 4^b_dir] for near ties); the
-    -qjl codecs add
-    sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    the candidate rows and direction rows of triplet_tables; the direction table `dir_ptr` [3, 4^b_dir] for
+    near ties); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `pack_tile`'s word
     map.
     EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
@@ -264,8 +263,8 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
     device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
     16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
     table as its three coordinate rows [3, 4^b_dir] and its search tables (`_triplet_search`: the region
-    lookup as xib_ptr, the candidate rows as aux_ptr). Built from the codec's device tensors (no host copy;
-    the search tables once per codec on the host).
+    lookup as xib_ptr, the candidate and direction rows as aux_ptr). Built from the codec's device tensors (no
+    host copy; the search tables once per codec on the host).
     Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
     have none."""
     cache = codec.__dict__.setdefault("_encode_tables", {})
