@@ -282,10 +282,9 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     the seed's 3x3 candidates that can win there, increasing, padded with M*M) gives SEARCH_K directions, one
     vector load each from the direction rows (row M*M NaN), scored in the reference's own arithmetic
     (t_x n_x + t_y n_y) + t_z n_z (bit-equal scores); a tie keeps the first: the reference's lowest-index
-    rule.
-    A zero triplet searches as (0, 0, 1), the reference's placeholder direction: the first of the four tied
-    directions around the pole, its seeds. The table layout (F-bit fields, words a row, where the direction
-    rows start) is triplet_tables' field_bits / row_words / dir_offset, computed here from the same
+    rule. A zero triplet searches as (0, 0, 1), the reference's placeholder direction: the first of the four
+    tied directions around the pole, its seeds. The table layout (F-bit fields, words a row, where the
+    direction rows start) is triplet_tables' field_bits / row_words / dir_offset, computed here from the same
     constants."""
     M2: tl.constexpr = 1 << (2 * B_DIR)
     F: tl.constexpr = 8 if M2 < 255 else 16 if M2 < 65535 else 32
