@@ -213,8 +213,9 @@ EXACT_CASES = [("octopus", 3, 64, torch.bfloat16), ("octopus-qjl", 2, 128, torch
 def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeypatch):
     """With every score pair counted as a near tie, every row group takes the reference-arithmetic path of
     local3x3 (`_octopus_exact`, otherwise rare): it must give the reference's codes too. The first launch
-    searches a corrupted candidate table (one wrong candidate a region), so a group the second launch skips
-    keeps wrong codes; 46 groups of 16 rows: three programs of REDO_GROUPS, the last partly past the end."""
+    searches a corrupted candidate table (every slot of every region direction 0), so a group the second
+    launch skips keeps wrong codes; 46 groups of 16 rows: three programs of REDO_GROUPS, the last partly past
+    the end."""
     kernel_ops(DEVICE)
     from octopus_audio.kernels import codec_encode, encode
 

@@ -114,9 +114,9 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
     from octopus_audio.kernels.codec_decode import SECTIONS
 
     exact = exact if consts["DECODE"] == SECTIONS["triplet"].id else 0  # the triplet section's near-tie pass
-    if exact == 2 and block_t is None:  # encode_keys's redo launch: NEAR_ROWS rows and one warp a program
+    if exact == 2 and block_t is None:  # encode_keys's redo launch: NEAR_ROWS rows a block, REDO_WARPS warps
         rows, consts = encode.NEAR_ROWS.value, dict(consts, BLOCK_T=encode.NEAR_ROWS.value)
-        warps = num_warps or 1
+        warps = num_warps or encode.REDO_WARPS
     redo = encode.REDO_GROUPS if exact == 2 else 1  # its programs take REDO_GROUPS groups
     kernel = _compile(_encode_keys_kernel, types,
                       dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact, REDO_GROUPS=redo), warps,
