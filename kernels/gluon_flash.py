@@ -222,29 +222,35 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb
 
 
 @gluon.jit
-def _true_col(c, V_BITS: gl.constexpr):
-    """The value (= output) column held at kernel column c: word w's pair j holds codes j, j + C/2."""
+def _true_order(o, V_BITS: gl.constexpr):
+    """[R, 64] in the kernel's value column order -> the true order: within each word of C = 32 / V_BITS codes
+    kernel column 2j + h holds true column h C/2 + j (`value_columns`), so a [R, 64 / C, C / 2, 2] view with
+    its last two axes swapped is the true order (a relabelling of registers, no data movement)."""
     C: gl.constexpr = 32 // V_BITS
-    rem = c % C
-    return (c - rem) + rem // 2 + (rem % 2) * (C // 2)
+    x = gl.reshape(o, [o.shape[0], 64 // C, C // 2, 2])
+    return gl.reshape(gl.permute(x, (0, 1, 3, 2)), [o.shape[0], 64])
+
+
+@gluon.jit
+def _store_rows(out_base, o, r0, TQ, V_BITS: gl.constexpr):
+    """Output rows r0 .. r0 + R (o [R, 64] bf16, kernel column order) in the true column order, moved to
+    16-byte row vectors (one layout conversion through shared memory) and stored as such."""
+    R: gl.constexpr = o.shape[0]
+    LO: gl.constexpr = _row_layout(64, 4)
+    o = gl.convert_layout(_true_order(o, V_BITS), LO)
+    r = r0 + gl.arange(0, R, gl.SliceLayout(1, LO))
+    c = gl.arange(0, 64, gl.SliceLayout(0, LO))
+    gl.store(out_base + r[:, None] * 64 + c[None, :], o, mask=(r < TQ)[:, None] & (c < 64)[None, :])
 
 
 @gluon.jit
 def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
-    """O / l for queries 0..63 (rows) and 64..79 (O2^T), bf16, each column at its true place."""
-    LO: gl.constexpr = _mma(64)  # stored from the accumulator layout: the column order scatters anyway
-    l1 = gl.convert_layout(l1, gl.SliceLayout(1, LO))
-    o1 = (o1 / gl.where(l1 > 0, l1, 1.0)[:, None]).to(gl.bfloat16)
-    r = gl.arange(0, 64, gl.SliceLayout(1, LO))
-    c = _true_col(gl.arange(0, 64, gl.SliceLayout(0, LO)), V_BITS)
-    gl.store(out_base + r[:, None] * 64 + c[None, :], o1, mask=(r < TQ)[:, None] & (c < 64)[None, :])
-    mmaC: gl.constexpr = _mma(16)
+    """O / l for queries 0..63 (rows) and 64..79 (O2^T, transposed), bf16, each column at its true place."""
+    l1 = gl.convert_layout(l1, gl.SliceLayout(1, _mma(64)))
+    _store_rows(out_base, (o1 / gl.where(l1 > 0, l1, 1.0)[:, None]).to(gl.bfloat16), 0, TQ, V_BITS)
     l2 = gl.sum(l2, axis=0)
     o2 = (o2 / gl.where(l2 > 0, l2, 1.0)[None, :]).to(gl.bfloat16)
-    cr = _true_col(gl.arange(0, 64, gl.SliceLayout(1, mmaC)), V_BITS)
-    q = 64 + gl.arange(0, 16, gl.SliceLayout(0, mmaC))
-    gl.store(out_base + q[None, :] * 64 + cr[:, None], o2, mask=(q < TQ)[None, :] & (cr < 64)[:, None])
-
+    _store_rows(out_base, gl.permute(o2, (1, 0)), 64, TQ, V_BITS)
 
 
 @gluon.jit
@@ -379,7 +385,7 @@ _gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "
 def value_columns(v_bits: int) -> torch.Tensor:
     """[64]: the value (and output) column held at kernel column c: within each word of C = 32 / v_bits
     codes, kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and
-    16). The kernel's `_true_col` computes the same."""
+    16). The kernel's `_true_order` computes the same."""
     c = torch.arange(64)
     cw = 32 // v_bits
     rem = c % cw
