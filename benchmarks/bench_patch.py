@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import time
 import traceback
@@ -225,16 +226,35 @@ def kernel_profile(pipe, codec: str, bits: int, batch: int, graph: bool) -> dict
 
 # kernels that a KV cache could make cheaper or remove: attention itself (ours, SDPA's), our encode and merge,
 # the uncompressed path's concatenation, and every copy (counted generously: most copies are weight casts
-# and layout changes outside the cache, so "rest" is a lower bound on what any cache leaves)
-CACHE_KERNELS = ("_attn_fwd", "_merge_kernel", "_encode", "_table", "sdpa", "fmha", "flash", "attention",
-                 "CatArrayBatchedCopy")
+# and layout changes outside the cache, so "rest" is a lower bound on what any cache leaves); ours are every
+# Triton or Gluon kernel of the kernels package, by name (`package_kernels`)
+CACHE_KERNELS = ("sdpa", "fmha", "flash", "attention", "CatArrayBatchedCopy")
 COPY_KERNELS = ("copy_kernel", "direct_copy")
+
+
+@functools.cache
+def package_kernels() -> frozenset[str]:
+    """The names of every kernel octopus_audio.kernels launches (its module-level Triton and Gluon JIT
+    functions named *_kernel): the names a profiler shows for them."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    from octopus_audio import kernels
+
+    names = set()
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        names.update(v.fn.__name__ for k, v in vars(module).items()
+                     if isinstance(v, JITFunction) and k.endswith("_kernel"))
+    return frozenset(names)
 
 
 def kernel_kind(name: str) -> str:
     """'cache' (attention and cache work), 'copy' (dtype and layout copies) or 'rest' (the model's other
     kernels: linear layers, norms, sampling, the tokenizer decode)."""
-    if any(p in name for p in CACHE_KERNELS):
+    if name.split("(")[0].strip() in package_kernels() or any(p in name for p in CACHE_KERNELS):
         return "cache"
     return "copy" if any(p in name for p in COPY_KERNELS) else "rest"
 
