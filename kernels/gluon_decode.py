@@ -7,7 +7,7 @@ kernel's own column orders (`gluon_flash.key_columns` and `value_columns` are th
 and two column vectors: each key's score scale (gamma; the softmax scale for window keys) and bias (0, or -inf
 past the last key). Code words are read once per key as whole words and cut in registers with shifts whose
 amounts are compile-time constants after one funnel shift; table lookups go through `gl.gather` of a
-register-held table, gathered global loads (large octopus tables), or for 1-2 bit turboquant codes a byte
+register-held table, gathered global loads (octopus tables), or for 1-2 bit turboquant codes a byte
 permute (PRMT) of a table in two registers. Values decode in fp16x2: (code | 0x6400) is 1024 + code as fp16,
 so a subtract and an fma give code * scale + minimum for two values at once.
 """

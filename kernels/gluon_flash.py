@@ -443,11 +443,13 @@ def query_map(kc: KernelCodec) -> torch.Tensor:
 
 def _table_spec(kc: KernelCodec) -> tuple[int, bool]:
     """(rows, through gl.gather) of the kernel's key table: tables gathered from registers are padded to at
-    least 128 rows (one or more a producer thread); triplet tables past 128 rows are read with gathered
-    global loads instead (octopus b >= 3); turboquant's 1-2 bit table sits in two registers."""
+    least 128 rows (one or more a producer thread); triplet tables are read with gathered global loads (L1
+    hits; at octopus b=2, against gl.gather's copy of the table into shared memory and the two barriers around
+    each gather: 0.6% faster for octopus, 2.8% for octopus-qjl at AAR shapes, benchmarks/results/kernels.md);
+    turboquant's 1-2 bit table sits in two registers."""
     cid, nb = codec_id(kc.decode, kc.has_qjl), kc.code_bits
     if cid in (OCT.value, OCJ.value):
-        return (1 << nb, False) if nb > 7 else (128, True)
+        return 1 << nb, False
     if cid == POL.value:
         return max(_pow2(6 << nb), 128), True
     if nb <= 2:
