@@ -16,14 +16,16 @@ wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wg
 64..79 swapped: S2^T = K Q2^T, 16 columns), applies the column scale and bias in one FMA, updates the online
 softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
 rows (loaded into tile a's buffer once the last compressed tile is done; tiles b and c are zero there). The
-epilogue divides by the row sums and puts each output column back at its place (`value_columns`).
+epilogue divides by the row sums, puts the columns in their true order (`_true_order`, a register
+relabelling, then one layout conversion) and stores 16-byte rows.
 
 Launch (H200, Triton 3.6, AAR shapes 2B x 16 heads, 75 queries x (380 + 75) keys, d=64): 64 keys a tile, 2
 stages, 128 registers a thread (two programs an SM), the producer at 72 registers (88 for polarquant and
 octopus-qjl: the least without spills in its tile loop). Against stages=3, L1 prefetch 1-2 tiles ahead,
 loads at decode, producer 56 registers, 128-key tiles and 3 programs an SM, this configuration was fastest or
-within 4% (benchmarks/results/kernels.md, Gluon round 2): octopus b=2 1.63x SDPA's time against the Triton
-kernel's 2.64x at 2B=1024.
+within 4% (benchmarks/results/kernels.md, Gluon round 2); a software-pipelined consumer (3 stages) was no
+faster (kernels.md, session 13). Octopus b=2 now takes 1.47x SDPA's time at 2B=1024 (the Triton kernel:
+2.64x).
 """
 
 from __future__ import annotations
