@@ -235,11 +235,10 @@ COPY_KERNELS = ("copy_kernel", "direct_copy")
 @functools.cache
 def package_kernels() -> frozenset[str]:
     """The names of every kernel octopus_audio.kernels launches (its module-level Triton and Gluon JIT
-    functions named *_kernel): the names a profiler shows for them."""
+    functions named *_kernel, compiled or interpreted: each wraps its Python function as `fn`): the names a
+    profiler shows for them."""
     import importlib
     import pkgutil
-
-    from triton.runtime.jit import JITFunction
 
     from octopus_audio import kernels
 
@@ -247,7 +246,7 @@ def package_kernels() -> frozenset[str]:
     for info in pkgutil.iter_modules(kernels.__path__):
         module = importlib.import_module(f"{kernels.__name__}.{info.name}")
         names.update(v.fn.__name__ for k, v in vars(module).items()
-                     if isinstance(v, JITFunction) and k.endswith("_kernel"))
+                     if k.endswith("_kernel") and callable(getattr(v, "fn", None)))
     return frozenset(names)
 
 
