@@ -3,7 +3,7 @@ compressed keys into its part of a ring stage in shared memory, as `gluon_flash.
 them, plus the native window's section.
 
 A stage holds key tiles a (b for octopus, c for the QJL signs) in bf16 and the value tile in fp16, in the
-kernel's own column orders (`gluon_flash.key_columns` and `value_columns` are their one host-side definition),
+kernel's own column orders (`gluon_flash.key_columns` for the keys, `gluon_flash._true_order` for the values),
 and two column vectors: each key's score scale (gamma; the softmax scale for window keys) and bias (0, or -inf
 past the last key). Code words are read once per key as whole words and cut in registers with shifts whose
 amounts are compile-time constants after one funnel shift; table lookups go through `gl.gather` of a
@@ -383,7 +383,7 @@ def _values_raw(vc_ptr, vs_ptr, vm_ptr, row0, n0, length, NB: gl.constexpr, GROU
 @gluon.jit
 def _values_decode(dst, raw, NB: gl.constexpr):
     """Group dequantization in fp16x2 into dst [64, 64] fp16: word w's pair j (codes j and j + C/2 of its C
-    = 32 / NB) goes to columns w C + 2j, + 1 (`value_columns` on the host)."""
+    = 32 / NB) goes to columns w C + 2j, + 1 (`gluon_flash._true_order` puts them back)."""
     words, sc, mn = raw
     P: gl.constexpr = 16 // NB
     j = gl.arange(0, P, gl.SliceLayout(0, gl.SliceLayout(1, _words_layout(words.shape[1], P))))

@@ -225,9 +225,10 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb
 
 @gluon.jit
 def _true_order(o, V_BITS: gl.constexpr):
-    """[R, 64] in the kernel's value column order -> the true order: within each word of C = 32 / V_BITS codes
-    kernel column 2j + h holds true column h C/2 + j (`value_columns`), so a [R, 64 / C, C / 2, 2] view with
-    its last two axes swapped is the true order (a relabelling of registers, no data movement)."""
+    """[R, 64] in the kernel's value column order -> the true order. Within each word of C = 32 / V_BITS codes
+    kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and 16), so a
+    [R, 64 / C, C / 2, 2] view with its last two axes swapped is the true order (a relabelling of registers,
+    no data movement). The one definition of the value column order."""
     C: gl.constexpr = 32 // V_BITS
     x = gl.reshape(o, [o.shape[0], 64 // C, C // 2, 2])
     return gl.reshape(gl.permute(x, (0, 1, 3, 2)), [o.shape[0], 64])
@@ -383,16 +384,6 @@ _gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "
 
 # ---------------------------------------------------------------------------------------------------------
 # host side: the kernel's column orders, tables, query map, constants and launch
-
-def value_columns(v_bits: int) -> torch.Tensor:
-    """[64]: the value (and output) column held at kernel column c: within each word of C = 32 / v_bits
-    codes, kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and
-    16). The kernel's `_true_order` computes the same."""
-    c = torch.arange(64)
-    cw = 32 // v_bits
-    rem = c % cw
-    return (c - rem) + rem // 2 + (rem % 2) * (cw // 2)
-
 
 def _pair_columns(n: int, nb: int) -> torch.Tensor:
     """[n]: the coordinate at kernel column c of a byte-permute decoded tile of nb-bit codes (nb = 1 or 2):

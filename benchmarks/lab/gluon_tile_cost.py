@@ -26,16 +26,9 @@ import triton
 HEADS, WIN, D = 16, 75, 64
 
 
-def _graphed(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def _time(fn, rep_ms: int) -> float:
+    from octopus_audio.bench import _graphed
+
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 
 
