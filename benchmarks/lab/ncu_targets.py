@@ -4,7 +4,8 @@ attention: stall reasons, L1 wavefronts, occupancy).
 
 Targets (comma list): `enc-<codec>-b<bits>` the key encode at bench's encode shape (64k tokens x 16 heads,
 d=64) through `encode_keys`; `aar-<codec>-b<bits>` the attention at AAR B=64 (2B=128 rows x 16 heads, 75 q x
-455 keys, d=64) through a `CompressedKVCache`'s `attend`; `aar-sdpa` bf16 SDPA at that shape.
+455 keys, d=64) through a `CompressedKVCache`'s `attend`; `aar-sdpa` bf16 SDPA at that shape;
+`long-<codec>-b<bits>` the one-row attention at bench's 1 q x 128k keys, 32 heads, d=128 (score tables).
 
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD ncu --profile-from-start off --clock-control none --set full -o $OUT/enc \
@@ -40,10 +41,12 @@ def _target(name: str):
     if kind == "enc":
         job = Job("encode-k", codec, int(bits))
         return _ours_encode(job, _encode_inputs(job, torch.device("cuda")))
-    if kind == "aar":
-        job = Job("attention", codec, int(bits), aar)
+    if kind in ("aar", "long"):
+        shape = aar if kind == "aar" else AttnShape("1 q x 128k keys, 32 h, d=128", 1, 32, 1, 131071, 1, 128)
+        job = Job("attention", codec, int(bits), shape)
         return _ours_attention(job, _attention_inputs(job, torch.device("cuda")))
-    raise SystemExit(f"unknown target {name!r}: enc-<codec>-b<bits>, aar-<codec>-b<bits> or aar-sdpa")
+    raise SystemExit(f"unknown target {name!r}: enc-<codec>-b<bits>, aar-<codec>-b<bits>, "
+                     "long-<codec>-b<bits> or aar-sdpa")
 
 
 def main() -> int:
