@@ -119,7 +119,7 @@ def _pairs_to_cols(lo, hi):
 
 @gluon.jit
 def _unit_loads(ptr, row0, n0, length, I0: gl.constexpr, U: gl.constexpr, R: gl.constexpr, NB: gl.constexpr,
-                KW: gl.constexpr):
+                KW: gl.constexpr, S: gl.constexpr = 0):
     """The code words under each unit's run [K, U] (a tuple of WN + 1; K = 128 / U keys n0..): word k of the
     tuple is the key's word (first bit of the run) / 32 + k. Keys >= length and words past the key's last
     read zeros."""
@@ -127,7 +127,8 @@ def _unit_loads(ptr, row0, n0, length, I0: gl.constexpr, U: gl.constexpr, R: gl.
     K: gl.constexpr = 128 // U
     n = n0 + gl.arange(0, K, gl.SliceLayout(1, L2))
     u = gl.arange(0, U, gl.SliceLayout(0, L2))
-    w0 = (((I0 + u * R) * NB) >> 5)[None, :]
+    ST: gl.constexpr = R if S == 0 else S
+    w0 = (((I0 + u * ST) * NB) >> 5)[None, :]
     rows = ptr + (row0 + n)[:, None] * KW + w0
     nok = (n < length)[:, None]
     WN: gl.constexpr = (R * NB + 31 + 31) // 32
@@ -138,11 +139,13 @@ def _unit_loads(ptr, row0, n0, length, I0: gl.constexpr, U: gl.constexpr, R: gl.
 
 
 @gluon.jit
-def _unit_funnel(ws, I0: gl.constexpr, U: gl.constexpr, R: gl.constexpr, NB: gl.constexpr):
+def _unit_funnel(ws, I0: gl.constexpr, U: gl.constexpr, R: gl.constexpr, NB: gl.constexpr,
+                 S: gl.constexpr = 0):
     """`_unit_loads`' words funnel-shifted to each unit's first bit: word k holds bits 32 k .. of the run."""
     L2: gl.constexpr = gl.SliceLayout(2, _unit_layout(U, R))
     u = gl.arange(0, U, gl.SliceLayout(0, L2))
-    off = (((I0 + u * R) * NB) & 31).to(gl.uint32)[None, :]
+    ST: gl.constexpr = R if S == 0 else S
+    off = (((I0 + u * ST) * NB) & 31).to(gl.uint32)[None, :]
     ys = ()
     for k in gl.static_range(len(ws) - 1):  # (w_k >> off) | (w_k+1 << (32 - off)), no 32-bit shift at off = 0
         ys = ys + ((ws[k] >> off) | ((ws[k + 1] << 1) << (31 - off)), )
@@ -191,6 +194,45 @@ def _oct_decode(dst, ws, tab, tab_ptr, I0: gl.constexpr, R: gl.constexpr, NB: gl
     x, y, z, w = _bf16x4(_lookup(tab, tab_ptr, code, TAB_SMEM))
     k4 = gl.join(gl.join(x, z), gl.join(y, w))
     dst.store(gl.reshape(k4, [64, 8 * R]))
+
+
+@gluon.jit
+def _regs4(t):
+    """The four entries of a [K, U, 4] tensor's last axis as four [K, U] tensors (register relabelling)."""
+    ev, od = gl.split(gl.reshape(t, [t.shape[0], t.shape[1], 2, 2]))  # entries (0, 2) and (1, 3)
+    t0, t2 = gl.split(ev)
+    t1, t3 = gl.split(od)
+    return t0, t1, t2, t3
+
+
+@gluon.jit
+def _oct64_decode(dst, ws, wx, tab, tab_ptr, NB: gl.constexpr, TAB_SMEM: gl.constexpr):
+    """octopus at d=64 (22 triplets, 64 useful coordinates) as one 64-column tile: key column 4i + c (c < 3)
+    holds component c of triplet i (i < 16); column 4i + 3 holds component i % 3 of triplet 16 + i // 3 (the
+    last six triplets' 16 useful coordinates: triplet 21 has only its x). `ws`: the words of triplets 0..15
+    (units of 8); `wx`: unit u's words from triplet 16 + 2u (4 codes: the leftover triplets its 8 slots
+    need)."""
+    code = _unit_codes(_unit_funnel(ws, 0, 2, 8, NB), 2, 8, NB)
+    rows = _lookup(tab, tab_ptr, code, TAB_SMEM)
+    x, y, z, w = _bf16x4(rows)
+    cx = _unit_codes(_unit_funnel(wx, 16, 2, 4, NB, 2), 2, 4, NB)
+    xe, ye, ze, we = _bf16x4(_lookup(tab, tab_ptr, cx, TAB_SMEM))  # [64, 2, 4]: unit u's run entries
+    e = (_regs4(xe), _regs4(ye), _regs4(ze))  # e[c][j]: component c of run entry j, [64, 2]
+    u = gl.arange(0, 2, gl.SliceLayout(0, e[0][0].type.layout))[None, :]
+    # slot r of unit u is slot i = 8u + r: triplet 16 + i // 3 = run entry i // 3 - 2u, component i % 3
+    w0 = gl.where(u == 0, e[0][0], e[2][0])
+    w1 = gl.where(u == 0, e[1][0], e[0][1])
+    w2 = gl.where(u == 0, e[2][0], e[1][1])
+    w3 = gl.where(u == 0, e[0][1], e[2][1])
+    w4 = gl.where(u == 0, e[1][1], e[0][2])
+    w5 = gl.where(u == 0, e[2][1], e[1][2])
+    w6 = gl.where(u == 0, e[0][2], e[2][2])
+    w7 = gl.where(u == 0, e[1][2], e[0][3])
+    lo = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # [64, 2, c, b]: slot 2b + c
+    hi = gl.join(gl.join(w4, w5), gl.join(w6, w7))
+    ww = gl.reshape(gl.permute(gl.join(lo, hi), (0, 1, 4, 3, 2)), [64, 2, 8])  # slot 4a + 2b + c
+    k4 = gl.join(gl.join(x, z), gl.join(y, gl.convert_layout(ww, x.type.layout)))
+    dst.store(gl.reshape(k4, [64, 64]))
 
 
 @gluon.jit
@@ -416,7 +458,7 @@ def _unit_raw(n0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, 
         keys = _polar_raw(kc_ptr, row0, n0, length, KW)
     elif HAS_B:
         keys = (_unit_loads(kc_ptr, row0, n0, length, 0, 2, 8, NB, KW),
-                _unit_loads(kc_ptr, row0, n0, length, 16, 2, 4, NB, KW))
+                _unit_loads(kc_ptr, row0, n0, length, 16, 2, 4, NB, KW, 2))
     elif NB <= 2:
         keys = _words_raw(kc_ptr, row0, n0, length, KW, 16 // NB)
     else:
@@ -439,8 +481,7 @@ def _unit_decode(raw, a, b, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, COD
     if CODEC == POL:
         _polar_decode(a, keys, tab, NB, KW)
     elif HAS_B:
-        _oct_decode(a, keys[0], tab, tab_ptr, 0, 8, NB, TAB_SMEM)
-        _oct_decode(b, keys[1], tab, tab_ptr, 16, 4, NB, TAB_SMEM)
+        _oct64_decode(a, keys[0], keys[1], tab, tab_ptr, NB, TAB_SMEM)
     elif NB <= 2:
         _tq_prmt_decode(a, keys, tlo, thi, NB)
     else:

@@ -268,7 +268,7 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
     first 64 rows), then runs the rotations from shared memory. Q_SMEM: the native query rows stay in their
     own buffer qn for the window tiles (the rotations read them there); otherwise (octopus-qjl, whose buffers
     leave no room) they are loaded as the rotations' register operand and again into qa for the window."""
-    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_B: gl.constexpr = False  # octopus keys fill one 64-column tile
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     WB: gl.constexpr = qb.shape[1]
     if Q_SMEM:
@@ -336,7 +336,7 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     pid = gl.program_id(0)
     b = pid // H
     h = pid % H
-    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
+    HAS_B: gl.constexpr = False  # octopus keys fill one 64-column tile
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     DQ: gl.constexpr = 64 + WB + (64 if HAS_C else 0)
     Q_SMEM: gl.constexpr = not (HAS_B and HAS_C)  # room for the native query rows (all but octopus-qjl)
@@ -409,10 +409,11 @@ def key_columns(kc: KernelCodec) -> list[torch.Tensor]:
     cid, d = codec_id(kc.decode, kc.has_qjl), kc.head_dim
     if cid in (OCT.value, OCJ.value):  # table rows (x, y, z, 0): column 4i + c holds component c of triplet i
         lp = kc.triplet_lanes
-        i = torch.arange(24)[:, None]
+        i = torch.arange(16)[:, None]
         comp = torch.arange(4)[None, :]
-        idx = torch.where((comp < 3) & (i < kc.num_codes), comp * lp + i, -1).reshape(-1)
-        tiles, qjl0 = [idx[:64], idx[64:96]], 3 * lp
+        t = torch.where(comp < 3, i, 16 + i // 3)  # the fourth slot: component i % 3 of triplet 16 + i // 3
+        c = torch.where(comp < 3, comp, i % 3)
+        tiles, qjl0 = [(c * lp + t).reshape(-1)], 3 * lp
     elif cid in (TQM.value, TQJ.value) and kc.code_bits <= 2:
         tiles, qjl0 = [_pair_columns(d, kc.code_bits)], d
     else:
@@ -481,7 +482,7 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
     tab_rows, tab_smem = _table_spec(kc)
     return dict(CODEC=cid, NB=kc.code_bits, KW=kc.code_words, SW=2 if kc.has_qjl else 1, V_BITS=v_bits,
                 V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem,
-                WB=32 if cid in (OCT.value, OCJ.value) else 0, BLOCK=BLOCK, STAGES=STAGES,
+                WB=0, BLOCK=BLOCK, STAGES=STAGES,
                 P_REGS=PRODUCER_REGS.get(cid, 72))
 
 
