@@ -2,7 +2,7 @@
 compressed keys into its part of a ring stage in shared memory, as `gluon_flash.py`'s producer partition runs
 them, plus the native window's section.
 
-A stage holds key tiles a (b for octopus, c for the QJL signs) in bf16 and the value tile in fp16, in the
+A stage holds key tiles a (and c for the QJL signs) in bf16 and the value tile in fp16, in the
 kernel's own column orders (`gluon_flash.key_columns` for the keys, `gluon_flash._true_order` for the values),
 and two column vectors: each key's score scale (gamma; the softmax scale for window keys) and bias (0, or -inf
 past the last key). Code words are read once per key as whole words and cut in registers with shifts whose
@@ -185,18 +185,6 @@ def _lookup(tab, tab_ptr, idx, TAB_SMEM: gl.constexpr):
 # decode sections: each turns the packed fields of 64 keys n0 .. n0 + 64 into its part of a ring stage
 
 @gluon.jit
-def _oct_decode(dst, ws, tab, tab_ptr, I0: gl.constexpr, R: gl.constexpr, NB: gl.constexpr,
-                TAB_SMEM: gl.constexpr):
-    """octopus triplets I0 .. I0 + 2R (units of R, words `ws` from `_unit_loads`) as bf16 table rows (x, y, z,
-    0): key column 4(i - I0) + c of dst [64, 8R] holds rotated coordinate 3i + c. Triplets past the key's
-    last cut zero bits (finite rows against zero query columns)."""
-    code = _unit_codes(_unit_funnel(ws, I0, 2, R, NB), 2, R, NB)
-    x, y, z, w = _bf16x4(_lookup(tab, tab_ptr, code, TAB_SMEM))
-    k4 = gl.join(gl.join(x, z), gl.join(y, w))
-    dst.store(gl.reshape(k4, [64, 8 * R]))
-
-
-@gluon.jit
 def _regs4(t):
     """The four entries of a [K, U, 4] tensor's last axis as four [K, U] tensors (register relabelling)."""
     ev, od = gl.split(gl.reshape(t, [t.shape[0], t.shape[1], 2, 2]))  # entries (0, 2) and (1, 3)
@@ -206,7 +194,7 @@ def _regs4(t):
 
 
 @gluon.jit
-def _oct64_decode(dst, ws, wx, tab, tab_ptr, NB: gl.constexpr, TAB_SMEM: gl.constexpr):
+def _oct_decode(dst, ws, wx, tab, tab_ptr, NB: gl.constexpr, TAB_SMEM: gl.constexpr):
     """octopus at d=64 (22 triplets, 64 useful coordinates) as one 64-column tile: key column 4i + c (c < 3)
     holds component c of triplet i (i < 16); column 4i + 3 holds component i % 3 of triplet 16 + i // 3 (the
     last six triplets' 16 useful coordinates: triplet 21 has only its x). `ws`: the words of triplets 0..15
@@ -452,11 +440,10 @@ def _unit_raw(n0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, 
               V_GROUP: gl.constexpr):
     """Every packed field of compressed keys n0 .. n0 + 64 as register tiles: (key words, signs, values,
     gamma); the parts a codec does not have are a placeholder zero."""
-    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     if CODEC == POL:
         keys = _polar_raw(kc_ptr, row0, n0, length, KW)
-    elif HAS_B:
+    elif CODEC == OCT or CODEC == OCJ:
         keys = (_unit_loads(kc_ptr, row0, n0, length, 0, 2, 8, NB, KW),
                 _unit_loads(kc_ptr, row0, n0, length, 16, 2, 4, NB, KW, 2))
     elif NB <= 2:
@@ -472,16 +459,15 @@ def _unit_raw(n0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, 
 
 
 @gluon.jit
-def _unit_decode(raw, a, b, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, CODEC: gl.constexpr,
+def _unit_decode(raw, a, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, CODEC: gl.constexpr,
                  NB: gl.constexpr, KW: gl.constexpr, V_BITS: gl.constexpr, TAB_SMEM: gl.constexpr):
-    """`_unit_raw`'s fields decoded into the stage's tiles a (b, c) and v and its column vectors."""
+    """`_unit_raw`'s fields decoded into the stage's tiles a (c) and v and its column vectors."""
     keys, signs, values, gamma = raw
-    HAS_B: gl.constexpr = (CODEC == OCT) or (CODEC == OCJ)
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     if CODEC == POL:
         _polar_decode(a, keys, tab, NB, KW)
-    elif HAS_B:
-        _oct64_decode(a, keys[0], keys[1], tab, tab_ptr, NB, TAB_SMEM)
+    elif CODEC == OCT or CODEC == OCJ:
+        _oct_decode(a, keys[0], keys[1], tab, tab_ptr, NB, TAB_SMEM)
     elif NB <= 2:
         _tq_prmt_decode(a, keys, tlo, thi, NB)
     else:
@@ -493,20 +479,14 @@ def _unit_decode(raw, a, b, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, COD
 
 
 @gluon.jit
-def _window_section(ka, kb, kc, vt, cv, s, kw_base, vw_base, skt, svt, n0, t_win, qk_scale,
-                    HAS_B: gl.constexpr, HAS_C: gl.constexpr, V_BITS: gl.constexpr):
-    """Native window keys n0 .. n0 + 64 (bf16, natural columns) into ka, zeros into kb / kc, values as fp16
-    in the value column order, column scale qk_scale and bias 0 / -inf."""
+def _window_section(ka, vt, cv, s, kw_base, vw_base, skt, svt, n0, t_win, qk_scale, V_BITS: gl.constexpr):
+    """Native window keys n0 .. n0 + 64 (bf16, natural columns) into ka (the consumer scores a window tile
+    with tile a alone), values as fp16 in the value column order, column scale qk_scale and bias 0 / -inf."""
     LW: gl.constexpr = _row_layout(64, 4)
     n = n0 + gl.arange(0, 64, gl.SliceLayout(1, LW))
     c = gl.arange(0, 64, gl.SliceLayout(0, LW))
     ok = (n < t_win)[:, None]
     ka.store(gl.load(kw_base + n[:, None] * skt + c[None, :], mask=ok, other=0.0))
-    if HAS_B:
-        WB: gl.constexpr = kb.shape[1]
-        kb.store(gl.zeros([64, WB], gl.bfloat16, _row_layout(WB, 4)))
-    if HAS_C:
-        kc.store(gl.zeros([64, 64], gl.bfloat16, LW))
     # values: word w's columns as [w, h, j] (true column w C + h C/2 + j) -> stored [w, j, h]
     C: gl.constexpr = 32 // V_BITS
     LV4: gl.constexpr = gl.BlockedLayout([1, 1, 2, C // 2], [16, 2, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])

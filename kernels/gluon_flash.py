@@ -15,7 +15,7 @@ default warp group rotates the query rows once through the head's query map (`qu
 wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wgmma (queries 0..63 as rows,
 64..79 swapped: S2^T = K Q2^T, 16 columns), applies the column scale and bias in one FMA, updates the online
 softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
-rows (loaded into tile a's buffer once the last compressed tile is done; tiles b and c are zero there). The
+rows (kept in their own buffer) against tile a alone. The
 epilogue divides by the row sums, puts the columns in their true order (`_true_order`, a register
 relabelling, then one layout conversion) and stores 16-byte rows.
 
@@ -24,7 +24,7 @@ stages, 128 registers a thread (two programs an SM), the producer at 72 register
 octopus-qjl: the least without spills in its tile loop). Against stages=3, L1 prefetch 1-2 tiles ahead,
 loads at decode, producer 56 registers, 128-key tiles and 3 programs an SM, this configuration was fastest or
 within 4% (benchmarks/results/kernels.md, Gluon round 2); a software-pipelined consumer (3 stages) was no
-faster (kernels.md, session 13). Octopus b=2 now takes 1.47x SDPA's time at 2B=1024 (the Triton kernel:
+faster (kernels.md, session 13). Octopus b=2 now takes 1.38x SDPA's time at 2B=1024 (the Triton kernel:
 2.64x).
 """
 
@@ -78,13 +78,13 @@ def _next_stage(t, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
+def _producer(ka, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
               kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_base, vw_base, skt, svt, qk_scale,
               CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
               V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr):
     """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
     arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
-    the last compressed tile every load is masked off). Window tiles fill tile a alone."""
+    the last compressed tile every load is masked off). Window tiles fill tile a alone (and the values)."""
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     if TAB_SMEM:  # the table in registers for gl.gather
         tab = gl.load(tab_ptr + gl.arange(0, TAB, LT))
@@ -102,15 +102,15 @@ def _producer(ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win,
         nxt = _unit_raw((t + 1) * 64, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
                         CODEC, NB, KW, SW, V_BITS, V_GROUP)
         s = _next_stage(t, empty, STAGES)
-        _unit_decode(raw, ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
+        _unit_decode(raw, ka.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
                      tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM)
         fence_async_shared()
         raw = nxt
         mbarrier.arrive(ready.index(s))
     for tw in range(n_wt):
         s = _next_stage(n_ct + tw, empty, STAGES)
-        _window_section(ka.index(s), kb.index(s), kc.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt,
-                        tw * 64, t_win, qk_scale, False, False, V_BITS)  # tile a alone (the consumer's too)
+        _window_section(ka.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt, tw * 64, t_win, qk_scale,
+                        V_BITS)
         fence_async_shared()
         mbarrier.arrive(ready.index(s))
 
@@ -125,16 +125,6 @@ def _load_q(q_base, sqt, r0, TQ, M: gl.constexpr, LQ: gl.constexpr):
     c = gl.arange(0, 64, gl.SliceLayout(0, LQ))
     return gl.load(q_base + r[:, None] * sqt + c[None, :], mask=(r < TQ)[:, None] & (c < 64)[None, :],
                    other=0.0)
-
-
-@gluon.jit
-def _native_q(dst, q_base, sqt, r0, TQ):
-    """Query rows r0 .. r0 + 64 as they are into dst [64, 64], once every warp's dots reading dst are done."""
-    q = _load_q(q_base, sqt, r0, TQ, 64, _row_layout(64, 4))
-    gl.thread_barrier()
-    dst.store(q)
-    fence_async_shared()
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -158,16 +148,12 @@ def _rotate_tile(q, dst, scale):
 
 
 @gluon.jit
-def _fx_issue(qa1, qb1, qc1, qa2, qb2, qc2, ka, kb, kc, HAS_B: gl.constexpr, HAS_C: gl.constexpr,
-              BLOCK: gl.constexpr):
+def _fx_issue(qa1, qc1, qa2, qc2, ka, kc, HAS_C: gl.constexpr, BLOCK: gl.constexpr):
     """Start (async) S1 = Q1 K^T [64, BLOCK] and S2^T = K Q2^T [BLOCK, 16] over the stage's key tiles."""
     s1 = warpgroup_mma(qa1, ka.permute((1, 0)), gl.zeros([64, BLOCK], gl.float32, _mma(BLOCK)), use_acc=False,
                        is_async=True)
     s2 = warpgroup_mma(ka, qa2.permute((1, 0)), gl.zeros([BLOCK, 16], gl.float32, _mma(16)), use_acc=False,
                        is_async=True)
-    if HAS_B:
-        s1 = warpgroup_mma(qb1, kb.permute((1, 0)), s1, is_async=True)
-        s2 = warpgroup_mma(kb, qb2.permute((1, 0)), s2, is_async=True)
     if HAS_C:
         s1 = warpgroup_mma(qc1, kc.permute((1, 0)), s1, is_async=True)
         s2 = warpgroup_mma(kc, qc2.permute((1, 0)), s2, is_async=True)
@@ -205,16 +191,16 @@ def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.conste
 
 
 @gluon.jit
-def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, pt2,
-             HAS_B: gl.constexpr, HAS_C: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr):
-    """Ring tile u from stage u % STAGES, scored with the query tiles qa (rows 0..63, 64..79), qb, qc
+def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt2, HAS_C: gl.constexpr,
+             BLOCK: gl.constexpr, STAGES: gl.constexpr):
+    """Ring tile u from stage u % STAGES, scored with the query tiles qa (rows 0..63, 64..79) and qc
     (unrolling the loop over the stages, which makes the stage index a constant, measured no fewer
     instructions: ptxas keeps the descriptors in regular registers and moves them to uniform ones at every
     use either way)."""
     st = u % STAGES
     mbarrier.wait(ready.index(st), (u // STAGES) & 1)
-    s1, s2 = _fx_issue(qa.slice(0, 64), qb.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qb.slice(64, 16),
-                       qc.slice(64, 16), ka.index(st), kb.index(st), kc.index(st), HAS_B, HAS_C, BLOCK)
+    s1, s2 = _fx_issue(qa.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qc.slice(64, 16), ka.index(st),
+                       kc.index(st), HAS_C, BLOCK)
     s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
     m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
                                         cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
@@ -257,45 +243,30 @@ def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt, q_base, sqt, map_base,
-              out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
-              BLOCK: gl.constexpr, STAGES: gl.constexpr, Q_SMEM: gl.constexpr):
-    """Rotate the query rows through the head's map (tile a, b: rot_scale; tile c: qjl_scale), then loop over
+def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, q_base, sqt, map_base, out_base, TQ,
+              rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
+              BLOCK: gl.constexpr, STAGES: gl.constexpr):
+    """Rotate the query rows through the head's map (tile a: rot_scale; tile c: qjl_scale), then loop over
     the compressed ring tiles with the rotated queries and over the window's with the native ones (tile a
     alone: the producer fills only tile a of a window tile).
 
     The prologue issues every global load at once (the query rows, each map tile staged in its destination's
-    first 64 rows), then runs the rotations from shared memory. Q_SMEM: the native query rows stay in their
-    own buffer qn for the window tiles (the rotations read them there); otherwise (octopus-qjl, whose buffers
-    leave no room) they are loaded as the rotations' register operand and again into qa for the window."""
-    HAS_B: gl.constexpr = False  # octopus keys fill one 64-column tile
+    first 64 rows), then runs the rotations from shared memory; the native query rows stay in their own
+    buffer qn for the window tiles."""
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
-    WB: gl.constexpr = qb.shape[1]
-    if Q_SMEM:
-        q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
-    else:
-        q = _load_q(q_base, sqt, 0, TQ, 128, gl.DotOperandLayout(operand_index=0, parent=_mma(64), k_width=2))
+    q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
     ma = _load_map(map_base, 0, DQ, 64)
-    if HAS_B:
-        mb = _load_map(map_base, 64, DQ, WB)
     if HAS_C:
-        mc = _load_map(map_base, 64 + (WB if HAS_B else 0), DQ, 64)
-    if Q_SMEM:
-        qn.store(q)
+        mc = _load_map(map_base, 64, DQ, 64)
+    qn.store(q)
     qa.slice(0, 64).store(ma)
-    if HAS_B:
-        qb.slice(0, 64).store(mb)
     if HAS_C:
         qc.slice(0, 64).store(mc)
     fence_async_shared()
     gl.thread_barrier()
-    if Q_SMEM:
-        q = qn  # the rotations' A operand from shared memory
-    _rotate_tile(q, qa, rot_scale)
-    if HAS_B:
-        _rotate_tile(q, qb, rot_scale)
+    _rotate_tile(qn, qa, rot_scale)
     if HAS_C:
-        _rotate_tile(q, qc, qjl_scale)
+        _rotate_tile(qn, qc, qjl_scale)
     fence_async_shared()
     gl.thread_barrier()
     mmaR: gl.constexpr = _mma(BLOCK)
@@ -307,17 +278,11 @@ def _consumer(ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
     l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
     o2 = gl.zeros([64, 16], gl.float32, mmaC)
     for u in range(n_ct):
-        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qa, qb,
-                                          qc, pt2, HAS_B, HAS_C, BLOCK, STAGES)
-    if Q_SMEM:
-        qw = qn
-    else:  # the window's query takes tile a's buffer once the compressed tiles' dots are done
-        _native_q(qa.slice(0, 64), q_base, sqt, 0, TQ)
-        _native_q(qa.slice(64, 64), q_base, sqt, 64, TQ)
-        qw = qa
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
+                                          pt2, HAS_C, BLOCK, STAGES)
     for u in range(n_ct, n_ct + n_wt):  # native keys: tile a alone
-        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kb, kc, vt, cv, ready, empty, qw, qb,
-                                          qc, pt2, False, False, BLOCK, STAGES)
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qn, qc,
+                                          pt2, False, BLOCK, STAGES)
     _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
@@ -329,33 +294,22 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
                        kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
                        t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
                        KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
-                       TAB: gl.constexpr, TAB_SMEM: gl.constexpr, WB: gl.constexpr, BLOCK: gl.constexpr,
-                       STAGES: gl.constexpr, P_REGS: gl.constexpr):
+                       TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
+                       P_REGS: gl.constexpr):
     """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
     compressed keys (store rows pid * t_cap ..) and `t_win` native window keys."""
     pid = gl.program_id(0)
     b = pid // H
     h = pid % H
-    HAS_B: gl.constexpr = False  # octopus keys fill one 64-column tile
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
-    DQ: gl.constexpr = 64 + WB + (64 if HAS_C else 0)
-    Q_SMEM: gl.constexpr = not (HAS_B and HAS_C)  # room for the native query rows (all but octopus-qjl)
+    DQ: gl.constexpr = 128 if HAS_C else 64
     ka = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
     qa = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
-    if Q_SMEM:
-        qn = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
-    else:  # placeholder, never read
-        qn = qa
-    if HAS_B:
-        kb = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, WB], _smem([BLOCK, WB], gl.bfloat16))
-        qb = gl.allocate_shared_memory(gl.bfloat16, [128, WB], _smem([128, WB], gl.bfloat16))
-    else:  # placeholders, never read
-        kb = ka
-        qb = qa
+    qn = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
     if HAS_C:
         kc = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.bfloat16))
         qc = gl.allocate_shared_memory(gl.bfloat16, [128, 64], _smem([128, 64], gl.bfloat16))
-    else:
+    else:  # placeholders, never read
         kc = ka
         qc = qa
     vt = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK, 64], _smem([BLOCK, 64], gl.float16))
@@ -369,10 +323,10 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     n_ct = gl.cdiv(length, BLOCK)
     n_wt = gl.cdiv(t_win, BLOCK)
     gl.warp_specialize([
-        (_consumer, (ka, kb, kc, vt, cv, ready, empty, qa, qb, qc, qn, pt2, n_ct, n_wt,
-                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
-                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, Q_SMEM)),
-        (_producer, (ka, kb, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
+        (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, q_ptr + b * sqb + h * sqh,
+                     sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ, rot_scale, qjl_scale, CODEC,
+                     DQ, V_BITS, BLOCK, STAGES)),
+        (_producer, (ka, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
                      vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
                      TAB_SMEM, STAGES)),
@@ -403,11 +357,13 @@ def sign_columns(n: int) -> torch.Tensor:
 
 
 def key_columns(kc: KernelCodec) -> list[torch.Tensor]:
-    """Per key tile of the kernel (a, then b for the triplet section, then c for QJL): the index into the
-    codec's `query_map` columns of each kernel column, -1 for a zero column. The one definition of the
-    kernel's key column order, from which `query_map` is built."""
+    """Per key tile of the kernel (a, then c for QJL): the index into the codec's `query_map` columns of each
+    kernel column, -1 for a zero column. The one definition of the kernel's key column order, from which
+    `query_map` is built. The triplet section (d = 64, 22 triplets, 64 useful coordinates) fills tile a with
+    table rows: column 4i + c (c < 3) holds component c of triplet i < 16, column 4i + 3 component i % 3 of
+    triplet 16 + i // 3 (the last six triplets; triplet 21 has only its x)."""
     cid, d = codec_id(kc.decode, kc.has_qjl), kc.head_dim
-    if cid in (OCT.value, OCJ.value):  # table rows (x, y, z, 0): column 4i + c holds component c of triplet i
+    if cid in (OCT.value, OCJ.value):
         lp = kc.triplet_lanes
         i = torch.arange(16)[:, None]
         comp = torch.arange(4)[None, :]
@@ -425,7 +381,7 @@ def key_columns(kc: KernelCodec) -> list[torch.Tensor]:
 
 def query_map(kc: KernelCodec) -> torch.Tensor:
     """[H, 64, DQ] bf16 (+-1, d-scaled integers or 0, exact): q @ map[h] = the query's projections in the
-    kernel's key column order (tile a | b | c), from `KernelCodec.query_map`; cached on the codec."""
+    kernel's key column order (tile a | c), from `KernelCodec.query_map`; cached on the codec."""
     cached = kc.__dict__.get("_gluon_map")
     if cached is None:
         qm = kc.query_map(torch.float32)
@@ -481,8 +437,7 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
     cid = codec_id(kc.decode, kc.has_qjl)
     tab_rows, tab_smem = _table_spec(kc)
     return dict(CODEC=cid, NB=kc.code_bits, KW=kc.code_words, SW=2 if kc.has_qjl else 1, V_BITS=v_bits,
-                V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem,
-                WB=0, BLOCK=BLOCK, STAGES=STAGES,
+                V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem, BLOCK=BLOCK, STAGES=STAGES,
                 P_REGS=PRODUCER_REGS.get(cid, 72))
 
 
