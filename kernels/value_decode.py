@@ -9,7 +9,7 @@ scale and minimum per group, the codes a little-endian stream of int32 words.
 import triton
 import triton.language as tl
 
-from .bits import cut_codes, masked_load, row_codes
+from .bits import cut_codes, row_codes
 
 
 @triton.jit
@@ -54,45 +54,75 @@ def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
 
 
 @triton.jit
-def _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G: tl.constexpr,
-                   V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, MASKED: tl.constexpr):
-    """One step of values_in_place: keys [n0, n0 + BLOCK_V), those from c1 on masked off when MASKED."""
+def _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G: tl.constexpr, V_BITS: tl.constexpr,
+                    BLOCK_V: tl.constexpr, GT: tl.constexpr):
+    """The packed fields of values_in_place's step at keys [n0, n0 + BLOCK_V) as [R, 1] register tiles, keys
+    from c1 on masked off (a step wholly past c1 loads nothing): (scores, scales, minima, code words), the
+    last three tuples over the row's GT groups (words: NW a group, or the pair's V_BITS words)."""
     GR: tl.constexpr = G // GT  # rows a key
     R: tl.constexpr = BLOCK_V * GR
-    C: tl.constexpr = 16 * GT
     NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
-    rho = tl.arange(0, R)[:, None]  # [R, 1]: per-row values in the layout of the [R, C] tiles
+    rho = tl.arange(0, R)[:, None]
+    n = n0 + rho // GR
+    ok = n < c1
+    grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
+    sc = ()
+    mn = ()
+    ws = ()
+    for gi in tl.static_range(GT):
+        sc = sc + (tl.load(vs_ptr + grow + gi, mask=ok, other=0.0),)
+        mn = mn + (tl.load(vm_ptr + grow + gi, mask=ok, other=0.0),)
+        if 32 % V_BITS != 0:
+            pass
+        elif V_BITS == 1:  # two groups a word
+            ws = ws + (tl.load(vc_ptr + ((grow + gi) >> 1), mask=ok, other=0),)
+        else:
+            for wi in tl.static_range(NW):
+                ws = ws + (tl.load(vc_ptr + (grow + gi) * NW + wi, mask=ok, other=0),)
+    if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+        for wi in tl.static_range(V_BITS):
+            ws = ws + (tl.load(vc_ptr + (grow // 2) * V_BITS + wi, mask=ok, other=0),)
+    s = tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    return s, sc, mn, ws
+
+
+@triton.jit
+def _in_place_math(raw, n0, m, acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.constexpr,
+                   BLOCK_V: tl.constexpr, GT: tl.constexpr):
+    """One step of values_in_place on `_in_place_loads`' fields of keys [n0, n0 + BLOCK_V)."""
+    s, sc, mn_raw, ws = raw
+    GR: tl.constexpr = G // GT
+    R: tl.constexpr = BLOCK_V * GR
+    C: tl.constexpr = 16 * GT
+    NW: tl.constexpr = (V_BITS + 1) // 2
+    rho = tl.arange(0, R)[:, None]
     cg, src, pos = _in_place_columns(G, V_BITS, GT)
     masks = (((1 << V_BITS) - 1) << pos).to(tl.uint32)
     gcol = tl.arange(0, GT)[None, :]
     inw = ((tl.arange(0, 16 * GT)[None, :] * V_BITS) % 32).to(tl.uint32)
-    n = n0 + rho // GR
-    ok = n < c1
-    grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
-    p = tl.exp2(masked_load(s_ptr + n, ok, float("-inf"), MASKED, True) - m)
+    grow = n0 * G + rho * GT
+    p = tl.exp2(s - m)
     pw = p * 1.2676506002282294e30  # p * 2^W_EXP, W_EXP = 100: p * scale * 2^100 < 2^116 (fp16 scales)
     wgt = tl.zeros((R, C), tl.float32)
     mn = tl.zeros((R, GT), tl.float32)
     hw = tl.zeros((R, C), tl.uint32)
-    for gi in tl.static_range(GT):  # every load is [R, 1], once; the selects fold per column
-        sc_g = masked_load(vs_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
-        mn_g = masked_load(vm_ptr + grow + gi, ok, 0.0, MASKED).to(tl.float32)
-        wgt = tl.where(cg == gi, pw * sc_g, wgt)
-        mn = tl.where(gcol == gi, mn_g, mn)
+    for gi in tl.static_range(GT):  # the selects fold per column
+        wgt = tl.where(cg == gi, pw * sc[gi].to(tl.float32), wgt)
+        mn = tl.where(gcol == gi, mn_raw[gi].to(tl.float32), mn)
         if 32 % V_BITS != 0:  # the row's codes are a stream of V_BITS words, cut after this loop
             pass
-        elif V_BITS == 1:  # two groups a word
-            w = masked_load(vc_ptr + ((grow + gi) >> 1), ok, 0, MASKED).to(tl.uint32, bitcast=True)
+        elif V_BITS == 1:
+            w = ws[gi].to(tl.uint32, bitcast=True)
             hw = tl.where(cg == gi, w >> (((grow + gi) & 1) * 16).to(tl.uint32), hw)
         else:  # half h of the group is its word h // 2, shifted by 16 (h % 2)
             for wi in tl.static_range(NW):
-                w = masked_load(vc_ptr + (grow + gi) * NW + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
+                w = ws[gi * NW + wi].to(tl.uint32, bitcast=True)
                 hw = tl.where((cg == gi) & (src == 2 * wi), w, hw)
                 hw = tl.where((cg == gi) & (src == 2 * wi + 1), w >> 16, hw)
-    if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+    if 32 % V_BITS != 0:
         w_prev = tl.zeros((R, 1), tl.uint32)
         for wi in tl.static_range(V_BITS):
-            w = masked_load(vc_ptr + (grow // 2) * V_BITS + wi, ok, 0, MASKED).to(tl.uint32, bitcast=True)
+            w = ws[wi].to(tl.uint32, bitcast=True)
             hw = tl.where(src == 3 * wi, w, hw)
             hw = tl.where(src == 3 * wi + 1, w >> 16, hw)
             if wi > 0:  # codes straddling words wi - 1 and wi (a funnel shift; inw > 23 there)
@@ -118,14 +148,16 @@ def values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_ve
     below bit 16). The FMA multiplies it by p * scale * 2^W_EXP (a normal number; the product is normal for
     every term that matters, p * scale > 2^-50), and in_place_sum applies the per-column constant
     2^(149 - W_EXP - pos_k) (a power of two: exact) once. Needs IEEE subnormals in the FMA (Triton emits FFMA
-    without .FTZ; the GPU runs it at full rate)."""
-    full = c0 + (c1 - c0) // BLOCK_V * BLOCK_V  # whole steps without masks, then the tail step with them
-    for n0 in range(c0, full, BLOCK_V):
-        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, n0, c1, acc, acc_min, l_vec, G,
-                                             V_BITS, BLOCK_V, GT, False)
-    if full < c1:
-        acc, acc_min, l_vec = _in_place_step(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, full, c1, acc, acc_min, l_vec,
-                                             G, V_BITS, BLOCK_V, GT, True)
+    without .FTZ; the GPU runs it at full rate).
+
+    The next step's fields load before this step's arithmetic (a register double buffer; every load masked
+    at c1): waiting on a step's own loads was the one-row kernel's main stall at 1 q x 128k keys, d=128
+    (Nsight Compute, benchmarks/results/kernels.md)."""
+    raw = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, c0, c1, G, V_BITS, BLOCK_V, GT)
+    for n0 in range(c0, c1, BLOCK_V):
+        nxt = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0 + BLOCK_V, c1, G, V_BITS, BLOCK_V, GT)
+        acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)
+        raw = nxt
     return acc, acc_min, l_vec
 
 
