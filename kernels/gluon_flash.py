@@ -15,7 +15,9 @@ default warp group rotates the query rows once through the head's query map (`qu
 wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wgmma (queries 0..63 as rows,
 64..79 swapped: S2^T = K Q2^T, 16 columns), applies the column scale and bias in one FMA, updates the online
 softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
-rows (kept in their own buffer) against tile a alone. The
+rows (kept in their own buffer) against tile a alone; a last window tile of at most TAIL = 16 keys (AAR's
+scales of 66 and 75 tokens leave 2 and 11, its first seven scales 1-16 in all) runs a narrow step whose 64
+wgmma rows score and accumulate only its first 16 keys (`_fx_tail`). The
 epilogue divides by the row sums, puts the columns in their true order (`_true_order`, a register
 relabelling, then one layout conversion) and stores 16-byte rows.
 
@@ -61,6 +63,7 @@ from .spec import KernelCodec, PackedKeys, PackedValues
 
 BLOCK = 64  # keys a ring tile
 STAGES = 2  # ring stages
+TAIL = 16  # a last window tile of at most TAIL keys runs the narrow step (_fx_tail)
 MAXNREG = 128  # registers a thread: two programs of 8 warps an SM
 PRODUCER_REGS = {POL.value: 88, OCJ.value: 88}  # else 72
 
@@ -165,15 +168,20 @@ def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.conste
     """Scores times the column scale plus the bias (one FMA), both online softmax updates (every ring tile
     holds a valid key, so the running max is finite after the first), then start O1 += P1 V (P1 in
     registers) and O2^T += V^T P2^T (P2^T through shared memory); fp16 P and V. The swapped queries' sums
-    stay per element (l2 [BLOCK, 16], reduced over the keys once, in the epilogue)."""
-    mmaR: gl.constexpr = _mma(BLOCK)
+    stay per element (l2 [BLOCK, 16], reduced over the keys once, in the epilogue). S1 may be narrower than
+    the tile (N1 = s1.shape[1] keys, a tail step): its columns are the tile's first N1 keys, P1 V reads the
+    value tile's first N1 rows; m1 and l1 keep the 64-column accumulator's row layout (the same rows: the
+    conversions move no data)."""
+    N1: gl.constexpr = s1.shape[1]
+    mmaN: gl.constexpr = _mma(N1)
     mmaC: gl.constexpr = _mma(16)
-    s1 = gl.fma(s1, cs.load(gl.SliceLayout(0, mmaR))[None, :], cb.load(gl.SliceLayout(0, mmaR))[None, :])
+    s1 = gl.fma(s1, cs.slice(0, N1).load(gl.SliceLayout(0, mmaN))[None, :],
+                cb.slice(0, N1).load(gl.SliceLayout(0, mmaN))[None, :])
     s2 = gl.fma(s2, cs.load(gl.SliceLayout(1, mmaC))[:, None], cb.load(gl.SliceLayout(1, mmaC))[:, None])
-    mn1 = gl.maximum(m1, gl.max(s1, axis=1))
+    mn1 = gl.maximum(m1, gl.convert_layout(gl.max(s1, axis=1), m1.type.layout))
     a1 = gl.exp2(m1 - mn1)
-    p1 = gl.exp2(s1 - mn1[:, None])
-    l1 = l1 * a1 + gl.sum(p1, axis=1)
+    p1 = gl.exp2(s1 - gl.convert_layout(mn1, gl.SliceLayout(1, mmaN))[:, None])
+    l1 = l1 * a1 + gl.convert_layout(gl.sum(p1, axis=1), l1.type.layout)
     o1 = o1 * gl.convert_layout(a1, gl.SliceLayout(1, _mma(64)))[:, None]  # trivial: the same rows
     mn2 = gl.maximum(m2, gl.max(s2, axis=0))
     a2 = gl.exp2(m2 - mn2)
@@ -185,7 +193,7 @@ def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.conste
     fence_async_shared()
     p1d = gl.convert_layout(p1.to(gl.float16), gl.DotOperandLayout(operand_index=0, parent=_mma(64),
                                                                     k_width=2))
-    o1 = warpgroup_mma(p1d, vt, o1, is_async=True)
+    o1 = warpgroup_mma(p1d, vt.slice(0, N1), o1, is_async=True)
     o2 = warpgroup_mma(vt.permute((1, 0)), pt2, o2, is_async=True)
     return mn1, l1, o1, mn2, l2, o2
 
@@ -201,6 +209,28 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt
     mbarrier.wait(ready.index(st), (u // STAGES) & 1)
     s1, s2 = _fx_issue(qa.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qc.slice(64, 16), ka.index(st),
                        kc.index(st), HAS_C, BLOCK)
+    s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
+    m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
+                                        cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
+    o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
+    mbarrier.arrive(empty.index(st))
+    return m1, l1, o1, m2, l2, o2
+
+
+@gluon.jit
+def _fx_tail(u, m1, l1, o1, m2, l2, o2, ka, vt, cv, ready, empty, qn, pt2, BLOCK: gl.constexpr,
+             STAGES: gl.constexpr, TAIL: gl.constexpr):
+    """The last window tile when it holds at most TAIL keys: as _fx_step (native queries, tile a alone), but
+    the 64 wgmma query rows score only the tile's first TAIL keys (S1 [64, TAIL]) and P1 V reads TAIL value
+    rows: a quarter of those dots, exp2s and softmax arithmetic at TAIL = 16. The swapped rows 64..79 keep
+    the 64-key S2^T (its M is the keys: a wgmma's 64 rows either way)."""
+    st = u % STAGES
+    mbarrier.wait(ready.index(st), (u // STAGES) & 1)
+    k = ka.index(st)
+    s1 = warpgroup_mma(qn.slice(0, 64), k.slice(0, TAIL).permute((1, 0)),
+                       gl.zeros([64, TAIL], gl.float32, _mma(TAIL)), use_acc=False, is_async=True)
+    s2 = warpgroup_mma(k, qn.slice(64, 16).permute((1, 0)), gl.zeros([BLOCK, 16], gl.float32, _mma(16)),
+                       use_acc=False, is_async=True)
     s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
     m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
                                         cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
@@ -243,9 +273,9 @@ def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, q_base, sqt, map_base, out_base, TQ,
-              rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
-              BLOCK: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, q_base, sqt, map_base,
+              out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
+              BLOCK: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
     """Rotate the query rows through the head's map (tile a: rot_scale; tile c: qjl_scale), then loop over
     the compressed ring tiles with the rotated queries and over the window's with the native ones (tile a
     alone: the producer fills only tile a of a window tile).
@@ -280,9 +310,15 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, q_base,
     for u in range(n_ct):
         m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
                                           pt2, HAS_C, BLOCK, STAGES)
-    for u in range(n_ct, n_ct + n_wt):  # native keys: tile a alone
+    # native keys: tile a alone; a last tile of at most TAIL keys takes the narrow step
+    tail = (n_wt > 0) & (t_win - (n_wt - 1) * BLOCK <= TAIL)
+    n_full = n_ct + n_wt - tail.to(gl.int32)
+    for u in range(n_ct, n_full):
         m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qn, qc,
                                           pt2, False, BLOCK, STAGES)
+    if tail:
+        m1, l1, o1, m2, l2, o2 = _fx_tail(n_full, m1, l1, o1, m2, l2, o2, ka, vt, cv, ready, empty, qn, pt2,
+                                          BLOCK, STAGES, TAIL)
     _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
@@ -295,7 +331,7 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
                        t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
                        KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
                        TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
-                       P_REGS: gl.constexpr):
+                       P_REGS: gl.constexpr, TAIL: gl.constexpr):
     """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
     compressed keys (store rows pid * t_cap ..) and `t_win` native window keys."""
     pid = gl.program_id(0)
@@ -323,9 +359,9 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     n_ct = gl.cdiv(length, BLOCK)
     n_wt = gl.cdiv(t_win, BLOCK)
     gl.warp_specialize([
-        (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, q_ptr + b * sqb + h * sqh,
-                     sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ, rot_scale, qjl_scale, CODEC,
-                     DQ, V_BITS, BLOCK, STAGES)),
+        (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win,
+                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
+                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, TAIL)),
         (_producer, (ka, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
                      vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
@@ -438,7 +474,7 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
     tab_rows, tab_smem = _table_spec(kc)
     return dict(CODEC=cid, NB=kc.code_bits, KW=kc.code_words, SW=2 if kc.has_qjl else 1, V_BITS=v_bits,
                 V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem, BLOCK=BLOCK, STAGES=STAGES,
-                P_REGS=PRODUCER_REGS.get(cid, 72))
+                P_REGS=PRODUCER_REGS.get(cid, 72), TAIL=TAIL)
 
 
 def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,

@@ -152,7 +152,9 @@ def make_case(name, bits, v_bits, *, batch, heads, groups, tq, length, window, s
 SHAPES = {"q1-L100-w1-b1": (1, 100, 1, 1, 2, 1), "q5-L63-w0-b3": (5, 63, 0, 3, 2, 1),
           "q75-L380-w75-b3": (75, 380, 75, 3, 2, 1), "q80-L455-w1-b1": (80, 455, 1, 1, 3, 1),
           "q75-L0-w75-b1": (75, 0, 75, 1, 2, 1), "q75-L1-w0-b1": (75, 1, 0, 1, 2, 1),
-          "q40-L200-w1-b1-g2": (40, 200, 1, 1, 2, 2), "q5-L65-w1-b3-g4": (5, 65, 1, 3, 2, 4)}
+          "q40-L200-w1-b1-g2": (40, 200, 1, 1, 2, 2), "q5-L65-w1-b3-g4": (5, 65, 1, 3, 2, 4),
+          # a last window tile of exactly the narrow step's 16 keys, and one of 36 (the full step)
+          "q75-L130-w80-b1": (75, 130, 80, 1, 2, 1), "q64-L40-w100-b2": (64, 40, 100, 2, 2, 1)}
 CASES = [(name, bits) for name, bit_list in IN_SCOPE.items() for bits in bit_list]
 
 

@@ -48,7 +48,18 @@ def main() -> int:
     parser.add_argument("--codecs", default="octopus,turboquant-mse")
     parser.add_argument("--dims", default="64,128")
     parser.add_argument("--rep-ms", type=int, default=30)
+    parser.add_argument("--configs", help="launches to time instead of CONFIGS: comma list of "
+                        "block_n:num_warps:programs_per_sm:block_v[:cap], cap the register cap of capped "
+                        "kernels (score_tables.MAX_REGISTERS; default the launcher's)")
     args = parser.parse_args()
+    from octopus_audio.kernels import score_tables
+
+    default_cap = score_tables.MAX_REGISTERS
+    if args.configs:
+        parsed = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")]
+        configs = {d: parsed for d in CONFIGS}
+    else:
+        configs = CONFIGS
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for d in (int(x) for x in args.dims.split(",")):
@@ -66,7 +77,8 @@ def main() -> int:
             kc = backend.kernel_codec(codec, h, torch.device("cuda"))
             win = torch.randn(1, h, 1, d, generator=gen, device="cuda").bfloat16()
             call = (q, keys, values, args.keys - 1, win, win, kc)
-            for bn, nw, pps, bv in CONFIGS[d]:
+            for bn, nw, pps, bv, *cap in configs[d]:
+                score_tables.MAX_REGISTERS = cap[0] if cap else default_cap
                 cfg = AttnConfig(block_n=bn, num_warps=nw, programs_per_sm=pps, block_v=bv)
                 try:
                     ms = _time(lambda cfg=cfg, call=call, d=d: attention(*call, scale=d ** -0.5, config=cfg),
@@ -75,7 +87,8 @@ def main() -> int:
                 except Exception as e:  # a launch that cannot compile or run still lets the others report
                     ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
                 rows.append({"codec": name, "d": d, "heads": h, "block_n": bn, "num_warps": nw,
-                             "programs_per_sm": pps, "block_v": bv, "ms": ms, "sdpa_ms": sdpa,
+                             "programs_per_sm": pps, "block_v": bv, "cap": score_tables.MAX_REGISTERS,
+                             "ms": ms, "sdpa_ms": sdpa,
                              "x_sdpa": sdpa / ms, "error": err})
                 print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
