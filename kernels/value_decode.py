@@ -54,11 +54,40 @@ def _in_place_columns(G: tl.constexpr, V_BITS: tl.constexpr, GT: tl.constexpr):
 
 
 @triton.jit
+def _split_columns(t, K: tl.constexpr):
+    """A [R, K] register tile (K in 1, 2, 4) as a tuple of its K columns, each [R, 1] (register relabelling:
+    a row's K fields come from one vector load)."""
+    if K == 1:
+        return (t,)
+    elif K == 2:
+        a, b = tl.split(t)
+        return (a[:, None], b[:, None])
+    else:  # [R, 2, 2]: the last axis holds columns (0, 2) | (1, 3)
+        ev, od = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))
+        c0, c2 = tl.split(ev)
+        c1, c3 = tl.split(od)
+        return (c0[:, None], c1[:, None], c2[:, None], c3[:, None])
+
+
+@triton.jit
+def _row_load(ptr, first, ok, K: tl.constexpr, other):
+    """Entries first .. first + K of each row (first, ok [R, 1]; K in 1, 2, 4, 8) as a tuple of K [R, 1]
+    tiles, loaded at most 4 at a time as one vector a thread (the row's entries are contiguous)."""
+    out = ()
+    KK: tl.constexpr = min(4, K)  # K is a power of two
+    for k0 in tl.static_range(0, K, KK):
+        t = tl.load(ptr + first + k0 + tl.arange(0, KK)[None, :], mask=ok, other=other)
+        out = out + _split_columns(t, KK)
+    return out
+
+
+@triton.jit
 def _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G: tl.constexpr, V_BITS: tl.constexpr,
                     BLOCK_V: tl.constexpr, GT: tl.constexpr):
     """The packed fields of values_in_place's step at keys [n0, n0 + BLOCK_V) as [R, 1] register tiles, keys
     from c1 on masked off (a step wholly past c1 loads nothing): (scores, scales, minima, code words), the
-    last three tuples over the row's GT groups (words: NW a group, or the pair's V_BITS words)."""
+    last three tuples over the row's GT groups (words: NW a group, or the pair's V_BITS words). A row's
+    scales, minima and (for widths dividing 32) words are contiguous: one vector load each."""
     GR: tl.constexpr = G // GT  # rows a key
     R: tl.constexpr = BLOCK_V * GR
     NW: tl.constexpr = (V_BITS + 1) // 2  # words a group (V_BITS = 1: half a word)
@@ -66,20 +95,15 @@ def _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G: tl.constexpr, V_BI
     n = n0 + rho // GR
     ok = n < c1
     grow = n0 * G + rho * GT  # first (key, group) index of the row from the split's row start
-    sc = ()
-    mn = ()
-    ws = ()
-    for gi in tl.static_range(GT):
-        sc = sc + (tl.load(vs_ptr + grow + gi, mask=ok, other=0.0),)
-        mn = mn + (tl.load(vm_ptr + grow + gi, mask=ok, other=0.0),)
-        if 32 % V_BITS != 0:
-            pass
-        elif V_BITS == 1:  # two groups a word
-            ws = ws + (tl.load(vc_ptr + ((grow + gi) >> 1), mask=ok, other=0),)
-        else:
-            for wi in tl.static_range(NW):
-                ws = ws + (tl.load(vc_ptr + (grow + gi) * NW + wi, mask=ok, other=0),)
-    if 32 % V_BITS != 0:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+    sc = _row_load(vs_ptr, grow, ok, GT, 0.0)
+    mn = _row_load(vm_ptr, grow, ok, GT, 0.0)
+    if V_BITS == 1:  # two groups a word: a row's GT <= 2 groups share word grow // 2 (grow is even at GT 2)
+        w = tl.load(vc_ptr + (grow >> 1), mask=ok, other=0)
+        ws = (w, w) if GT == 2 else (w,)
+    elif 32 % V_BITS == 0:  # the row's GT groups own NW words each, contiguous from grow * NW
+        ws = _row_load(vc_ptr, grow * NW, ok, NW * GT, 0)
+    else:  # GT = 2: the pair of groups owns V_BITS words from word (grow / 2) * V_BITS
+        ws = ()
         for wi in tl.static_range(V_BITS):
             ws = ws + (tl.load(vc_ptr + (grow // 2) * V_BITS + wi, mask=ok, other=0),)
     s = tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg")
