@@ -17,7 +17,7 @@ wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wg
 softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
 rows (kept in their own buffer) against tile a alone; a last window tile of at most TAIL = 16 keys (AAR's
 scales of 66 and 75 tokens leave 2 and 11, its first seven scales 1-16 in all) runs a narrow step whose 64
-wgmma rows score and accumulate only its first 16 keys (`_fx_tail`). The
+wgmma rows score and accumulate only its first 16 keys (`_fx_step` with N1 = 16). The
 epilogue divides by the row sums, puts the columns in their true order (`_true_order`, a register
 relabelling, then one layout conversion) and stores 16-byte rows.
 
@@ -63,7 +63,7 @@ from .spec import KernelCodec, PackedKeys, PackedValues
 
 BLOCK = 64  # keys a ring tile
 STAGES = 2  # ring stages
-TAIL = 16  # a last window tile of at most TAIL keys runs the narrow step (_fx_tail)
+TAIL = 16  # a last window tile of at most TAIL keys runs the narrow step (_fx_step's N1)
 MAXNREG = 128  # registers a thread: two programs of 8 warps an SM
 PRODUCER_REGS = {POL.value: 88, OCJ.value: 88}  # else 72
 
@@ -151,14 +151,15 @@ def _rotate_tile(q, dst, scale):
 
 
 @gluon.jit
-def _fx_issue(qa1, qc1, qa2, qc2, ka, kc, HAS_C: gl.constexpr, BLOCK: gl.constexpr):
-    """Start (async) S1 = Q1 K^T [64, BLOCK] and S2^T = K Q2^T [BLOCK, 16] over the stage's key tiles."""
-    s1 = warpgroup_mma(qa1, ka.permute((1, 0)), gl.zeros([64, BLOCK], gl.float32, _mma(BLOCK)), use_acc=False,
-                       is_async=True)
+def _fx_issue(qa1, qc1, qa2, qc2, ka, kc, HAS_C: gl.constexpr, BLOCK: gl.constexpr, N1: gl.constexpr):
+    """Start (async) S1 = Q1 K^T [64, N1] over the stage's first N1 keys and S2^T = K Q2^T [BLOCK, 16] over
+    all its keys (its wgmma's M is the keys: 64 rows whatever N1)."""
+    s1 = warpgroup_mma(qa1, ka.slice(0, N1).permute((1, 0)), gl.zeros([64, N1], gl.float32, _mma(N1)),
+                       use_acc=False, is_async=True)
     s2 = warpgroup_mma(ka, qa2.permute((1, 0)), gl.zeros([BLOCK, 16], gl.float32, _mma(16)), use_acc=False,
                        is_async=True)
     if HAS_C:
-        s1 = warpgroup_mma(qc1, kc.permute((1, 0)), s1, is_async=True)
+        s1 = warpgroup_mma(qc1, kc.slice(0, N1).permute((1, 0)), s1, is_async=True)
         s2 = warpgroup_mma(kc, qc2.permute((1, 0)), s2, is_async=True)
     return s1, s2
 
@@ -200,37 +201,17 @@ def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.conste
 
 @gluon.jit
 def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt2, HAS_C: gl.constexpr,
-             BLOCK: gl.constexpr, STAGES: gl.constexpr):
+             BLOCK: gl.constexpr, STAGES: gl.constexpr, N1: gl.constexpr):
     """Ring tile u from stage u % STAGES, scored with the query tiles qa (rows 0..63, 64..79) and qc
     (unrolling the loop over the stages, which makes the stage index a constant, measured no fewer
     instructions: ptxas keeps the descriptors in regular registers and moves them to uniform ones at every
-    use either way)."""
+    use either way). N1 < BLOCK: the narrow step of a last window tile of at most N1 keys, whose 64 wgmma
+    query rows score and accumulate only its first N1 keys (a quarter of those dots, exp2s and softmax
+    arithmetic at N1 = 16); the swapped rows 64..79 keep the whole tile."""
     st = u % STAGES
     mbarrier.wait(ready.index(st), (u // STAGES) & 1)
     s1, s2 = _fx_issue(qa.slice(0, 64), qc.slice(0, 64), qa.slice(64, 16), qc.slice(64, 16), ka.index(st),
-                       kc.index(st), HAS_C, BLOCK)
-    s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
-    m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
-                                        cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
-    o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
-    mbarrier.arrive(empty.index(st))
-    return m1, l1, o1, m2, l2, o2
-
-
-@gluon.jit
-def _fx_tail(u, m1, l1, o1, m2, l2, o2, ka, vt, cv, ready, empty, qn, pt2, BLOCK: gl.constexpr,
-             STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """The last window tile when it holds at most TAIL keys: as _fx_step (native queries, tile a alone), but
-    the 64 wgmma query rows score only the tile's first TAIL keys (S1 [64, TAIL]) and P1 V reads TAIL value
-    rows: a quarter of those dots, exp2s and softmax arithmetic at TAIL = 16. The swapped rows 64..79 keep
-    the 64-key S2^T (its M is the keys: a wgmma's 64 rows either way)."""
-    st = u % STAGES
-    mbarrier.wait(ready.index(st), (u // STAGES) & 1)
-    k = ka.index(st)
-    s1 = warpgroup_mma(qn.slice(0, 64), k.slice(0, TAIL).permute((1, 0)),
-                       gl.zeros([64, TAIL], gl.float32, _mma(TAIL)), use_acc=False, is_async=True)
-    s2 = warpgroup_mma(k, qn.slice(64, 16).permute((1, 0)), gl.zeros([BLOCK, 16], gl.float32, _mma(16)),
-                       use_acc=False, is_async=True)
+                       kc.index(st), HAS_C, BLOCK, N1)
     s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
     m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
                                         cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
@@ -309,16 +290,16 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
     o2 = gl.zeros([64, 16], gl.float32, mmaC)
     for u in range(n_ct):
         m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
-                                          pt2, HAS_C, BLOCK, STAGES)
+                                          pt2, HAS_C, BLOCK, STAGES, BLOCK)
     # native keys: tile a alone; a last tile of at most TAIL keys takes the narrow step
     tail = (n_wt > 0) & (t_win - (n_wt - 1) * BLOCK <= TAIL)
     n_full = n_ct + n_wt - tail.to(gl.int32)
     for u in range(n_ct, n_full):
         m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qn, qc,
-                                          pt2, False, BLOCK, STAGES)
+                                          pt2, False, BLOCK, STAGES, BLOCK)
     if tail:
-        m1, l1, o1, m2, l2, o2 = _fx_tail(n_full, m1, l1, o1, m2, l2, o2, ka, vt, cv, ready, empty, qn, pt2,
-                                          BLOCK, STAGES, TAIL)
+        m1, l1, o1, m2, l2, o2 = _fx_step(n_full, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qn,
+                                          qc, pt2, False, BLOCK, STAGES, TAIL)
     _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
 
 
