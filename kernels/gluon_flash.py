@@ -165,11 +165,11 @@ def _fx_issue(qa1, qc1, qa2, qc2, ka, kc, HAS_C: gl.constexpr, BLOCK: gl.constex
 
 
 @gluon.jit
-def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2, BLOCK: gl.constexpr):
+def _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cs, cb, vt, pt2):
     """Scores times the column scale plus the bias (one FMA), both online softmax updates (every ring tile
     holds a valid key, so the running max is finite after the first), then start O1 += P1 V (P1 in
     registers) and O2^T += V^T P2^T (P2^T through shared memory); fp16 P and V. The swapped queries' sums
-    stay per element (l2 [BLOCK, 16], reduced over the keys once, in the epilogue). S1 may be narrower than
+    stay per element (l2 [keys, 16], reduced over the keys once, in the epilogue). S1 may be narrower than
     the tile (N1 = s1.shape[1] keys, a tail step): its columns are the tile's first N1 keys, P1 V reads the
     value tile's first N1 rows; m1 and l1 keep the 64-column accumulator's row layout (the same rows: the
     conversions move no data)."""
@@ -214,7 +214,7 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt
                        kc.index(st), HAS_C, BLOCK, N1)
     s1, s2 = warpgroup_mma_wait(0, deps=(s1, s2))
     m1, l1, o1, m2, l2, o2 = _fx_update(s1, s2, m1, l1, o1, m2, l2, o2, cv.index(2 * st),
-                                        cv.index(2 * st + 1), vt.index(st), pt2, BLOCK)
+                                        cv.index(2 * st + 1), vt.index(st), pt2)
     o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
     mbarrier.arrive(empty.index(st))
     return m1, l1, o1, m2, l2, o2
