@@ -344,24 +344,26 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
-# (keys a score step, keys a value step, warps, programs an SM) of the one-row score-table path, by head
-# dim (and polarquant at d >= 128): the H200 sweep at 128k keys, graph-timed
+# (keys a score step, keys a value step, warps, programs an SM, value-loop pipeline depth) of the one-row
+# score-table path, by head dim (and polarquant at d >= 128): the H200 sweep at 128k keys, graph-timed
 # (benchmarks/lab/sweep_table_occupancy.py; kernels.md, "Split counts of the one-row path"). d <= 64 at 16
 # heads: 6 programs an SM (what the 80-register cap keeps resident) against 4: octopus 0.0933 -> 0.0785 ms,
 # every table codec 14-19% faster; d >= 128 at 32 heads: 256 keys, 8 warps, 3 programs (one wave of 12
 # splits), within 1% of (128, 32, 4, 6) for octopus and the turboquants; polarquant, whose angle folds take
-# more registers, 0.3573 -> 0.2751 ms at (128, 32, 4, 5).
-TABLE_LAUNCH = {"narrow": (128, 64, 4, 6), "wide": (256, 64, 8, 3), "wide-polar": (128, 32, 4, 5)}
+# more registers, 0.3573 -> 0.2751 ms at (128, 32, 4, 5). The value loop software-pipelined 3 deep
+# (values_in_place) against its register double buffer: d=64 octopus 0.0750 -> 0.0732, turboquant-mse 0.0726
+# -> 0.0705; polarquant d=128 0.2539 -> 0.2503; octopus d=128 0.2202 -> 0.2261 (spills under the cap).
+TABLE_LAUNCH = {"narrow": (128, 64, 4, 6, 3), "wide": (256, 64, 8, 3, 0), "wide-polar": (128, 32, 4, 5, 3)}
 
 
 def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
     """The single-query score-table path (adc_ops), at TABLE_LAUNCH's launch where `cfg` leaves it open."""
     kind = "narrow" if codec.head_dim < 128 else "wide-polar" if codec.decode == "polar" else "wide"
-    block_k, block_v, warps, per_sm = TABLE_LAUNCH[kind]
+    block_k, block_v, warps, per_sm, value_stages = TABLE_LAUNCH[kind]
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
                          num_splits=num_splits, block_k=cfg.block_n or block_k,
                          block_v=cfg.block_v or block_v, num_warps=cfg.num_warps or warps,
-                         programs_per_sm=cfg.programs_per_sm or per_sm)
+                         programs_per_sm=cfg.programs_per_sm or per_sm, value_stages=value_stages)
 
 
 def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:

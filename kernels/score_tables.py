@@ -295,7 +295,7 @@ def _adc_attn_kernel(
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
     V_GT: tl.constexpr, STAGE_K: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
-    LOG2D: tl.constexpr,
+    LOG2D: tl.constexpr, VALUE_STAGES: tl.constexpr,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -350,7 +350,7 @@ def _adc_attn_kernel(
                 m_run = m_c
             acc_t, acc_min, l_vec = values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
                                                      vm_ptr + row * G, s_row, m_run, c0, c1, acc_t, acc_min,
-                                                     l_vec, G, V_BITS, BLOCK_V, V_GT)
+                                                     l_vec, G, V_BITS, BLOCK_V, V_GT, VALUE_STAGES)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m_run, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
@@ -430,7 +430,7 @@ def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None
 
 
 def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValues, t_win: int, block_k: int,
-                        block_v: int, num_warps: int) -> tuple[dict, dict]:
+                        block_v: int, num_warps: int, value_stages: int = 0) -> tuple[dict, dict]:
     """The attention kernel's compile-time constants but DIRECT, and its launch options (num_warps, the
     register cap), as attention_adc launches it. A thread takes two value groups of a key per row where a
     step still has a row for every thread (always for widths not dividing 32), else one; with one row a
@@ -455,7 +455,7 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
                   V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
                   BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
                   STAGE_K=max(STAGE_KEYS, block_k, block_v), POLAR_G=lay.levels, A_BITS=codec.code_bits,
-                  LOG2D=d.bit_length() - 1)
+                  LOG2D=d.bit_length() - 1, VALUE_STAGES=value_stages)
     return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
 
@@ -463,15 +463,19 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
-                  programs_per_sm: int | None = None, group: int | None = None) -> torch.Tensor:
+                  programs_per_sm: int | None = None, group: int | None = None,
+                  value_stages: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
     the caller has validated them (attention routes here). Two launches (tables, attention) plus the
     log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
     the window may hold at most MAX_WINDOW tokens here (value layout, register cap: attention_constants).
-    group (scalar section): coordinates a table code (table_layout's default when None).
+    group (scalar section): coordinates a table code (table_layout's default when None). value_stages: the
+    group-16 value loop's software-pipeline depth (values_in_place; 0: its register double buffer).
     """
+    if value_stages not in (0, 2, 3, 4):
+        raise ValueError(f"value_stages={value_stages!r}: one of 0 (a register double buffer), 2, 3, 4")
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_win = 0 if k_window is None else k_window.shape[2]
@@ -500,7 +504,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_k = block_k or 32 * nw
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
-    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw)
+    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw, value_stages)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
         want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)

@@ -161,7 +161,7 @@ def _in_place_math(raw, n0, m, acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.
 
 @triton.jit
 def values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_vec, G: tl.constexpr,
-                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr):
+                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, STAGES: tl.constexpr = 0):
     """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA):
     adds keys [c0, c1) to the accumulators acc [R, 16 GT], acc_min [R, GT], l_vec [R, 1] and returns them.
 
@@ -174,14 +174,21 @@ def values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_ve
     2^(149 - W_EXP - pos_k) (a power of two: exact) once. Needs IEEE subnormals in the FMA (Triton emits FFMA
     without .FTZ; the GPU runs it at full rate).
 
-    The next step's fields load before this step's arithmetic (a register double buffer; every load masked
-    at c1): waiting on a step's own loads was the one-row kernel's main stall at 1 q x 128k keys, d=128
-    (Nsight Compute, benchmarks/results/kernels.md)."""
-    raw = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, c0, c1, G, V_BITS, BLOCK_V, GT)
-    for n0 in range(c0, c1, BLOCK_V):
-        nxt = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0 + BLOCK_V, c1, G, V_BITS, BLOCK_V, GT)
-        acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)
-        raw = nxt
+    STAGES 0: the next step's fields load before this step's arithmetic (a register double buffer; every
+    load masked at c1): waiting on a step's own loads was the one-row kernel's main stall at 1 q x 128k keys,
+    d=128 (Nsight Compute, benchmarks/results/kernels.md). STAGES >= 2: the compiler's software pipeline
+    instead (asynchronous copies of STAGES - 1 steps ahead into shared memory, no registers held in flight;
+    faster at d=64, slower at d=128 under the register cap: flash.TABLE_LAUNCH)."""
+    if STAGES > 1:
+        for n0 in tl.range(c0, c1, BLOCK_V, num_stages=STAGES):
+            raw = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G, V_BITS, BLOCK_V, GT)
+            acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)
+    else:
+        raw = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, c0, c1, G, V_BITS, BLOCK_V, GT)
+        for n0 in range(c0, c1, BLOCK_V):
+            nxt = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0 + BLOCK_V, c1, G, V_BITS, BLOCK_V, GT)
+            acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)
+            raw = nxt
     return acc, acc_min, l_vec
 
 

@@ -245,6 +245,13 @@ def test_refuses_block_queries():
         tables().attention_adc(torch.cat([q, q], 2), keys, values, 8, k_win, v_win, codec)
 
 
+def test_refuses_an_unknown_pipeline_depth():
+    lib, codec, q, keys, values, k_win, v_win = make_store(
+        "octopus", 2, batch=1, heads=1, length=8, window=1, d=64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="value_stages=1: one of 0"):
+        tables().attention_adc(q, keys, values, 8, k_win, v_win, codec, value_stages=1)
+
+
 def test_many_splits_merge_in_steps():
     """107 splits (16 keys each), more than one merge step holds (64): the merge loops over them."""
     lib, codec, q, keys, values, k_win, v_win = make_store(
@@ -273,10 +280,11 @@ VALUE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("value_stages", [0, 3], ids=["double-buffer", "pipelined3"])
 @pytest.mark.parametrize("vbits,d,length,splits,extreme,block_v", VALUE_CASES,
                          ids=[f"v{c[0]}-d{c[1]}-L{c[2]}-s{c[3]}-bv{c[5]}{'-extreme' if c[4] else ''}"
                               for c in VALUE_CASES])
-def test_value_widths_match_reference(vbits, d, length, splits, extreme, block_v):
+def test_value_widths_match_reference(vbits, d, length, splits, extreme, block_v, value_stages):
     """The group-16 value loop at value widths the codec does not pair with its keys (1, 5, 7, 8 bits), one
     and two groups a thread row, and fp16 scales from the smallest subnormal (2^-24) to 65504 with minima
     near +-65504: the in-place loop's subnormal products and power-of-two column scales stay exact over that
@@ -297,7 +305,7 @@ def test_value_widths_match_reference(vbits, d, length, splits, extreme, block_v
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
     got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
-                                  block_v=block_v)
+                                  block_v=block_v, value_stages=value_stages)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 
@@ -309,9 +317,10 @@ STAGE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("value_stages", [0, 3], ids=["double-buffer", "pipelined3"])
 @pytest.mark.parametrize("length,splits,qscale", STAGE_CASES,
                          ids=[f"L{c[0]}-s{c[1]}-q{c[2]:g}" for c in STAGE_CASES])
-def test_stages_carry_the_maximum(length, splits, qscale):
+def test_stages_carry_the_maximum(length, splits, qscale, value_stages):
     """The value loop scores STAGE_KEYS keys at a time and rescales its accumulators when the maximum grows
     (with spread scores, from one stage to the next)."""
     lib, codec, q, keys, values, k_win, v_win = make_store(
@@ -320,7 +329,8 @@ def test_stages_carry_the_maximum(length, splits, qscale):
     want = reference(lib, q, keys, values, length, k_win, v_win)
     dev = torch.device(DEVICE)
     q_d, keys_d, values_d, kw, vw = on_device(dev, q, keys, values, k_win, v_win)
-    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits)
+    got = tables().attention_adc(q_d, keys_d, values_d, length, kw, vw, codec.to(dev), num_splits=splits,
+                                  value_stages=value_stages)
     err, floor = rel(got, want)
     assert err <= 1e-4 + floor, f"relative RMS error {err:.2e}"
 

@@ -51,9 +51,15 @@ def main() -> int:
     parser.add_argument("--configs", help="launches to time instead of CONFIGS: comma list of "
                         "block_n:num_warps:programs_per_sm:block_v[:cap], cap the register cap of capped "
                         "kernels (score_tables.MAX_REGISTERS; default the launcher's)")
+    parser.add_argument("--variants", default="",
+                        help="kernel settings to time each launch with: comma list of "
+                        "value_stages:stage_keys (the value loop's pipeline depth in flash.TABLE_LAUNCH, "
+                        "score_tables.STAGE_KEYS; default the modules')")
     args = parser.parse_args()
-    from octopus_audio.kernels import score_tables
+    from octopus_audio.kernels import flash, score_tables
 
+    launches = dict(flash.TABLE_LAUNCH)
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v] or [None]
     default_cap = score_tables.MAX_REGISTERS
     if args.configs:
         parsed = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")]
@@ -77,7 +83,10 @@ def main() -> int:
             kc = backend.kernel_codec(codec, h, torch.device("cuda"))
             win = torch.randn(1, h, 1, d, generator=gen, device="cuda").bfloat16()
             call = (q, keys, values, args.keys - 1, win, win, kc)
-            for bn, nw, pps, bv, *cap in configs[d]:
+            for var, (bn, nw, pps, bv, *cap) in ((v, c) for v in variants for c in configs[d]):
+                if var is not None:
+                    flash.TABLE_LAUNCH = {k: (*v[:4], var[0]) for k, v in launches.items()}
+                    score_tables.STAGE_KEYS = var[1]
                 score_tables.MAX_REGISTERS = cap[0] if cap else default_cap
                 cfg = AttnConfig(block_n=bn, num_warps=nw, programs_per_sm=pps, block_v=bv)
                 try:
@@ -88,7 +97,8 @@ def main() -> int:
                     ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
                 rows.append({"codec": name, "d": d, "heads": h, "block_n": bn, "num_warps": nw,
                              "programs_per_sm": pps, "block_v": bv, "cap": score_tables.MAX_REGISTERS,
-                             "ms": ms, "sdpa_ms": sdpa,
+                             "variant": "default" if var is None else ":".join(map(str, var)), "ms": ms,
+                             "sdpa_ms": sdpa,
                              "x_sdpa": sdpa / ms, "error": err})
                 print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
