@@ -1,5 +1,5 @@
-"""Lab: the polarquant key encode (b=2, d=64, 16-bit keys) as a Gluon kernel whose angle tree runs in a
-row-per-thread layout, against the product's `tl` kernel (kernels/encode.py).
+"""Lab: the polarquant key encode (d=64, 16-bit keys, every width) as a Gluon kernel whose angle tree runs in
+a row-per-thread layout, against the product's `tl` kernel (kernels/encode.py).
 
 Why: the `tl` kernel keeps the rotated tile in the wgmma accumulator layout, where a row's 64 coordinates
 sit in four lanes, so every level of the angle tree (`tl.split(tl.reshape(...))`) and the codes'
@@ -9,10 +9,12 @@ a thread, and the whole tree, the norm and the packing run in that thread's regi
 
 The arithmetic is the product's, operation for operation (codec_encode._polar_codes, _cross_count,
 encode._key_norm): the same fma / compare sequences decide every code, so codes must equal encode_keys'
-exactly; gamma is summed in another order (stored bf16: rare last-bit differences).
+exactly; gamma is summed in another order (stored bf16: rare last-bit differences). The H200 run of session 16
+(run57) timed the b=2 form of 6e7c977; this generalisation (every width, partial blocks, fp16) is compiled
+only (sm_90 SASS), not yet run.
 
-    PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_polar_encode.py --compile   # sm_90 SASS, no GPU
-    PYTHONPATH=$PWD python3 benchmarks/lab/gluon_polar_encode.py --out $OUT/gluon_polar.json   # on the H200
+    PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_polar_encode.py --compile --bits 1,2,3,4   # no GPU
+    PYTHONPATH=$PWD python3 benchmarks/lab/gluon_polar_encode.py --bits 2,3,4 --out $OUT/gluon_polar.json
 """
 
 from __future__ import annotations
@@ -29,9 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 D = 64
 ROWS = 128
-LEVELS = 6
-N_BITS = 2
-NB = 3  # boundaries a level
+LEVELS = gl.constexpr(6)  # log2(D)
 
 
 @gluon.constexpr_function
@@ -41,54 +41,111 @@ def _rows_layout():
 
 
 @gluon.jit
-def _count(o, e, c_ptr, s_ptr, NK: gl.constexpr):
-    """#{k < NK : o c_k - e s_k > 0} (codec_encode._cross_count's test, its fma and product)."""
-    acc = (gl.fma(o, gl.load(c_ptr), -(e * gl.load(s_ptr))) > 0).to(gl.int32)
-    for k in gl.static_range(1, NK):
-        acc += (gl.fma(o, gl.load(c_ptr + k), -(e * gl.load(s_ptr + k))) > 0).to(gl.int32)
-    return acc
+def _count(o, e, c_ptr, s_ptr, NBITS: gl.constexpr):
+    """#{k < 2^NBITS - 1 : o c_k - e s_k > 0} for boundaries whose test holds on a prefix of k
+    (codec_encode._cross_count: its fma and product; compares up to 3 bits, a binary search beyond)."""
+    if NBITS <= 3:
+        acc = (gl.fma(o, gl.load(c_ptr), -(e * gl.load(s_ptr))) > 0).to(gl.int32)
+        for k in gl.static_range(1, (1 << NBITS) - 1):
+            acc += (gl.fma(o, gl.load(c_ptr + k), -(e * gl.load(s_ptr + k))) > 0).to(gl.int32)
+        return acc
+    else:
+        idx = gl.full(o.shape, 0, gl.int32, o.type.layout)
+        for level in gl.static_range(NBITS):
+            j = idx + ((1 << (NBITS - 1 - level)) - 1)
+            hit = gl.fma(o, gl.load(c_ptr + j), -(e * gl.load(s_ptr + j))) > 0
+            idx = gl.where(hit, idx + (1 << (NBITS - 1 - level)), idx)
+        return idx
 
 
 @gluon.jit
-def _pack(c, W: gl.constexpr):
-    """Codes c [R, S] of W bits (S a power of two) -> [R] with code i at bit W i: pairs OR-ed by halving
-    (in-thread: a row's codes are one thread's registers)."""
-    R: gl.constexpr = c.shape[0]
-    S: gl.constexpr = c.shape[1]
+def _unstack(t):
+    """The S columns of t [R, S] (S a power of two, one thread's registers) as a tuple of [R] tensors, in
+    order (splits only: register relabelling)."""
+    R: gl.constexpr = t.shape[0]
+    S: gl.constexpr = t.shape[1]
     if S == 1:
-        return gl.reshape(c, [R])
+        return (gl.reshape(t, [R]),)
     else:
-        e, o = gl.split(gl.reshape(c, [R, S // 2, 2]))
-        return _pack(e | (o << W), 2 * W)
+        e, o = gl.split(gl.reshape(t, [R, S // 2, 2]))
+        ev = _unstack(e)
+        od = _unstack(o)
+        out = ()
+        for i in gl.static_range(S // 2):
+            out = out + (ev[i], od[i])
+        return out
 
 
 @gluon.jit
-def _upper(r2, trig_ptr, LVL: gl.constexpr, S: gl.constexpr, w3, ROWS_: gl.constexpr):
-    """Levels LVL >= 1 from the squared radii r2 [R, 2S]: level 1's word (LVL = 1) or word 3's fields."""
-    e, o = gl.split(gl.reshape(r2, [ROWS_, S, 2]))
-    codes = _count(o, e, trig_ptr + LVL * 3, trig_ptr + (6 + LVL) * 3, 3)
-    if LVL == 1:
-        w2 = _pack(codes.to(gl.uint32, bitcast=True), 2)
-        w3 = _upper(e + o, trig_ptr, 2, S // 2, w3, ROWS_)
-        return w2, w3
-    else:
-        # word 3: level 2 from bit 0, level 3 from 16, level 4 from 24, level 5 from 28
-        FIRST: gl.constexpr = 0 if LVL == 2 else 16 if LVL == 3 else 24 if LVL == 4 else 28
-        w3 = w3 + gl.convert_layout(_pack(codes.to(gl.uint32, bitcast=True), 2) << FIRST, w3.type.layout)
-        if S > 1:
-            w3 = _upper(e + o, trig_ptr, LVL + 1, S // 2, w3, ROWS_)
-        return w3
+def _level1(a, b, trig_ptr, N_BITS: gl.constexpr):
+    """Level-1 angle codes of the pairs (a, b) (codec_encode._polar_codes, operation for operation)."""
+    NB: gl.constexpr = (1 << N_BITS) - 1
+    H: gl.constexpr = 1 << (N_BITS - 1)
+    c_ptr = trig_ptr
+    s_ptr = trig_ptr + LEVELS * NB
+    neg = b < 0
+    ar = gl.where(neg, -a, a)
+    br = gl.abs(b)
+    s_mid = gl.load(s_ptr + (H - 1))
+    cross = gl.fma(b, gl.load(c_ptr + (H - 1)), -(a * s_mid)) > 0
+    below_pi = s_mid > 0
+    mid = gl.where(neg, cross | below_pi, cross & below_pi)
+    codes = gl.where(neg, H - 1, 0) + mid.to(gl.int32)
+    if N_BITS > 1:
+        codes += _count(br, ar, c_ptr, s_ptr, N_BITS - 1)
+    if N_BITS >= 3:
+        # (a, b) on an axis or a diagonal: the reference's code from the table (9 cases after the trig rows)
+        sa = (a.to(gl.int32, bitcast=True) >> 31) & 1
+        sb = (b.to(gl.int32, bitcast=True) >> 31) & 1
+        bz = b == 0
+        az = a == 0
+        k = gl.where(bz, sa * (4 + 4 * sb), gl.where(az, 2 + 4 * sb, 1 + 2 * (2 * sb + (sa ^ sb))))
+        tie = bz | az | (gl.abs(a) == gl.abs(b))
+        codes = gl.where(tie, gl.load(trig_ptr + 2 * LEVELS * NB + k).to(gl.int32), codes)
+    return codes
 
 
 @gluon.jit
-def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr, T, H):
-    """Rows [128 pid, 128 pid + 128) of K [B, H, T, 64] (contiguous, T % 128 == 0) -> 4 code words, gamma."""
+def _upper(r2, trig_ptr, LVL: gl.constexpr, N_BITS: gl.constexpr):
+    """The codes of levels LVL >= 1 (0-based) from the squared radii r2 [R, 2S] of the level below, as a
+    tuple of [R] tensors in stream order."""
+    NB: gl.constexpr = (1 << N_BITS) - 1
+    R: gl.constexpr = r2.shape[0]
+    S: gl.constexpr = r2.shape[1] // 2
+    e, o = gl.split(gl.reshape(r2, [R, S, 2]))
+    codes = _unstack(_count(o, e, trig_ptr + LVL * NB, trig_ptr + (LEVELS + LVL) * NB, N_BITS))
+    if S == 1:
+        return codes
+    else:
+        return codes + _upper(e + o, trig_ptr, LVL + 1, N_BITS)
+
+
+@gluon.jit
+def _word(codes, W: gl.constexpr, N_BITS: gl.constexpr):
+    """Word W of the N_BITS-bit stream of `codes` (a tuple of [R] int32, code j at bit N j), uint32."""
+    J0: gl.constexpr = (32 * W) // N_BITS
+    J1: gl.constexpr = min((32 * W + 31) // N_BITS + 1, len(codes))
+    w = codes[J0].to(gl.uint32, bitcast=True) * 0
+    for j in gl.static_range(J0, J1):
+        u = codes[j].to(gl.uint32, bitcast=True)
+        if j * N_BITS >= 32 * W:  # the code starts in this word
+            w = w | (u << (j * N_BITS - 32 * W))
+        else:  # it started in the word before: its high bits
+            w = w | (u >> (32 * W - j * N_BITS))
+    return w
+
+
+@gluon.jit
+def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr, n_rows, T, H,
+                         N_BITS: gl.constexpr, K_WORDS: gl.constexpr, ALIGNED: gl.constexpr):
+    """Rows [128 pid, 128 pid + 128) of K [B, H, T, 64] (contiguous, 16-bit) -> K_WORDS code words and gamma
+    (bf16 bits) a row. ALIGNED: T % 128 == 0 (a block lies in one head)."""
     ROW: gl.constexpr = _rows_layout()
     pid = gl.program_id(0)
     r = pid * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ROW))
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, ROW))
-    x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :])
-    head = (pid * 128 // T) % H
+    ok = r < n_rows
+    x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
     xf = x.to(gl.float32)
     # encode._key_norm
     e = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True) & 0x7F800000
@@ -98,13 +155,16 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
     gamma = gl.sqrt_rn(gl.sum(xs * xs, axis=1)) * e.to(gl.float32, bitcast=True)
     gb = gamma.to(gl.int32, bitcast=True)
     gb = gb + 0x7FFF + ((gb >> 16) & 1)
-    gl.store(gamma_ptr + r, (gb >> 16).to(gl.int16))
+    gl.store(gamma_ptr + r, (gb >> 16).to(gl.int16), mask=ok)
     # the rotation: (x * signs) @ H on the tensor cores, then one conversion to a row a thread
-    xsg = x * gl.load(rs_ptr + head * 64 + c)[None, :]
-    a_s = gl.allocate_shared_memory(gl.bfloat16, [128, 64], gl.NVMMASharedLayout.get_default_for([128, 64],
-                                                                                               gl.bfloat16))
-    h_s = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64],
-                                                                                              gl.bfloat16))
+    if ALIGNED:
+        sgn = gl.load(rs_ptr + ((pid * 128 // T) % H) * 64 + c)[None, :]
+    else:
+        sgn = gl.load(rs_ptr + ((r // T) % H)[:, None] * 64 + c[None, :])
+    xsg = x * sgn
+    DT: gl.constexpr = x.dtype
+    a_s = gl.allocate_shared_memory(DT, [128, 64], gl.NVMMASharedLayout.get_default_for([128, 64], DT))
+    h_s = gl.allocate_shared_memory(DT, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], DT))
     HL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     hr = gl.arange(0, 64, layout=gl.SliceLayout(1, HL))
     hc = gl.arange(0, 64, layout=gl.SliceLayout(0, HL))
@@ -116,30 +176,19 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
                                                   instr_shape=[16, 64, 16])
     acc = warpgroup_mma(a_s, h_s, gl.zeros([128, 64], gl.float32, MMA), use_acc=False)
     y = gl.convert_layout(acc, ROW) * scale[:, None]
-    # level 1 (codec_encode._polar_codes at N = 2: h = 2, one lower boundary, the middle one on its own)
     a, b = gl.split(gl.reshape(y, [128, 32, 2]))
-    neg = b < 0
-    ar = gl.where(neg, -a, a)
-    br = gl.abs(b)
-    lower = _count(br, ar, trig_ptr, trig_ptr + 6 * 3, 1)
-    s_mid = gl.load(trig_ptr + 6 * 3 + 1)
-    cross = gl.fma(b, gl.load(trig_ptr + 1), -(a * s_mid)) > 0
-    below_pi = s_mid > 0
-    mid = gl.where(neg, cross | below_pi, cross & below_pi)
-    codes0 = gl.where(neg, 1, 0) + lower + mid.to(gl.int32)
-    lo, hi = gl.split(gl.permute(gl.reshape(codes0.to(gl.uint32, bitcast=True), [128, 2, 16]), (0, 2, 1)))
-    w0 = _pack(lo, 2)
-    w1 = _pack(hi, 2)
-    w3 = gl.zeros([128], gl.uint32, gl.SliceLayout(1, ROW))
-    w2, w3 = _upper(gl.fma(a, a, b * b), trig_ptr, 1, 16, w3, 128)
-    out = codes_ptr + r.to(gl.int64) * 4
-    gl.store(out, gl.convert_layout(w0, gl.SliceLayout(1, ROW)).to(gl.int32, bitcast=True))
-    gl.store(out + 1, gl.convert_layout(w1, gl.SliceLayout(1, ROW)).to(gl.int32, bitcast=True))
-    gl.store(out + 2, gl.convert_layout(w2, gl.SliceLayout(1, ROW)).to(gl.int32, bitcast=True))
-    gl.store(out + 3, w3.to(gl.int32, bitcast=True))
+    codes = _unstack(_level1(a, b, trig_ptr, N_BITS)) + _upper(gl.fma(a, a, b * b), trig_ptr, 1, N_BITS)
+    out = codes_ptr + r.to(gl.int64) * K_WORDS
+    for w in gl.static_range(K_WORDS):
+        word = gl.convert_layout(_word(codes, w, N_BITS), gl.SliceLayout(1, ROW))  # the same map: no movement
+        gl.store(out + w, word.to(gl.int32, bitcast=True), mask=ok)
 
 
-def compile_sm90() -> int:
+def words(bits: int) -> int:
+    return -(-(D - 1) * bits // 32)
+
+
+def compile_sm90(bits_list: list[int], dtype: str) -> int:
     import inspect
     import re
     import subprocess
@@ -150,62 +199,76 @@ def compile_sm90() -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _polar_encode_kernel
-    types = {"k_ptr": "*bf16", "rs_ptr": "*bf16", "had_ptr": "*bf16", "trig_ptr": "*fp32",
-             "codes_ptr": "*i32", "gamma_ptr": "*i16", "T": "i32", "H": "i32"}
     params = list(inspect.signature(fn.fn).parameters)
-    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
-    src = GluonASTSource(fn, {p: types[p] for p in params}, constexprs={}, attrs=attrs)
-    # unfused fp32 arithmetic, as the product's encode kernels (the codes are the library's)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 4, "enable_fp_fusion": False})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        res = subprocess.run([str(tool / "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True).stdout
-        sass = subprocess.run([str(tool / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
-    n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass))
-    print(res.strip().splitlines()[-1].strip())
-    print(f"SASS instructions a warp: {n}; warp-instructions a key: {n * 4 / ROWS:.1f} (the tl kernel: 90.5)")
+    for bits in bits_list:
+        for aligned in (True, False):
+            consts = {"N_BITS": bits, "K_WORDS": words(bits), "ALIGNED": aligned}
+            types = {"k_ptr": f"*{dtype}", "rs_ptr": f"*{dtype}", "had_ptr": f"*{dtype}", "trig_ptr": "*fp32",
+                     "codes_ptr": "*i32", "gamma_ptr": "*i16"}
+            sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
+            attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
+            src = GluonASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in consts.items()},
+                                 attrs=attrs)
+            # unfused fp32 arithmetic, as the product's encode kernels (the codes are the library's)
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": 4, "enable_fp_fusion": False})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(ck.asm["cubin"])
+                f.flush()
+                res = subprocess.run([str(tool / "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                                     text=True).stdout
+                sass = subprocess.run([str(tool / "nvdisasm"), "-c", f.name], capture_output=True,
+                                      text=True).stdout
+            n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass))
+            usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
+            print(f"b={bits} aligned={aligned:d} {dtype}: registers {usage.group(1)}, "
+                  f"stack {usage.group(2)}, {n} SASS instructions a warp, "
+                  f"{n * 4 / ROWS:.1f} warp-instructions a key", flush=True)
     return 0
 
 
-def run_gpu(out: Path, tokens: int, heads: int) -> int:
+def run_gpu(out: Path, tokens: int, heads: int, bits_list: list[int], dtype: torch.dtype) -> int:
     import triton
 
     from octopus_audio import backend, get_codec
     from octopus_audio.kernels import encode
 
     dev = torch.device("cuda")
-    codec = get_codec("polarquant", 2, D)
-    kc = backend.kernel_codec(codec, heads, dev)
-    g = torch.Generator(device=dev).manual_seed(0)
-    k = torch.randn(1, heads, tokens, D, generator=g, device=dev).bfloat16()
-    ref = encode.encode_keys(k, kc)
-    trig = encode._polar_trig(kc).to(dev)
-    signs = kc.rotation_signs.to(torch.bfloat16).contiguous()  # [H, 64]: head h's at h * 64
-    had = kc.hadamard.to(torch.bfloat16).contiguous()
-    rows = heads * tokens
-    codes = torch.empty(rows, 4, device=dev, dtype=torch.int32)
-    gamma = torch.empty(rows, device=dev, dtype=torch.bfloat16)
+    rows_out = []
+    for bits in bits_list:
+        for t in (tokens, tokens - 37):
+            codec = get_codec("polarquant", bits, D)
+            kc = backend.kernel_codec(codec, heads, dev)
+            g = torch.Generator(device=dev).manual_seed(bits)
+            k = torch.randn(1, heads, t, D, generator=g, device=dev).to(dtype)
+            ref = encode.encode_keys(k, kc)
+            trig = encode._polar_trig(kc).to(dev)
+            signs = kc.rotation_signs.to(dtype).contiguous()  # [H, 64]: head h's at h * 64
+            had = kc.hadamard.to(dtype).contiguous()
+            rows = heads * t
+            nw = words(bits)
+            codes = torch.empty(rows, nw, device=dev, dtype=torch.int32)
+            gamma = torch.empty(rows, device=dev, dtype=torch.bfloat16)
 
-    def launch():
-        _polar_encode_kernel[(rows // ROWS,)](k, signs, had, trig, codes, gamma.view(torch.int16), tokens,
-                                              heads, num_warps=4, enable_fp_fusion=False)
+            def launch(k=k, signs=signs, had=had, trig=trig, codes=codes, gamma=gamma, rows=rows, t=t,
+                       bits=bits, nw=nw):
+                _polar_encode_kernel[(triton.cdiv(rows, ROWS),)](
+                    k, signs, had, trig, codes, gamma.view(torch.int16), rows, t, heads, N_BITS=bits,
+                    K_WORDS=nw, ALIGNED=t % ROWS == 0, num_warps=4, enable_fp_fusion=False)
 
-    launch()
-    torch.cuda.synchronize()
-    ref_codes = ref.codes.reshape(rows, -1)
-    code_diff = (ref_codes != codes).float().mean().item()
-    gamma_diff = (ref.gamma.reshape(-1) != gamma).float().mean().item()
-    t_gluon = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
-    t_tl = triton.testing.do_bench(lambda: encode.encode_keys(k, kc), warmup=10, rep=50, return_mode="median")
-    row = {"tokens": tokens, "heads": heads, "gluon_ms": t_gluon, "tl_encode_keys_ms": t_tl,
-           "code_words_differing": code_diff, "gamma_differing": gamma_diff}
-    print(json.dumps(row))
+            launch()
+            torch.cuda.synchronize()
+            row = {"bits": bits, "tokens": t, "heads": heads, "dtype": str(dtype),
+                   "code_words_differing": (ref.codes.reshape(rows, -1) != codes).float().mean().item(),
+                   "gamma_differing": (ref.gamma.reshape(-1) != gamma).float().mean().item(),
+                   "gluon_ms": triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median"),
+                   "tl_encode_keys_ms": triton.testing.do_bench(lambda k=k, kc=kc: encode.encode_keys(k, kc),
+                                                                warmup=10, rep=50, return_mode="median")}
+            print(json.dumps(row), flush=True)
+            rows_out.append(row)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=1))
+    out.write_text(json.dumps(rows_out, indent=1))
     return 0
 
 
@@ -215,13 +278,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tokens", type=int, default=65536)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--bits", default="2", help="comma list of polarquant widths (1-8)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     args = parser.parse_args()
+    bits_list = [int(b) for b in args.bits.split(",")]
     if args.compile:
-        return compile_sm90()
+        return compile_sm90(bits_list, args.dtype)
     if args.out is None:
         print("--out is needed to run on the GPU (or --compile)", file=sys.stderr)
         return 2
-    return run_gpu(args.out, args.tokens, args.heads)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    return run_gpu(args.out, args.tokens, args.heads, bits_list, dtype)
 
 
 if __name__ == "__main__":
