@@ -8,7 +8,9 @@ against the b - 1 bit boundaries (_index: compares, symmetric from 3 bits), the 
 ||r||, then R' r: (r * qjl signs) split in three bf16 parts and multiplied by H in three chained wgmmas (as
 _dot_pm1), converted back to one row a thread for the signs. Every operation is the product's, compiled
 unfused, so codes, signs and gamma_r must equal encode_keys' (gamma: its sum in another order).
-Compiled for sm_90 only so far (no run yet).
+LANES 2 gives each row to two adjacent lanes (32 columns a thread, 64 rows a block): half the registers a
+row-tensor, and at b - 1 = 1 bit each lane owns whole code and sign words. Compiled for sm_90 only so far
+(no run yet).
 
     PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_qjl_encode.py --compile --bits 2,3,4   # no GPU
     PYTHONPATH=$PWD python3 benchmarks/lab/gluon_qjl_encode.py --bits 2,3,4 --out $OUT/gluon_qjl.json
@@ -69,6 +71,51 @@ def _centroid(i, cent_ptr, N_BITS: gl.constexpr):
     return v
 
 
+@gluon.constexpr_function
+def _lanes_layout(lanes):
+    """[128 / lanes, 64]: one row to `lanes` adjacent lanes, 64 / lanes contiguous columns a thread."""
+    return gl.BlockedLayout([1, 64 // lanes], [32 // lanes, lanes], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _unstack_last(t):
+    """The S entries of t [R, L, S] along its last axis (one thread's registers) as a tuple of [R, L]."""
+    R: gl.constexpr = t.shape[0]
+    L: gl.constexpr = t.shape[1]
+    S: gl.constexpr = t.shape[2]
+    if S == 1:
+        return (gl.reshape(t, [R, L]),)
+    else:
+        e, o = gl.split(gl.reshape(t, [R, L, S // 2, 2]))
+        ev = _unstack_last(e)
+        od = _unstack_last(o)
+        out = ()
+        for i in gl.static_range(S // 2):
+            out = out + (ev[i], od[i])
+        return out
+
+
+@gluon.jit
+def _store_stream(ptr, t, r, c, ok, N_BITS: gl.constexpr, ROW_WORDS: gl.constexpr, LANES: gl.constexpr):
+    """Pack the codes t [R, 64] (N_BITS bits, code j at bit N j of its row's stream) and store the row's
+    ROW_WORDS words at ptr + row * ROW_WORDS: one row a thread (LANES 1), or each of two lanes packing its
+    32 columns into its own N_BITS words (LANES 2)."""
+    R: gl.constexpr = t.shape[0]
+    if LANES == 1:
+        codes = _unstack(t)
+        for w in gl.static_range(ROW_WORDS):
+            word = gl.convert_layout(_word(codes, w, N_BITS), gl.SliceLayout(1, t.type.layout))
+            gl.store(ptr + r.to(gl.int64) * ROW_WORDS + w, word.to(gl.int32, bitcast=True), mask=ok)
+    else:
+        codes = _unstack_last(gl.reshape(t, [R, 2, 32]))
+        first = _unstack_last(gl.reshape(r.to(gl.int64)[:, None] * ROW_WORDS + (c[None, :] // 32) * N_BITS,
+                                         [R, 2, 32]))[0]
+        okk = _unstack_last(gl.reshape(ok[:, None] & (c[None, :] >= 0), [R, 2, 32]))[0]
+        for w in gl.static_range(N_BITS):
+            word = gl.convert_layout(_word(codes, w, N_BITS), first.type.layout)
+            gl.store(ptr + first + w, word.to(gl.int32, bitcast=True), mask=okk)
+
+
 @gluon.jit
 def _bf16_bits(x):
     b = x.to(gl.int32, bitcast=True)
@@ -79,12 +126,13 @@ def _bf16_bits(x):
 @gluon.jit
 def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_ptr, gamma_ptr, signs_ptr,
                        gamma_r_ptr, n_rows, T, H, inv_sqrt_d, N_BITS: gl.constexpr, K_WORDS: gl.constexpr,
-                       ALIGNED: gl.constexpr):
-    """Rows [128 pid, 128 pid + 128) of K [B, H, T, 64] (contiguous, 16-bit) -> K_WORDS code words, gamma, 2
-    sign words, gamma_r a row (bf16 as int16 bits)."""
-    ROW: gl.constexpr = _rows_layout()
+                       ALIGNED: gl.constexpr, LANES: gl.constexpr):
+    """Rows [RB pid, RB pid + RB) (RB = 128 / LANES) of K [B, H, T, 64] (contiguous, 16-bit) -> K_WORDS code
+    words, gamma, 2 sign words, gamma_r a row (bf16 as int16 bits); LANES lanes a row."""
+    RB: gl.constexpr = 128 // LANES
+    ROW: gl.constexpr = _lanes_layout(LANES)
     pid = gl.program_id(0)
-    r = pid * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ROW))
+    r = pid * RB + gl.arange(0, RB, layout=gl.SliceLayout(1, ROW))
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, ROW))
     ok = r < n_rows
     x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
@@ -97,7 +145,7 @@ def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_
     gmax = gl.maximum(gamma, 1e-30)[:, None]
     inv_g = gl.div_rn(1.0, gmax)
     if ALIGNED:
-        hoff = ((pid * 128 // T) % H) * 64
+        hoff = ((pid * RB // T) % H) * 64
         sgn = gl.load(rs_ptr + hoff + c)[None, :]
         qsg = gl.load(qs_ptr + hoff + c)[None, :]
     else:
@@ -105,10 +153,10 @@ def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_
         sgn = gl.load(rs_ptr + hoff + c[None, :])
         qsg = gl.load(qs_ptr + hoff + c[None, :])
     DT: gl.constexpr = x.dtype
-    a_s = gl.allocate_shared_memory(DT, [128, 64], gl.NVMMASharedLayout.get_default_for([128, 64], DT))
+    a_s = gl.allocate_shared_memory(DT, [RB, 64], gl.NVMMASharedLayout.get_default_for([RB, 64], DT))
     h_s = gl.allocate_shared_memory(DT, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], DT))
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [3, 128, 64],
-                                    gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16))
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [3, RB, 64],
+                                    gl.NVMMASharedLayout.get_default_for([RB, 64], gl.bfloat16))
     hb_s = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64],
                                                                                                gl.bfloat16))
     HL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -122,17 +170,14 @@ def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_
     gl.thread_barrier()
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 64, 16])
-    y = gl.convert_layout(warpgroup_mma(a_s, h_s, gl.zeros([128, 64], gl.float32, MMA), use_acc=False), ROW)
+    y = gl.convert_layout(warpgroup_mma(a_s, h_s, gl.zeros([RB, 64], gl.float32, MMA), use_acc=False), ROW)
     # _unit_coords at LOG2D = 6 (even): _div_row(y, gmax * 8, inv_g * inv_sqrt_d)
     bq = gmax * 8
     inv_b = inv_g * inv_sqrt_d
     q = y * inv_b
     u = gl.fma(gl.fma(q, -bq, y), inv_b, q)
     i_u = _index(u, bnd_ptr, N_BITS)
-    codes = _unstack(i_u)  # packed and stored now: the code registers are free for the QJL part
-    for w in gl.static_range(K_WORDS):
-        word = gl.convert_layout(_word(codes, w, N_BITS), gl.SliceLayout(1, ROW))
-        gl.store(codes_ptr + r.to(gl.int64) * K_WORDS + w, word.to(gl.int32, bitcast=True), mask=ok)
+    _store_stream(codes_ptr, i_u, r, c, ok, N_BITS, K_WORDS, LANES)  # now: frees the codes' registers
     res = u - _centroid(i_u, cent_ptr, N_BITS)
     gl.store(gamma_r_ptr + r, _bf16_bits(gl.sqrt_rn(gl.sum(res * res, axis=1))), mask=ok)
     # R' r as _dot_pm1 with SPLIT: three bf16 parts, each product by +-1 exact, fp32 accumulation in order
@@ -146,14 +191,10 @@ def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_
     p_s.index(2).store(lo)
     fence_async_shared()
     gl.thread_barrier()
-    acc = warpgroup_mma(p_s.index(0), hb_s, gl.zeros([128, 64], gl.float32, MMA), use_acc=False)
+    acc = warpgroup_mma(p_s.index(0), hb_s, gl.zeros([RB, 64], gl.float32, MMA), use_acc=False)
     acc = warpgroup_mma(p_s.index(1), hb_s, acc)
     acc = warpgroup_mma(p_s.index(2), hb_s, acc)
-    sgn_bits = (gl.convert_layout(acc, ROW) >= 0).to(gl.int32)
-    signs = _unstack(sgn_bits)
-    for w in gl.static_range(2):
-        word = gl.convert_layout(_word(signs, w, 1), gl.SliceLayout(1, ROW))
-        gl.store(signs_ptr + r.to(gl.int64) * 2 + w, word.to(gl.int32, bitcast=True), mask=ok)
+    _store_stream(signs_ptr, (gl.convert_layout(acc, ROW) >= 0).to(gl.int32), r, c, ok, 1, 2, LANES)
 
 
 def words(code_bits: int) -> int:
@@ -173,8 +214,8 @@ def compile_sm90(bits_list: list[int], dtype: str) -> int:
     fn = _qjl_encode_kernel
     params = list(inspect.signature(fn.fn).parameters)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    for bits in bits_list:
-        consts = {"N_BITS": bits - 1, "K_WORDS": words(bits - 1), "ALIGNED": True}
+    for bits, lanes in ((b, lanes) for b in bits_list for lanes in (1, 2)):
+        consts = {"N_BITS": bits - 1, "K_WORDS": words(bits - 1), "ALIGNED": True, "LANES": lanes}
         types = {"k_ptr": f"*{dtype}", "rs_ptr": f"*{dtype}", "had_ptr": f"*{dtype}", "qs_ptr": "*fp32",
                  "cent_ptr": "*fp32", "bnd_ptr": "*fp32", "codes_ptr": "*i32", "gamma_ptr": "*i16",
                  "signs_ptr": "*i32", "gamma_r_ptr": "*i16", "inv_sqrt_d": "fp32"}
@@ -193,8 +234,9 @@ def compile_sm90(bits_list: list[int], dtype: str) -> int:
                                   text=True).stdout
         n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass))
         usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
-        print(f"turboquant-qjl b={bits} {dtype}: registers {usage.group(1)}, stack {usage.group(2)}, shared "
-              f"{ck.metadata.shared} B, {n * 4 / ROWS:.1f} warp-instructions a key", flush=True)
+        print(f"turboquant-qjl b={bits} {dtype} {lanes} lane(s) a row: registers {usage.group(1)}, stack "
+              f"{usage.group(2)}, shared {ck.metadata.shared} B, "
+              f"{n * 4 * lanes / ROWS:.1f} warp-instructions a key", flush=True)
     return 0
 
 
@@ -208,45 +250,45 @@ def run_gpu(out: Path, tokens: int, heads: int, bits_list: list[int], dtype: tor
 
     dev = torch.device("cuda")
     rows_out = []
-    for bits in bits_list:
-        for t in (tokens, tokens - 37):
-            kc = backend.kernel_codec(get_codec("turboquant-qjl", bits, D), heads, dev)
-            g = torch.Generator(device=dev).manual_seed(bits)
-            k = torch.randn(1, heads, t, D, generator=g, device=dev).to(dtype)
-            ref = encode.encode_keys(k, kc)
-            rows = heads * t
-            nb = kc.code_bits
-            nw = words(nb)
-            out_t = dict(codes=torch.empty(rows, nw, device=dev, dtype=torch.int32),
-                         gamma=torch.empty(rows, device=dev, dtype=torch.bfloat16),
-                         signs=torch.empty(rows, 2, device=dev, dtype=torch.int32),
-                         gamma_r=torch.empty(rows, device=dev, dtype=torch.bfloat16))
-            tabs = (kc.rotation_signs.to(dtype).contiguous(), kc.hadamard.to(dtype).contiguous(),
-                    kc.qjl_signs.float().contiguous(), kc.table("centroids").float().contiguous(),
-                    kc.table("boundaries").float().contiguous())
+    cases = [(b, t, lanes) for b in bits_list for t in (tokens, tokens - 37) for lanes in (1, 2)]
+    for bits, t, lanes in cases:
+        kc = backend.kernel_codec(get_codec("turboquant-qjl", bits, D), heads, dev)
+        g = torch.Generator(device=dev).manual_seed(bits)
+        k = torch.randn(1, heads, t, D, generator=g, device=dev).to(dtype)
+        ref = encode.encode_keys(k, kc)
+        rows = heads * t
+        nb = kc.code_bits
+        nw = words(nb)
+        out_t = dict(codes=torch.empty(rows, nw, device=dev, dtype=torch.int32),
+                     gamma=torch.empty(rows, device=dev, dtype=torch.bfloat16),
+                     signs=torch.empty(rows, 2, device=dev, dtype=torch.int32),
+                     gamma_r=torch.empty(rows, device=dev, dtype=torch.bfloat16))
+        tabs = (kc.rotation_signs.to(dtype).contiguous(), kc.hadamard.to(dtype).contiguous(),
+                kc.qjl_signs.float().contiguous(), kc.table("centroids").float().contiguous(),
+                kc.table("boundaries").float().contiguous())
 
-            def launch(k=k, o=out_t, tabs=tabs, rows=rows, t=t, nb=nb, nw=nw):
-                _qjl_encode_kernel[(triton.cdiv(rows, ROWS),)](
-                    k, *tabs, o["codes"], o["gamma"].view(torch.int16), o["signs"],
-                    o["gamma_r"].view(torch.int16), rows, t, heads, 1.0 / math.sqrt(D), N_BITS=nb, K_WORDS=nw,
-                    ALIGNED=t % ROWS == 0, num_warps=4, enable_fp_fusion=False)
+        def launch(k=k, o=out_t, tabs=tabs, rows=rows, t=t, nb=nb, nw=nw, lanes=lanes):
+            _qjl_encode_kernel[(triton.cdiv(rows, ROWS // lanes),)](
+                k, *tabs, o["codes"], o["gamma"].view(torch.int16), o["signs"],
+                o["gamma_r"].view(torch.int16), rows, t, heads, 1.0 / math.sqrt(D), N_BITS=nb, K_WORDS=nw,
+                ALIGNED=t % (ROWS // lanes) == 0, LANES=lanes, num_warps=4, enable_fp_fusion=False)
 
-            launch()
-            torch.cuda.synchronize()
+        launch()
+        torch.cuda.synchronize()
 
-            def differ(a, b):
-                return (a.reshape(b.shape) != b).float().mean().item()
+        def differ(a, b):
+            return (a.reshape(b.shape) != b).float().mean().item()
 
-            row = {"bits": bits, "tokens": t, "heads": heads, "dtype": str(dtype),
-                   "codes_differing": differ(ref.codes, out_t["codes"]),
-                   "signs_differing": differ(ref.signs, out_t["signs"]),
-                   "gamma_differing": differ(ref.gamma, out_t["gamma"]),
-                   "gamma_r_differing": differ(ref.gamma_r, out_t["gamma_r"]),
-                   "gluon_ms": triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median"),
-                   "tl_encode_keys_ms": triton.testing.do_bench(lambda k=k, kc=kc: encode.encode_keys(k, kc),
-                                                                warmup=10, rep=50, return_mode="median")}
-            print(json.dumps(row), flush=True)
-            rows_out.append(row)
+        row = {"bits": bits, "tokens": t, "heads": heads, "lanes": lanes, "dtype": str(dtype),
+               "codes_differing": differ(ref.codes, out_t["codes"]),
+               "signs_differing": differ(ref.signs, out_t["signs"]),
+               "gamma_differing": differ(ref.gamma, out_t["gamma"]),
+               "gamma_r_differing": differ(ref.gamma_r, out_t["gamma_r"]),
+               "gluon_ms": triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median"),
+               "tl_encode_keys_ms": triton.testing.do_bench(lambda k=k, kc=kc: encode.encode_keys(k, kc),
+                                                            warmup=10, rep=50, return_mode="median")}
+        print(json.dumps(row), flush=True)
+        rows_out.append(row)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows_out, indent=1))
     return 0
