@@ -188,7 +188,9 @@ def words(bits: int) -> int:
     return -(-(D - 1) * bits // 32)
 
 
-def compile_sm90(bits_list: list[int], dtype: str) -> int:
+def sm90_usage(fn, types: dict, consts: dict) -> dict:
+    """Compile the Gluon kernel `fn` for sm_90 (4 warps, unfused fp32 arithmetic as the product's encode
+    kernels, pointers 16-byte aligned): registers, stack bytes, shared bytes and SASS instructions a warp."""
     import inspect
     import re
     import subprocess
@@ -198,33 +200,33 @@ def compile_sm90(bits_list: list[int], dtype: str) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _polar_encode_kernel
     params = list(inspect.signature(fn.fn).parameters)
+    sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
+    src = GluonASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4, "enable_fp_fusion": False})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(tool / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True)
+        sass = subprocess.run([str(tool / "nvdisasm"), "-c", f.name], capture_output=True, text=True)
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", res.stdout)
+    return {"registers": int(usage.group(1)), "stack": int(usage.group(2)), "shared": ck.metadata.shared,
+            "instructions": len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass.stdout))}
+
+
+def compile_sm90(bits_list: list[int], dtype: str) -> int:
     for bits in bits_list:
         for aligned in (True, False):
             consts = {"N_BITS": bits, "K_WORDS": words(bits), "ALIGNED": aligned}
             types = {"k_ptr": f"*{dtype}", "rs_ptr": f"*{dtype}", "had_ptr": f"*{dtype}", "trig_ptr": "*fp32",
                      "codes_ptr": "*i32", "gamma_ptr": "*i16"}
-            sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
-            attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
-            src = GluonASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in consts.items()},
-                                 attrs=attrs)
-            # unfused fp32 arithmetic, as the product's encode kernels (the codes are the library's)
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": 4, "enable_fp_fusion": False})
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(ck.asm["cubin"])
-                f.flush()
-                res = subprocess.run([str(tool / "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                                     text=True).stdout
-                sass = subprocess.run([str(tool / "nvdisasm"), "-c", f.name], capture_output=True,
-                                      text=True).stdout
-            n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass))
-            usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
-            print(f"b={bits} aligned={aligned:d} {dtype}: registers {usage.group(1)}, "
-                  f"stack {usage.group(2)}, {n} SASS instructions a warp, "
-                  f"{n * 4 / ROWS:.1f} warp-instructions a key", flush=True)
+            u = sm90_usage(_polar_encode_kernel, types, consts)
+            print(f"b={bits} aligned={aligned:d} {dtype}: registers {u['registers']}, stack {u['stack']}, "
+                  f"{u['instructions']} SASS instructions a warp, "
+                  f"{u['instructions'] * 4 / ROWS:.1f} warp-instructions a key", flush=True)
     return 0
 
 

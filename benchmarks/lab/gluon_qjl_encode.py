@@ -202,41 +202,15 @@ def words(code_bits: int) -> int:
 
 
 def compile_sm90(bits_list: list[int], dtype: str) -> int:
-    import inspect
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = _qjl_encode_kernel
-    params = list(inspect.signature(fn.fn).parameters)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for bits, lanes in ((b, lanes) for b in bits_list for lanes in (1, 2)):
         consts = {"N_BITS": bits - 1, "K_WORDS": words(bits - 1), "ALIGNED": True, "LANES": lanes}
         types = {"k_ptr": f"*{dtype}", "rs_ptr": f"*{dtype}", "had_ptr": f"*{dtype}", "qs_ptr": "*fp32",
                  "cent_ptr": "*fp32", "bnd_ptr": "*fp32", "codes_ptr": "*i32", "gamma_ptr": "*i16",
                  "signs_ptr": "*i32", "gamma_r_ptr": "*i16", "inv_sqrt_d": "fp32"}
-        sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
-        attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
-        src = GluonASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in consts.items()},
-                             attrs=attrs)
-        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": 4, "enable_fp_fusion": False})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(ck.asm["cubin"])
-            f.flush()
-            res = subprocess.run([str(tool / "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                                 text=True).stdout
-            sass = subprocess.run([str(tool / "nvdisasm"), "-c", f.name], capture_output=True,
-                                  text=True).stdout
-        n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass))
-        usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
-        print(f"turboquant-qjl b={bits} {dtype} {lanes} lane(s) a row: registers {usage.group(1)}, stack "
-              f"{usage.group(2)}, shared {ck.metadata.shared} B, "
-              f"{n * 4 * lanes / ROWS:.1f} warp-instructions a key", flush=True)
+        u = polar.sm90_usage(_qjl_encode_kernel, types, consts)
+        print(f"turboquant-qjl b={bits} {dtype} {lanes} lane(s) a row: registers {u['registers']}, stack "
+              f"{u['stack']}, shared {u['shared']} B, "
+              f"{u['instructions'] * 4 * lanes / ROWS:.1f} warp-instructions a key", flush=True)
     return 0
 
 
