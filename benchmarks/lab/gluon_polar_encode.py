@@ -60,20 +60,38 @@ def _count(o, e, c_ptr, s_ptr, NBITS: gl.constexpr):
 
 @gluon.jit
 def _unstack(t):
-    """The S columns of t [R, S] (S a power of two, one thread's registers) as a tuple of [R] tensors, in
-    order (splits only: register relabelling)."""
-    R: gl.constexpr = t.shape[0]
-    S: gl.constexpr = t.shape[1]
+    """The S entries of t [..., S] along its last axis (S a power of two, one thread's registers) as a tuple
+    of [...] tensors, in order (splits only: register relabelling)."""
+    S: gl.constexpr = t.shape[-1]
     if S == 1:
-        return (gl.reshape(t, [R]),)
+        return (gl.reshape(t, t.shape[:-1]),)
     else:
-        e, o = gl.split(gl.reshape(t, [R, S // 2, 2]))
+        e, o = gl.split(gl.reshape(t, t.shape[:-1] + [S // 2, 2]))
         ev = _unstack(e)
         od = _unstack(o)
         out = ()
         for i in gl.static_range(S // 2):
             out = out + (ev[i], od[i])
         return out
+
+
+@gluon.jit
+def _key_norm(xf):
+    """(gamma = ||x||, the power of two 2^-e scaling max|x| into [1, 2)) per row of xf [R, 64] (fp32): the
+    product's encode._key_norm, its sum in this layout's order."""
+    e = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True) & 0x7F800000
+    e = gl.minimum(gl.maximum(e, 1 << 23), 253 << 23)
+    scale = ((254 << 23) - e).to(gl.float32, bitcast=True)
+    xs = xf * scale[:, None]
+    return gl.sqrt_rn(gl.sum(xs * xs, axis=1)) * e.to(gl.float32, bitcast=True), scale
+
+
+@gluon.jit
+def _bf16_bits(x):
+    """The bf16 bit pattern (int16) of fp32 x, rounded to nearest even (kernels.bits.bf16_bits)."""
+    b = x.to(gl.int32, bitcast=True)
+    b = b + 0x7FFF + ((b >> 16) & 1)
+    return (b >> 16).to(gl.int16)
 
 
 @gluon.jit
@@ -147,15 +165,8 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
     ok = r < n_rows
     x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
     xf = x.to(gl.float32)
-    # encode._key_norm
-    e = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True) & 0x7F800000
-    e = gl.minimum(gl.maximum(e, 1 << 23), 253 << 23)
-    scale = ((254 << 23) - e).to(gl.float32, bitcast=True)
-    xs = xf * scale[:, None]
-    gamma = gl.sqrt_rn(gl.sum(xs * xs, axis=1)) * e.to(gl.float32, bitcast=True)
-    gb = gamma.to(gl.int32, bitcast=True)
-    gb = gb + 0x7FFF + ((gb >> 16) & 1)
-    gl.store(gamma_ptr + r, (gb >> 16).to(gl.int16), mask=ok)
+    gamma, scale = _key_norm(xf)
+    gl.store(gamma_ptr + r, _bf16_bits(gamma), mask=ok)
     # the rotation: (x * signs) @ H on the tensor cores, then one conversion to a row a thread
     if ALIGNED:
         sgn = gl.load(rs_ptr + ((pid * 128 // T) % H) * 64 + c)[None, :]
@@ -274,24 +285,30 @@ def run_gpu(out: Path, tokens: int, heads: int, bits_list: list[int], dtype: tor
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(description: str, codec: str, widths: tuple[int, ...], compile_fn, run_fn) -> int:
+    """The probes' command line: --compile (sm_90, no GPU) or a GPU run into --out, per width and dtype."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--compile", action="store_true", help="compile for sm_90 only (no GPU)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tokens", type=int, default=65536)
     parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--bits", default="2", help="comma list of polarquant widths (1-8)")
+    parser.add_argument("--bits", default="2",
+                        help=f"comma list of {codec} widths ({min(widths)}-{max(widths)})")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     args = parser.parse_args()
     bits_list = [int(b) for b in args.bits.split(",")]
+    if any(b not in widths for b in bits_list):
+        print(f"--bits {args.bits}: this lab kernel takes {codec} at {min(widths)}-{max(widths)} bits",
+              file=sys.stderr)
+        return 2
     if args.compile:
-        return compile_sm90(bits_list, args.dtype)
+        return compile_fn(bits_list, args.dtype)
     if args.out is None:
         print("--out is needed to run on the GPU (or --compile)", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    return run_gpu(args.out, args.tokens, args.heads, bits_list, dtype)
+    return run_fn(args.out, args.tokens, args.heads, bits_list, dtype)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(__doc__.splitlines()[0], "polarquant", tuple(range(1, 9)), compile_sm90, run_gpu))

@@ -18,11 +18,9 @@ row-tensor, and at b - 1 = 1 bit each lane owns whole code and sign words. Compi
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ _spec = importlib.util.spec_from_file_location(
     "gluon_polar_encode", os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon_polar_encode.py"))
 polar = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(polar)
-_unstack, _word, _rows_layout = polar._unstack, polar._word, polar._rows_layout
+_unstack, _word, _key_norm, _bf16_bits = polar._unstack, polar._word, polar._key_norm, polar._bf16_bits
 
 D = 64
 ROWS = 128
@@ -78,24 +76,6 @@ def _lanes_layout(lanes):
 
 
 @gluon.jit
-def _unstack_last(t):
-    """The S entries of t [R, L, S] along its last axis (one thread's registers) as a tuple of [R, L]."""
-    R: gl.constexpr = t.shape[0]
-    L: gl.constexpr = t.shape[1]
-    S: gl.constexpr = t.shape[2]
-    if S == 1:
-        return (gl.reshape(t, [R, L]),)
-    else:
-        e, o = gl.split(gl.reshape(t, [R, L, S // 2, 2]))
-        ev = _unstack_last(e)
-        od = _unstack_last(o)
-        out = ()
-        for i in gl.static_range(S // 2):
-            out = out + (ev[i], od[i])
-        return out
-
-
-@gluon.jit
 def _store_stream(ptr, t, r, c, ok, N_BITS: gl.constexpr, ROW_WORDS: gl.constexpr, LANES: gl.constexpr):
     """Pack the codes t [R, 64] (N_BITS bits, code j at bit N j of its row's stream) and store the row's
     ROW_WORDS words at ptr + row * ROW_WORDS: one row a thread (LANES 1), or each of two lanes packing its
@@ -107,20 +87,13 @@ def _store_stream(ptr, t, r, c, ok, N_BITS: gl.constexpr, ROW_WORDS: gl.constexp
             word = gl.convert_layout(_word(codes, w, N_BITS), gl.SliceLayout(1, t.type.layout))
             gl.store(ptr + r.to(gl.int64) * ROW_WORDS + w, word.to(gl.int32, bitcast=True), mask=ok)
     else:
-        codes = _unstack_last(gl.reshape(t, [R, 2, 32]))
-        first = _unstack_last(gl.reshape(r.to(gl.int64)[:, None] * ROW_WORDS + (c[None, :] // 32) * N_BITS,
+        codes = _unstack(gl.reshape(t, [R, 2, 32]))
+        first = _unstack(gl.reshape(r.to(gl.int64)[:, None] * ROW_WORDS + (c[None, :] // 32) * N_BITS,
                                          [R, 2, 32]))[0]
-        okk = _unstack_last(gl.reshape(ok[:, None] & (c[None, :] >= 0), [R, 2, 32]))[0]
+        okk = _unstack(gl.reshape(ok[:, None] & (c[None, :] >= 0), [R, 2, 32]))[0]
         for w in gl.static_range(N_BITS):
             word = gl.convert_layout(_word(codes, w, N_BITS), first.type.layout)
             gl.store(ptr + first + w, word.to(gl.int32, bitcast=True), mask=okk)
-
-
-@gluon.jit
-def _bf16_bits(x):
-    b = x.to(gl.int32, bitcast=True)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    return (b >> 16).to(gl.int16)
 
 
 @gluon.jit
@@ -137,10 +110,7 @@ def _qjl_encode_kernel(k_ptr, rs_ptr, had_ptr, qs_ptr, cent_ptr, bnd_ptr, codes_
     ok = r < n_rows
     x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
     xf = x.to(gl.float32)
-    e = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True) & 0x7F800000
-    e = gl.minimum(gl.maximum(e, 1 << 23), 253 << 23)
-    xs = xf * ((254 << 23) - e).to(gl.float32, bitcast=True)[:, None]
-    gamma = gl.sqrt_rn(gl.sum(xs * xs, axis=1)) * e.to(gl.float32, bitcast=True)
+    gamma, _ = _key_norm(xf)
     gl.store(gamma_ptr + r, _bf16_bits(gamma), mask=ok)
     gmax = gl.maximum(gamma, 1e-30)[:, None]
     inv_g = gl.div_rn(1.0, gmax)
@@ -268,27 +238,5 @@ def run_gpu(out: Path, tokens: int, heads: int, bits_list: list[int], dtype: tor
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compile", action="store_true", help="compile for sm_90 only (no GPU)")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--tokens", type=int, default=65536)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--bits", default="2", help="comma list of turboquant-qjl widths (2-4)")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    args = parser.parse_args()
-    bits_list = [int(b) for b in args.bits.split(",")]
-    if any(b not in (2, 3, 4) for b in bits_list):
-        print(f"--bits {args.bits}: this lab kernel takes turboquant-qjl at 2, 3 or 4 bits", file=sys.stderr)
-        return 2
-    if args.compile:
-        return compile_sm90(bits_list, args.dtype)
-    if args.out is None:
-        print("--out is needed to run on the GPU (or --compile)", file=sys.stderr)
-        return 2
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    return run_gpu(args.out, args.tokens, args.heads, bits_list, dtype)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(polar.cli(__doc__.splitlines()[0], "turboquant-qjl", (2, 3, 4), compile_sm90, run_gpu))
