@@ -13,6 +13,7 @@ import triton.language as tl
 from .bits import bf16_bits, pack_tile
 from .codec_decode import SECTIONS
 from .codec_encode import NEAR_ROWS, encode_codes
+from .gluon_scope import announce, device_capability, encode_limit, gluon_api
 from .launch import (
     EncodeConfig,
     _interpreting,
@@ -364,10 +365,15 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
 
 
 @_outside_autocast
-def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
+def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None,
+                gluon: bool = True) -> PackedKeys:
     """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
     bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
     rounding of a decision boundary.
+
+    `gluon` (default True): where `gluon_scope.encode_limit` finds the call in scope (an H200, 16-bit keys of
+    d = 64, polarquant at the widths where it is faster) and no `config` is given, the Gluon kernel
+    (gluon_encode.py) runs instead of the Triton kernel; the choice is logged once per reason.
 
     >>> keys = encode_keys(torch.randn(1, 2, 455, 64, device="cuda"), codec)  # doctest: +SKIP
     """
@@ -387,6 +393,12 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     lead = k.shape[:-1]
     n_rows = kc.numel() // d
     native = k.dtype != torch.float32 and not _interpreting()
+    if gluon and config is None:
+        why = gluon_encode_limit(k, codec)
+        if why is None:
+            announce("gluon", "in scope", op="key encode")
+            return _encode_keys_gluon(kc, codec, dev)
+        announce("triton", why, op="key encode")
     consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, dev)
     words = consts["K_WORDS"]
     codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
@@ -416,6 +428,24 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
             **dict(consts, BLOCK_T=rows), **(launch if exact != 2 else dict(launch, num_warps=REDO_WARPS)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
+
+
+def gluon_encode_limit(k: torch.Tensor, codec: KernelCodec) -> str | None:
+    """gluon_scope.encode_limit for keys `k` of `codec` (None: `encode_keys` runs them on the Gluon kernel
+    unless told not to)."""
+    capability = device_capability(k.device)
+    return encode_limit(capability=capability, api_error=gluon_api() if capability is not None else None,
+                        interpreting=_interpreting(), k_dtype=k.dtype, decode=codec.decode,
+                        has_qjl=codec.has_qjl, head_dim=codec.head_dim, code_bits=codec.code_bits)
+
+
+def _encode_keys_gluon(k: torch.Tensor, codec: KernelCodec, dev: torch.device) -> PackedKeys:
+    """gluon_encode.encode_keys_gluon (imported at first use: a Triton without Gluon never imports it) with
+    this codec's cached tables in the keys' dtype."""
+    from .gluon_encode import encode_keys_gluon
+
+    tables = _encode_tables(codec, dev, unused_buffer(dev), k.dtype)
+    return encode_keys_gluon(k, codec, (tables[0], tables[2]), tables[7])
 
 
 def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, config: EncodeConfig | None,

@@ -1,10 +1,12 @@
-"""Which attention kernel runs: the Gluon kernel (gluon_flash.py, sm_90) where a call is in its scope, else
-the Triton kernel (flash.py). The decision is the pure function `gluon_limit`; `attention_kernel` feeds it
-the device, the installed Triton and the call, and says once which kernel runs and why.
+"""Which kernels run: the Gluon kernels for sm_90 where a call is in their scope, else the Triton kernels.
+Attention: gluon_flash.py where `gluon_limit` finds the call in scope, else flash.py; the polarquant key
+encode: gluon_encode.py where `encode_limit` does, else encode.py. The decisions are pure functions; their
+callers feed them the device, the installed Triton and the call, and say once which kernel runs and why.
 
-OCTOPUS_AUDIO_ATTENTION_KERNEL in {auto, triton} (default auto): auto runs the Gluon kernel where in scope;
-triton always runs flash.py's kernel (for tests and benchmarks that time it). Read once per cache sequence
-(octopus_audio.backend.CachePlan), passed to `flash.attention` as `gluon`.
+OCTOPUS_AUDIO_ATTENTION_KERNEL in {auto, triton} (default auto): auto runs the Gluon kernels where in scope;
+triton always runs the Triton kernels (for tests and benchmarks that time them; the name is the attention's,
+the first Gluon kernel, and covers the key encode too). Read once per cache sequence
+(octopus_audio.backend.CachePlan), passed to `flash.attention` and `encode.encode_keys` as `gluon`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ KEY_BITS = {"scalar": range(1, 5), "polar": range(1, 5), "triplet": range(4, 14)
 VALUE_BITS = (2, 4, 8)  # a value word is whole groups or within one (16 channels a group)
 VALUE_GROUP = 16
 PROGRAMS_PER_SM = 2  # resident programs of the kernel (8 warps at 128 registers)
-_announced: set[tuple[str, str]] = set()
+# the key encode: the code widths at which gluon_encode.py's kernel was measured faster than encode.py's
+# (H200, 64k tokens x 16 heads, benchmarks/results/kernels.md)
+ENCODE_BITS = {"polar": (1, 2, 3)}
+ENCODE_DTYPES = (torch.bfloat16, torch.float16)
+_announced: set[tuple[str, str, str]] = set()
 
 
 def requested_kernel() -> str:
@@ -98,14 +104,41 @@ def gluon_limit(*, capability: tuple[int, int] | None, api_error: str | None, in
     return None
 
 
+def encode_limit(*, capability: tuple[int, int] | None, api_error: str | None, interpreting: bool,
+                 k_dtype: torch.dtype, decode: str, has_qjl: bool, head_dim: int,
+                 code_bits: int) -> str | None:
+    """Why one key encode does not run the Gluon kernel (None: it does): sm_90, not under the interpreter,
+    16-bit keys of d = 64, a section and code width in ENCODE_BITS."""
+    if capability is None:
+        return "not a CUDA device"
+    if interpreting:
+        return "TRITON_INTERPRET=1"
+    if tuple(capability) != CAPABILITY:
+        return f"compute capability {capability[0]}.{capability[1]} (the Gluon encode is for 9.0)"
+    if api_error is not None:
+        return api_error
+    if k_dtype not in ENCODE_DTYPES:
+        return f"{k_dtype} keys (the Gluon encode takes bf16 and fp16)"
+    widths = ENCODE_BITS.get(decode, ()) if not has_qjl else ()
+    if not widths:
+        return f"no Gluon encode for section {decode!r}{' with QJL' if has_qjl else ''}"
+    if head_dim != HEAD_DIM:
+        return f"head dim {head_dim} (the Gluon encode takes {HEAD_DIM})"
+    if code_bits not in widths:
+        return (f"{code_bits}-bit {decode} codes (the Gluon encode runs {', '.join(map(str, widths))} bits, "
+                f"where it was measured faster)")
+    return None
+
+
 @functools.cache
 def gluon_api() -> str | None:
-    """Why the installed Triton cannot run the Gluon kernel (None when it can): gluon_flash must import and
-    gl.warp_specialize take (partitions, worker warps, worker registers), as from Triton 3.6."""
+    """Why the installed Triton cannot run the Gluon kernels (None when it can): gluon_flash and
+    gluon_encode must import and gl.warp_specialize take (partitions, worker warps, worker registers), as from
+    Triton 3.6."""
     try:
         from triton.experimental.gluon import language as gl
 
-        from . import gluon_flash  # noqa: F401  (imports every Gluon name the kernel uses)
+        from . import gluon_encode, gluon_flash  # noqa: F401  (import every Gluon name the kernels use)
     except Exception as exc:  # any import failure means the Gluon kernel cannot run
         return f"the installed Triton lacks the Gluon API ({type(exc).__name__}: {exc})"
     params = list(inspect.signature(gl.warp_specialize).parameters)
@@ -119,9 +152,10 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def announce(kernel: str, why: str) -> None:
-    """Log once which attention kernel runs and why (once per reason, whatever its numbers)."""
-    key = (kernel, re.sub(r"\d+", "N", why))
+def announce(kernel: str, why: str, op: str = "attention") -> None:
+    """Log once which kernel runs an op (attention, key encode) and why (once per reason, whatever its
+    numbers)."""
+    key = (op, kernel, re.sub(r"\d+", "N", why))
     if key not in _announced:
         _announced.add(key)
-        log.info("octopus-audio attention kernel: %s (%s)", kernel, why)
+        log.info("octopus-audio %s kernel: %s (%s)", op, kernel, why)

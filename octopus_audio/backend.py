@@ -174,7 +174,7 @@ class CachePlan:
         self.native = not codec.compressed
         self.kernel = None
         self.kernel_encode = self.kernel_attention = False
-        self.gluon = False  # flash.attention may run the Gluon kernel where in scope (kernels/gluon_scope.py)
+        self.gluon = False  # the Gluon attention and key encode where in scope (kernels/gluon_scope.py)
         if self.backend == "triton":
             why_encode, why_attend = kernel_limit(codec), kernel_limit(codec, for_encode=False)
             if why_encode is not None:
@@ -209,7 +209,7 @@ class CachePlan:
         if self.native:
             return KeyState(dtype=k.dtype, native=k, written_by=codec.state_tag)
         if self.kernel_encode:
-            p = self.ops.encode_keys(k, self.kernel)
+            p = self.ops.encode_keys(k, self.kernel, gluon=self.gluon)
             return KeyState(dtype=k.dtype, codes=p.codes, gamma=p.gamma, signs=p.signs, gamma_r=p.gamma_r,
                             written_by=codec.state_tag)
         return codec.encode_unchecked(k)

@@ -221,7 +221,26 @@ def _ours_encode(job: Job, x):
     if job.kind == "encode-v":
         return lambda: encode_values(x, job.bits, check_range=False, config=job.config)
     kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
-    return lambda: encode_keys(x, kc, config=job.config)
+    gluon = _gluon_requested()
+    return lambda: encode_keys(x, kc, config=job.config, gluon=gluon)
+
+
+def _gluon_requested() -> bool:
+    """Whether the Gluon kernels may run (OCTOPUS_AUDIO_ATTENTION_KERNEL, as the cache reads it)."""
+    from octopus_audio.kernels import gluon_scope
+
+    return gluon_scope.requested_kernel() == "auto"
+
+
+def _key_encode_kernel(job: Job, x) -> str:
+    """Which kernel `_ours_encode` runs for an encode-k row: gluon or triton."""
+    from octopus_audio import backend
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.kernels.encode import gluon_encode_limit
+
+    kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
+    ok = job.config is None and _gluon_requested() and gluon_encode_limit(x, kc) is None
+    return "gluon" if ok else "triton"
 
 
 def warm(job: Job) -> str:
@@ -353,6 +372,7 @@ def _encode_row(job: Job, x, rep_ms: float) -> dict:
         codec = get_codec(job.codec, job.bits, ENCODE_DIM)
         ref_fn = lambda: codec.encode_unchecked(x)  # noqa: E731
         fields = ("codes", "gamma", "signs", "gamma_r")
+        row["kernel"] = _key_encode_kernel(job, x)
     got = {f: getattr(out, f) for f in fields if getattr(out, f) is not None}
     moved = _nbytes(x, *got.values())
     row.update({"ms": ms, "bytes": moved, "gbps": moved / (ms * 1e-3) / 1e9})
@@ -458,8 +478,9 @@ def table(rows: list[dict]) -> str:
         else:
             diff = ", ".join(f"{f} {m:.0e}" for f, m in r.get("mismatch", {}).items() if m)
             check = "exact" if r.get("matches_reference") else f"differ: {diff}"
+            shape = r["shape"] + (f" [{r['kernel']}]" if r.get("kernel") == "gluon" else "")
             lines.append(
-                f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | {r['ms']:.4f} | | | | | "
+                f"| {r['kind']} | {shape} | {codec} | {r['bits']} | {r['ms']:.4f} | | | | | "
                 f"| {r['reference_ms']:.3f} (library) | {r['speedup_vs_reference']:.1f} "
                 f"| {r['bytes'] / 1e6:.1f} | {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
     return "\n".join(lines)

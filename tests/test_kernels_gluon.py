@@ -1,5 +1,6 @@
-"""The Gluon attention kernel (sm_90) against decode-then-softmax with the codec library, and the dispatch
-that picks it: the decision (a pure function) runs on the CPU; the kernel only with
+"""The Gluon kernels (sm_90) and the dispatch that picks them: the attention kernel against
+decode-then-softmax with the codec library, the polarquant key encode against the library's encode and
+encode.py's Triton kernel. The decisions (pure functions) run on the CPU; the kernels only with
 OCTOPUS_AUDIO_TEST_DEVICE=cuda on a compute capability 9.0 GPU (Gluon has no CPU interpreter)."""
 
 import logging
@@ -14,7 +15,8 @@ from octopus_audio import backend
 from octopus_audio.cache import CompressedKVCache
 from octopus_audio.codecs import get_codec
 from octopus_audio.codecs.base import KeyState
-from octopus_audio.kernels import PackedKeys, PackedValues, flash, gluon_scope
+from octopus_audio.kernels import PackedKeys, PackedValues, encode, flash, gluon_scope
+from octopus_audio.packing import unpack
 from octopus_audio.values import ValueState
 
 DEVICE = os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu")
@@ -30,6 +32,10 @@ IN_SCOPE = {"turboquant-mse": (1, 2, 3, 4), "turboquant-qjl": (2, 3, 4, 5), "pol
 OUT_OF_SCOPE = {"turboquant-mse": (5, 8), "turboquant-qjl": (1, 6), "polarquant": (5,), "octopus": (5,),
                 "octopus-qjl": (5,)}
 V_BITS = {1: 2, 2: 2, 3: 8, 4: 4, 5: 2}  # value bits tried with each key bit width: 2, 4 and 8 all run
+# the key encode's scope, written out: polarquant at these widths, every other codec and width on encode.py
+ENCODE_IN_SCOPE = {"polarquant": (1, 2, 3)}
+ENCODE_OUT_OF_SCOPE = {"polarquant": (4, 5, 8), "turboquant-mse": (2,), "turboquant-qjl": (2,),
+                       "octopus": (2,), "octopus-qjl": (2,)}
 
 
 def _limit(**change):
@@ -118,7 +124,66 @@ def test_cpu_tensors_run_triton():
     assert flash._gluon_limit(q, values, None, codec, 2, 2) == "not a CUDA device"
 
 
-# ---- the kernel, on an sm_90 GPU ----
+def _encode_limit(**change):
+    """encode_limit for an in-scope key encode (polarquant b=2, bf16, on an H200), with `change` applied."""
+    args = dict(capability=(9, 0), api_error=None, interpreting=False, k_dtype=torch.bfloat16,
+                decode="polar", has_qjl=False, head_dim=64, code_bits=2)
+    args.update(change)
+    return gluon_scope.encode_limit(**args)
+
+
+def test_encode_in_scope():
+    assert _encode_limit() is None
+    assert _encode_limit(k_dtype=torch.float16, code_bits=1) is None
+
+
+@pytest.mark.parametrize("change", [
+    dict(capability=None), dict(capability=(8, 0)), dict(capability=(10, 0)), dict(interpreting=True),
+    dict(api_error="the installed Triton lacks the Gluon API"), dict(k_dtype=torch.float32),
+    dict(head_dim=128), dict(head_dim=32), dict(code_bits=4), dict(decode="polar", has_qjl=True),
+    dict(decode="scalar"), dict(decode="triplet", code_bits=7), dict(decode="nope"),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_encode_out_of_scope_says_why(change):
+    why = _encode_limit(**change)
+    assert isinstance(why, str) and why
+
+
+@pytest.mark.parametrize("name", sorted(ENCODE_OUT_OF_SCOPE))
+def test_encode_scope_per_bits(name):
+    cases = [(b, True) for b in ENCODE_IN_SCOPE.get(name, ())]
+    cases += [(b, False) for b in ENCODE_OUT_OF_SCOPE[name]]
+    for bits, want in cases:
+        kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
+        why = _encode_limit(decode=kc.decode, has_qjl=kc.has_qjl, code_bits=kc.code_bits)
+        assert (why is None) == want, f"{name} b={bits}: {why}"
+
+
+def test_encode_keys_runs_gluon_where_in_scope(monkeypatch):
+    """encode_keys hands an in-scope call to the Gluon launcher and keeps the Triton kernel with gluon=False
+    or an explicit config (both replaced: no sm_90 here)."""
+    calls = []
+    monkeypatch.setattr(encode, "gluon_encode_limit", lambda k, codec: None)
+    monkeypatch.setattr(encode, "_encode_keys_gluon", lambda *a: calls.append(a) or "gluon")
+
+    def triton_path(*args, **kwargs):
+        raise _ReachedTriton
+
+    monkeypatch.setattr(encode, "_key_constants", triton_path)  # the Triton path's first step
+    kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
+    k = torch.randn(1, 2, 5, 64).bfloat16()
+    assert encode.encode_keys(k, kc) == "gluon" and len(calls) == 1
+    for kwargs in (dict(gluon=False), dict(config=encode.EncodeConfig())):
+        with pytest.raises(_ReachedTriton):
+            encode.encode_keys(k, kc, **kwargs)
+    assert len(calls) == 1
+
+
+def test_cpu_keys_encode_on_triton():
+    kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
+    assert encode.gluon_encode_limit(torch.zeros(1, 2, 3, 64).bfloat16(), kc) == "not a CUDA device"
+
+
+# ---- the kernels, on an sm_90 GPU ----
 
 def make_case(name, bits, v_bits, *, batch, heads, groups, tq, length, window, seed=0):
     """Random bf16 q and window, a store of random packed codes (capacity length + 5: any bit pattern is a
@@ -201,3 +266,44 @@ def test_cache_attend_runs_gluon(name, caplog):
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double() - want).norm() / want.norm()).item()
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+
+
+# key shapes [..., H, T, 64]: aligned (T % 128 == 0), blocks across heads, a decode step (T = 1), lead dims
+ENCODE_SHAPES = {"b1-h16-t1024": (1, 16, 1024), "b2-h3-t455": (2, 3, 455), "b1-h16-t1": (1, 16, 1),
+                 "b3-h2-t129": (3, 2, 129), "b2x2-h2-t75": (2, 2, 2, 75)}
+ENCODE_CASES = [(bits, dtype) for bits in ENCODE_IN_SCOPE["polarquant"]
+                for dtype in (torch.bfloat16, torch.float16)]
+MAX_MISMATCH = 1e-4  # as test_kernels_encode: inputs within fp32 rounding of a decision boundary
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", list(ENCODE_SHAPES), ids=list(ENCODE_SHAPES))
+@pytest.mark.parametrize("bits,dtype", ENCODE_CASES, ids=[f"b{b}-{str(t)[6:]}" for b, t in ENCODE_CASES])
+def test_gluon_encode_matches_library_and_triton(bits, dtype, shape, caplog):
+    """encode_keys on the Gluon kernel: codes equal to encode.py's Triton kernel (the same arithmetic),
+    gamma (summed in another order) and codes within MAX_MISMATCH of the library's encode."""
+    dims = ENCODE_SHAPES[shape]
+    heads = dims[-2]
+    g = torch.Generator().manual_seed(bits * 31 + len(dims))
+    k = torch.randn(*dims, 64, generator=g) * torch.exp(torch.randn(*dims, 1, generator=g))
+    k.view(-1, 64)[min(5, k.numel() // 64 - 1)] = 0.0  # a zero key
+    k.view(-1, 64)[0] *= 1e15 if dtype == torch.bfloat16 else 1e3  # a large norm (gamma is computed scaled)
+    k = k.to(dtype)
+    codec = get_codec("polarquant", bits, 64, seed=3)
+    kc = backend.kernel_codec(codec, heads, "cuda")
+    gluon_scope._announced.clear()
+    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
+        got = encode.encode_keys(k.cuda(), kc)
+    assert any("key encode kernel: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    tri = encode.encode_keys(k.cuda(), kc, gluon=False)
+    want = codec.encode(k)
+    assert got.codes.shape == want.codes.shape and got.codes.dtype == torch.int32
+    assert torch.equal(got.codes, tri.codes)
+    assert got.signs is None and got.gamma_r is None
+    n = 63
+    frac = (unpack(got.codes.cpu(), bits, n) != unpack(want.codes, bits, n)).float().mean().item()
+    assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ from the library's"
+    for other in (tri.gamma.cpu(), want.gamma):
+        assert got.gamma.dtype == torch.bfloat16
+        assert (got.gamma.cpu() != other).float().mean().item() < MAX_MISMATCH
+        assert torch.allclose(got.gamma.cpu().float(), other.float(), rtol=2**-7, atol=0)

@@ -1,7 +1,9 @@
-"""Lab (no GPU needed; a Triton with the Gluon API and ptxas): compile the product Gluon attention kernel
-(kernels/gluon_flash.py) for GPUTarget("cuda", 90, 32) for every codec and key bits in its scope
-(gluon_scope.KEY_BITS) and every value bit width it takes, and print the shared memory per variant, so a
-GPU session starts from kernels known to compile. Exit code 1 when any variant fails.
+"""Lab (no GPU needed; a Triton with the Gluon API and ptxas): compile the product Gluon kernels for
+GPUTarget("cuda", 90, 32), so a GPU session starts from kernels known to compile: the attention kernel
+(kernels/gluon_flash.py) for every codec and key bits in its scope (gluon_scope.KEY_BITS) and every value bit
+width it takes (shared memory, registers per variant), and the polarquant key encode (kernels/gluon_encode.py)
+at every width in gluon_scope.ENCODE_BITS, both 16-bit dtypes, aligned and unaligned blocks (registers, SASS
+warp-instructions a key). Exit code 1 when any variant fails.
 
     PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_compile_sm90.py   # the GPU image's Triton 3.6
 """
@@ -19,7 +21,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from octopus_audio import CODECS, backend, get_codec
 from octopus_audio.codecs import SUPPORTED_BITS
-from octopus_audio.kernels import gluon_flash, gluon_scope
+from octopus_audio.kernels import gluon_encode, gluon_flash, gluon_scope
+from octopus_audio.kernels.launch import pack_shape
 
 HEADS = 16
 # the types the launcher passes (signs / gamma_r: the codes / gamma for codecs without the QJL side-car)
@@ -67,32 +70,68 @@ def compile_one(name: str, bits: int, v_bits: int) -> dict:
             "cubin_bytes": len(ck.asm["cubin"]), **resource_usage(ck.asm["cubin"])}
 
 
-def resource_usage(cubin: bytes) -> dict:
+def compile_encode(bits: int, dtype: str, aligned: bool) -> dict:
+    """The polarquant key encode at `bits` for `dtype` keys (the launcher's types and options)."""
+    kernel = gluon_encode._polar_encode_kernel
+    codec = get_codec("polarquant", bits, gluon_encode.HEAD_DIM)
+    consts = {"N_BITS": bits, "K_WORDS": pack_shape(bits, codec.layout.num_codes)[0], "ALIGNED": aligned}
+    types = {"k_ptr": f"*{dtype}", "rs_ptr": f"*{dtype}", "had_ptr": f"*{dtype}", "trig_ptr": "*fp32",
+             "codes_ptr": "*i32", "gamma_ptr": "*i16"}
+    params = list(inspect.signature(kernel.fn).parameters)
+    sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
+    attrs = {(params.index(p), ): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr")}
+    src = GluonASTSource(kernel, sig, constexprs={(params.index(k), ): v for k, v in consts.items()},
+                         attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": gluon_encode.WARPS, "enable_fp_fusion": False})
+    usage = resource_usage(ck.asm["cubin"], sass=True)
+    usage["warp_instr_per_key"] = round(usage.pop("sass") * gluon_encode.WARPS / gluon_encode.ROWS, 1)
+    return usage
+
+
+def resource_usage(cubin: bytes, sass: bool = False) -> dict:
     """Registers a thread and spill bytes of the kernel in `cubin` (`cuobjdump -res-usage`, shipped with
-    Triton's nvidia backend)."""
+    Triton's nvidia backend); sass: also its SASS instructions a warp (`nvdisasm`)."""
     import os
     import re
     import subprocess
     import tempfile
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        text = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                              text=True).stdout
+        listing = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True,
+                                 text=True).stdout if sass else ""
     found = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", text)
-    return ({"regs": int(found[1]), "stack": int(found[2]), "local": int(found[3])} if found
-            else {"res_usage": text.strip()[:200]})
+    out = ({"regs": int(found[1]), "stack": int(found[2]), "local": int(found[3])} if found
+           else {"res_usage": text.strip()[:200]})
+    if sass:
+        out["sass"] = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", listing))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma list of codec names (default: every codec)")
+    parser.add_argument("--kernels", default="attention,encode", help="attention, encode or both (default)")
     args = parser.parse_args()
     only = {s for s in args.only.split(",") if s}
+    kernels = {s for s in args.kernels.split(",") if s}
     print(f"triton {triton.__version__}; Gluon API: {gluon_scope.gluon_api() or 'ok'}", flush=True)
     failed = 0
-    for name, bits, v_bits in in_scope():
+    for bits in gluon_scope.ENCODE_BITS["polar"] if "encode" in kernels else ():
+        for dtype in ("bf16", "fp16"):
+            for aligned in (True, False):
+                what = f"polarquant encode b={bits} {dtype} aligned={aligned:d}"
+                try:
+                    print(f"{what}: ok {compile_encode(bits, dtype, aligned)}", flush=True)
+                except Exception as exc:  # one failing variant still lets the others report
+                    failed += 1
+                    print(f"{what}: FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+    for name, bits, v_bits in in_scope() if "attention" in kernels else ():
         if only and name not in only:
             continue
         try:
