@@ -298,12 +298,17 @@ def test_gluon_encode_matches_library_and_triton(bits, dtype, shape, caplog):
     tri = encode.encode_keys(k.cuda(), kc, gluon=False)
     want = codec.encode(k)
     assert got.codes.shape == want.codes.shape and got.codes.dtype == torch.int32
-    assert torch.equal(got.codes, tri.codes)
     assert got.signs is None and got.gamma_r is None
     n = 63
-    frac = (unpack(got.codes.cpu(), bits, n) != unpack(want.codes, bits, n)).float().mean().item()
+    codes, tri_codes = unpack(got.codes.cpu(), bits, n), unpack(tri.codes.cpu(), bits, n)
+    differ = (codes != tri_codes).nonzero().tolist()
+    assert not differ, f"codes differ from the Triton kernel's at (..., token, code) {differ[:8]}"
+    frac = (codes != unpack(want.codes, bits, n)).float().mean().item()
     assert frac < MAX_MISMATCH, f"{frac:.2e} of the codes differ from the library's"
-    for other in (tri.gamma.cpu(), want.gamma):
+    # gamma: the same fp32 norm summed in another order, rounded to bf16: a rare row one unit apart
+    rows = got.gamma.numel()
+    for what, other in (("Triton kernel", tri.gamma.cpu()), ("library", want.gamma)):
         assert got.gamma.dtype == torch.bfloat16
-        assert (got.gamma.cpu() != other).float().mean().item() < MAX_MISMATCH
-        assert torch.allclose(got.gamma.cpu().float(), other.float(), rtol=2**-7, atol=0)
+        apart = int((got.gamma.cpu() != other).sum())
+        assert apart <= max(1, MAX_MISMATCH * rows), f"{apart} of {rows} gamma differ from the {what}'s"
+        assert torch.allclose(got.gamma.cpu().float(), other.float(), rtol=2**-7, atol=0), what
