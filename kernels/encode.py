@@ -41,21 +41,25 @@ def _divmod_near(n, d, inv_d):
 
 
 @triton.jit
-def _key_rows(pid, n_rows, T, H, T_OUT, OFFSET, D: tl.constexpr, stride_b, stride_h, stride_t,
+def _key_rows(pid, n_rows, T, T_PAD, H, T_OUT, OFFSET, D: tl.constexpr, stride_b, stride_h, stride_t,
               BLOCK_T: tl.constexpr, ALIGNED: tl.constexpr):
     """Rows [BLOCK_T] of block `pid` of a unit [B, H, T, .] as `_unit_rows` places them: (valid mask, input
-    offset, store row, head * D). ALIGNED (T a multiple of BLOCK_T): the block lies in one head, whose
-    offset is a scalar. Otherwise one scalar division per program, and per row quotients of at most
-    1 + BLOCK_T / T and 1 + (BLOCK_T + 1) / H, so `_divmod_near` is exact."""
+    offset, store row, head * D). ALIGNED: the launch numbers each head's tokens 0 .. T_PAD - 1, T_PAD a
+    multiple of BLOCK_T (T itself, or T padded: `padded_tokens`), so a block lies in one head, whose offset
+    is a scalar, and rows t >= T are masked. Otherwise rows run over B H T without gaps (T_PAD unused): one
+    scalar division per program, and per row quotients of at most 1 + BLOCK_T / T and 1 + (BLOCK_T + 1) / H,
+    so `_divmod_near` is exact."""
     r0 = pid * BLOCK_T
-    bh0 = r0 // T
-    h0 = bh0 % H
     i = tl.arange(0, BLOCK_T)
     if ALIGNED:
-        t = r0 - bh0 * T + i
+        bh0 = r0 // T_PAD
+        h0 = bh0 % H
+        t = r0 - bh0 * T_PAD + i
         src = (bh0 // H) * stride_b + h0 * stride_h + t * stride_t
-        return r0 + i < n_rows, src, bh0 * T_OUT + OFFSET + t, h0 * D
+        return t < T, src, bh0 * T_OUT + OFFSET + t, h0 * D
     else:
+        bh0 = r0 // T
+        h0 = bh0 % H
         q, t = _divmod_near(r0 - bh0 * T + i, T, 1.0 / (T * 1.0))
         qh, head = _divmod_near(h0 + q, H, 1.0 / (H * 1.0))  # H may be a constexpr 1
         src = (bh0 // H + qh) * stride_b + head * stride_h + t * stride_t
@@ -78,7 +82,7 @@ def _encode_keys_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+    n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
@@ -101,8 +105,9 @@ def _encode_keys_kernel(
     Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `xib_ptr` the seeds' region lookup and `aux_ptr`
     the candidate rows and direction rows of triplet_tables; the direction table `dir_ptr` [3, 4^b_dir] for
     near ties); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
-    ALIGNED: T is a multiple of BLOCK_T (a block lies in one head). Codes go out through `pack_tile`'s word
-    map.
+    ALIGNED: each head's tokens are numbered 0 .. T_PAD - 1, T_PAD (T, or T padded: `padded_tokens`) a
+    multiple of BLOCK_T, so a block lies in one head (`_key_rows`); n_rows then counts B H T_PAD rows. Codes
+    go out through `pack_tile`'s word map.
     EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
     encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
     writes a flag per group of NEAR_ROWS rows (the group holds a near tie), then 2, with NEAR_ROWS rows a
@@ -123,16 +128,17 @@ def _encode_keys_kernel(
                     _encode_key_block(
                         blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
                         gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr,
-                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D,
-                        K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE,
-                        LP, HAS_QJL, S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D,
+                        LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+                        RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T,
+                        ALIGNED, EXACT)
     else:
         _encode_key_block(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP,
-            KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP, S_KP,
-            DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+            dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D, K_BITS, K_CODES,
+            K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP,
+            S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
 
 @triton.jit
@@ -140,7 +146,7 @@ def _encode_key_block(
     blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+    n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
@@ -150,8 +156,8 @@ def _encode_key_block(
     ALIGNED: tl.constexpr, EXACT: tl.constexpr,
 ):
     """Block `blk` of `_encode_keys_kernel`'s rows: its keys' fields, encoded and stored."""
-    ok, src, dst, hoff = _key_rows(blk, n_rows, T, H, T_OUT, OFFSET, D, stride_kb, stride_kh, stride_kt,
-                                   BLOCK_T, ALIGNED)
+    ok, src, dst, hoff = _key_rows(blk, n_rows, T, T_PAD, H, T_OUT, OFFSET, D, stride_kb, stride_kh,
+                                   stride_kt, BLOCK_T, ALIGNED)
     dcol = tl.arange(0, D)[None, :]
     x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
@@ -182,13 +188,13 @@ def _encode_key_block(
         tl.store(signs_ptr + dst[:, None] * S_WORDS + scol, sbits, mask=ok[:, None] & (scol < S_WORDS))
 
 
-@triton.jit(do_not_specialize=["n_rows", "T", "OFFSET", "key_programs", "n_groups"])
+@triton.jit(do_not_specialize=["n_rows", "T", "T_PAD", "OFFSET", "key_programs", "n_groups"])
 def _encode_unit_kernel(
     k_ptr, stride_kb, stride_kh, stride_kt, v_ptr, stride_vb, stride_vh, stride_vt,
     codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, v_codes_ptr, scale_ptr, min_ptr, flag_ptr,
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-    n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
+    n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
     DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
@@ -207,7 +213,7 @@ def _encode_unit_kernel(
         _encode_keys_kernel(
             k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-            dir_ptr, n_rows, T, H, T_OUT, OFFSET, inv_sqrt_d,
+            dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
             DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
             RHO_SCALE, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
@@ -316,6 +322,19 @@ KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True
 REDO_GROUPS = 16
 REDO_WARPS = 4
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
+# a unit whose T is not a multiple of the rows per program runs with each head's tokens padded to the next
+# multiple (blocks within one head: no per-row head divisions or rotation-sign gathers) from this many blocks
+# a head on, where the padding costs at most 1/PAD_MIN_BLOCKS of the launch's rows
+PAD_MIN_BLOCKS = 8
+
+
+def padded_tokens(t: int, block_t: int) -> int | None:
+    """The tokens a head is numbered over when T does not fill whole blocks (None: the rows run without gaps):
+    T itself when block_t divides it, else T rounded up to a multiple of block_t when T spans at least
+    PAD_MIN_BLOCKS blocks (`_key_rows`' ALIGNED rows)."""
+    if t % block_t == 0:
+        return t
+    return -(-t // block_t) * block_t if t >= PAD_MIN_BLOCKS * block_t else None
 
 
 def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_rows: int | None = None,
@@ -406,7 +425,9 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     signs = torch.empty(*lead, consts["S_WORDS"], device=dev, dtype=torch.int32) if codec.has_qjl else None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = unused_buffer(dev)
-    programs = triton.cdiv(n_rows, block_t)
+    t_pad = padded_tokens(t, block_t)
+    n_launch = n_rows // t * t_pad if t_pad else n_rows  # rows the launch numbers (ALIGNED: B H T_PAD)
+    programs = triton.cdiv(n_launch, block_t)
     octo = codec.decode == "triplet"
     tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
@@ -417,14 +438,15 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
         else dummy
     for exact in (1, 2) if octo else (0,):
         rows = group if exact == 2 else block_t
-        grid = triton.cdiv(n_rows, rows)
+        grid = triton.cdiv(n_launch, rows)
         if exact == 2:
             grid = triton.cdiv(grid, REDO_GROUPS)
         _encode_keys_kernel[(grid,)](
             kc, h * t * d, t * d, d, codes if words else dummy, gamma.view(torch.int16),
             signs if signs is not None else dummy, gamma_r16,
-            dummy, near, *tables, n_rows, t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
-            ALIGNED=t % rows == 0, EXACT=exact, REDO_GROUPS=REDO_GROUPS if exact == 2 else 1,
+            dummy, near, *tables, n_launch, t, t_pad or t, h, t, 0, 1.0 / math.sqrt(d), CHECK=False,
+            ALIGNED=t_pad is not None or t % rows == 0, EXACT=exact,
+            REDO_GROUPS=REDO_GROUPS if exact == 2 else 1,
             **dict(consts, BLOCK_T=rows), **(launch if exact != 2 else dict(launch, num_warps=REDO_WARPS)),
         )
     return PackedKeys(codes, gamma, signs, gamma_r)
@@ -531,7 +553,8 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
     n_rows = b * h * t
     block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config, n_rows, dev)
     n_groups = n_rows * (d // group)
-    key_programs = -(-n_rows // block_t)
+    t_pad = padded_tokens(t, block_t) if t else None
+    key_programs = -(-(b * h * t_pad if t_pad else n_rows) // block_t)
     if n_rows == 0:
         return
     _encode_unit_kernel[(key_programs + -(-n_groups // block_g),)](
@@ -542,6 +565,6 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
         values_out.codes.view(unit), values_out.scale, values_out.minimum,
         flags if flags is not None else dummy,
         *_encode_tables(codec, dev, dummy, k.dtype if native else torch.float32),
-        n_rows, t, h, cap, offset, 1.0 / math.sqrt(d), key_programs, n_groups,
-        CHECK=flags is not None, ALIGNED=t % block_t == 0, **consts,
+        n_rows, t, t_pad or t, h, cap, offset, 1.0 / math.sqrt(d), key_programs, n_groups,
+        CHECK=flags is not None, ALIGNED=t_pad is not None, **consts,
     )

@@ -171,6 +171,66 @@ def test_encode_keys_aligned_blocks_match_codec(name, bits, d, dtype):
             assert _mismatch(a, b) == 0.0, field
 
 
+def test_padded_tokens():
+    from octopus_audio.kernels.encode import PAD_MIN_BLOCKS, padded_tokens
+
+    assert padded_tokens(128, 64) == 128 and padded_tokens(0, 64) == 0
+    assert padded_tokens(PAD_MIN_BLOCKS * 64 - 1, 64) is None  # too few blocks: rows without gaps
+    assert padded_tokens(PAD_MIN_BLOCKS * 64 + 1, 64) == PAD_MIN_BLOCKS * 64 + 64
+
+
+# T not a multiple of any block (131): each head's tokens padded to whole blocks (PAD_MIN_BLOCKS lowered so a
+# small T takes that path); every codec and section, both head dims
+PADDED_CASES = [("octopus", 2, 64, torch.bfloat16), ("octopus-qjl", 3, 64, torch.float32),
+                ("polarquant", 2, 64, torch.float16), ("turboquant-qjl", 2, 64, torch.bfloat16),
+                ("turboquant-mse", 3, 128, torch.float32)]
+
+
+def _pad_every_unit(monkeypatch):
+    import sys
+
+    kernel_ops(DEVICE)  # (re)loads the kernel modules first on the CPU
+    monkeypatch.setattr(sys.modules["octopus_audio.kernels.encode"], "PAD_MIN_BLOCKS", 1)
+
+
+@pytest.mark.parametrize("name,bits,d,dtype", PADDED_CASES,
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in PADDED_CASES])
+def test_encode_keys_padded_heads_match_codec(name, bits, d, dtype, monkeypatch):
+    _pad_every_unit(monkeypatch)
+    heads, tokens = 2, 131
+    codec = get_codec(name, bits, d, seed=6)
+    k = _keys((2, heads, tokens, d), dtype, seed=bits + 200)
+    k[1, 1, 130] = 0.0  # a zero key in the last, padded block
+    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device), gluon=False)
+    want = codec.encode(k.cpu())
+    for field in ("codes", "gamma", "signs", "gamma_r"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert a.shape == b.shape and _mismatch(a, b) < MAX_MISMATCH, field
+
+
+@pytest.mark.parametrize("name,bits,d,dtype", PADDED_CASES[:3],
+                         ids=[f"{n}-b{b}-d{d}-{str(t)[6:]}" for n, b, d, t in PADDED_CASES[:3]])
+def test_encode_unit_padded_heads_write_what_encode_keys_returns(name, bits, d, dtype, monkeypatch):
+    """Strided keys of T = 131 into a store at an offset: padded heads, nothing written outside the unit."""
+    _pad_every_unit(monkeypatch)
+    ops = kernel_ops(DEVICE)
+    b, h, t, cap, offset = 2, 2, 131, 140, 6
+    kc = backend.kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
+    k, v = _qkv_views(b, t, h, d, dtype, seed=bits + d + 1)
+    keys, values = _store(kc, b, h, cap, d, 2, 16)
+    ops.encode_unit(k, v, kc, keys, values, offset)
+    want = ops.encode_keys(k.contiguous(), kc, gluon=False)
+    for field in ("codes", "gamma", "signs", "gamma_r"):
+        got = getattr(keys, field)
+        if got is None:
+            continue
+        assert torch.equal(got[:, :, offset:offset + t].cpu(), getattr(want, field).cpu()), field
+        rest = torch.cat((got[:, :, :offset], got[:, :, offset + t:]), 2)
+        assert bool((rest == _SENTINEL[got.dtype]).all()), f"{field} written outside the unit's tokens"
+
+
 TIE_CASES = [("polarquant", 2, torch.bfloat16), ("polarquant", 3, torch.float32),
              ("polarquant", 4, torch.bfloat16), ("octopus", 2, torch.bfloat16),
              ("octopus-qjl", 4, torch.float16)]
@@ -447,7 +507,8 @@ def test_encode_unit_writes_what_the_separate_encodes_return(name, bits, d, dtyp
     keys, values = _store(kc, b, h, cap, d, v_bits, group)
     flags = torch.zeros(2, device=DEVICE)
     kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, offset, flags)
-    want = _fields(ops.encode_keys(k.contiguous(), kc), ops.encode_values(v.contiguous(), v_bits, group))
+    want = _fields(ops.encode_keys(k.contiguous(), kc, gluon=False),
+                   ops.encode_values(v.contiguous(), v_bits, group))
     for field, got in _fields(keys, values).items():
         if got is None:
             assert want[field] is None, field
