@@ -8,7 +8,9 @@ at each bit width, against torch SDPA in bf16 over the same number of native key
 decode-then-SDPA; encode throughput at 64k tokens x 16 heads. Each row: median time (CUDA events through
 triton.testing.do_bench, L2 flushed between runs), GB/s on the bytes the kernel must move (compressed store +
 window + q + out), that rate as a fraction of the measured device-to-device copy bandwidth (bytes read plus
-written), and the speedup over SDPA. Needs only torch, triton, numpy (the device machine has no more).
+written), and the speedup over SDPA. Encode-k rows run `encode_keys` at its defaults and are marked [gluon]
+where its Gluon kernel ran (OCTOPUS_AUDIO_ATTENTION_KERNEL=triton times the Triton kernels instead). Needs
+only torch, triton, numpy (the device machine has no more).
 """
 
 from __future__ import annotations
