@@ -70,6 +70,18 @@ def codec_limit(decode: str, has_qjl: bool, head_dim: int, code_bits: int, v_bit
     return None
 
 
+def device_limit(capability: tuple[int, int] | None, api_error: str | None, interpreting: bool) -> str | None:
+    """Why no Gluon kernel runs on this device and Triton (None: they can): a CUDA device of compute
+    capability 9.0, compiled kernels (not TRITON_INTERPRET=1), a Triton with the Gluon API used."""
+    if capability is None:
+        return "not a CUDA device"
+    if interpreting:
+        return "TRITON_INTERPRET=1"
+    if tuple(capability) != CAPABILITY:
+        return f"compute capability {capability[0]}.{capability[1]} (the Gluon kernels are for 9.0)"
+    return api_error
+
+
 def gluon_limit(*, capability: tuple[int, int] | None, api_error: str | None, interpreting: bool,
                 q_dtype: torch.dtype, window_dtype: torch.dtype | None, decode: str, has_qjl: bool,
                 head_dim: int, code_bits: int, v_bits: int, v_group: int, rows: int, programs: int,
@@ -83,14 +95,9 @@ def gluon_limit(*, capability: tuple[int, int] | None, api_error: str | None, in
     contexts), and at least PROGRAMS_PER_SM programs an SM: the kernel has no split-K, so where the grid is
     smaller, flash.py's splits fill the GPU (the Gluon kernel was measured faster at 2B >= 128 rows x 16
     heads)."""
-    if capability is None:
-        return "not a CUDA device"
-    if interpreting:
-        return "TRITON_INTERPRET=1"
-    if tuple(capability) != CAPABILITY:
-        return f"compute capability {capability[0]}.{capability[1]} (the Gluon kernel is for 9.0)"
-    if api_error is not None:
-        return api_error
+    why = device_limit(capability, api_error, interpreting)
+    if why is not None:
+        return why
     if q_dtype != torch.bfloat16 or window_dtype not in (None, torch.bfloat16):
         return f"queries {q_dtype}, window {window_dtype} (the Gluon kernel takes bf16)"
     why = codec_limit(decode, has_qjl, head_dim, code_bits, v_bits, v_group)
@@ -109,14 +116,9 @@ def encode_limit(*, capability: tuple[int, int] | None, api_error: str | None, i
                  code_bits: int) -> str | None:
     """Why one key encode does not run the Gluon kernel (None: it does): sm_90, not under the interpreter,
     16-bit keys of d = 64, a section and code width in ENCODE_BITS."""
-    if capability is None:
-        return "not a CUDA device"
-    if interpreting:
-        return "TRITON_INTERPRET=1"
-    if tuple(capability) != CAPABILITY:
-        return f"compute capability {capability[0]}.{capability[1]} (the Gluon encode is for 9.0)"
-    if api_error is not None:
-        return api_error
+    why = device_limit(capability, api_error, interpreting)
+    if why is not None:
+        return why
     if k_dtype not in ENCODE_DTYPES:
         return f"{k_dtype} keys (the Gluon encode takes bf16 and fp16)"
     widths = ENCODE_BITS.get(decode, ()) if not has_qjl else ()
