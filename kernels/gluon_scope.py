@@ -33,7 +33,7 @@ VALUE_GROUP = 16
 PROGRAMS_PER_SM = 2  # resident programs of the kernel (8 warps at 128 registers)
 # the key encode: the code widths at which gluon_encode.py's kernel was measured faster than encode.py's
 # (H200, 64k tokens x 16 heads, benchmarks/results/kernels.md)
-ENCODE_BITS = {"polar": (1, 2, 3)}
+ENCODE_BITS = {"polar": (1, 2)}
 ENCODE_DTYPES = (torch.bfloat16, torch.float16)
 _announced: set[tuple[str, str, str]] = set()
 

@@ -33,8 +33,8 @@ OUT_OF_SCOPE = {"turboquant-mse": (5, 8), "turboquant-qjl": (1, 6), "polarquant"
                 "octopus-qjl": (5,)}
 V_BITS = {1: 2, 2: 2, 3: 8, 4: 4, 5: 2}  # value bits tried with each key bit width: 2, 4 and 8 all run
 # the key encode's scope, written out: polarquant at these widths, every other codec and width on encode.py
-ENCODE_IN_SCOPE = {"polarquant": (1, 2, 3)}
-ENCODE_OUT_OF_SCOPE = {"polarquant": (4, 5, 8), "turboquant-mse": (2,), "turboquant-qjl": (2,),
+ENCODE_IN_SCOPE = {"polarquant": (1, 2)}
+ENCODE_OUT_OF_SCOPE = {"polarquant": (3, 4, 5, 8), "turboquant-mse": (2,), "turboquant-qjl": (2,),
                        "octopus": (2,), "octopus-qjl": (2,)}
 
 
