@@ -322,6 +322,7 @@ KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True
 REDO_GROUPS = 16
 REDO_WARPS = 4
 SMALL_BLOCK = 16  # a launch with few rows halves its default rows per program down to this
+KEY_CONSTANTS_KEPT = 256  # `_key_constants` entries a codec keeps (one per launch shape)
 # a unit whose T is not a multiple of the rows per program runs with each head's tokens padded to the next
 # multiple (blocks within one head: no per-row head divisions or rotation-sign gathers) from this many blocks
 # a head on, where the padding costs at most 1/PAD_MIN_BLOCKS of the launch's rows
@@ -364,7 +365,19 @@ def _key_constants(codec: KernelCodec, native: bool, split: bool, config: Encode
                    n_rows: int | None = None, device: torch.device | None = None) -> tuple[dict, int, dict]:
     """(the key kernel's compile-time arguments but CHECK and ALIGNED, rows per program, launch options) for
     `codec`: native 16-bit operands or fp32, SPLIT fp32 dots (compiled) or IEEE dots (the interpreter); a
-    launch of n_rows rows on `device` (`_encode_launch`)."""
+    launch of n_rows rows on `device` (`_encode_launch`). Cached on the codec (at most KEY_CONSTANTS_KEPT
+    entries): an encode_keys call otherwise spends about 20 us of host time here."""
+    cache = codec.__dict__.setdefault("_key_constants", {})
+    key = (native, split, config, n_rows, device)
+    if key not in cache:
+        if len(cache) >= KEY_CONSTANTS_KEPT:
+            cache.clear()
+        cache[key] = _make_key_constants(codec, native, split, config, n_rows, device)
+    return cache[key]
+
+
+def _make_key_constants(codec: KernelCodec, native: bool, split: bool, config: EncodeConfig | None,
+                        n_rows: int | None, device: torch.device | None) -> tuple[dict, int, dict]:
     d = codec.head_dim
     n_bits, n_codes = codec.code_bits, codec.num_codes
     words, wp, kp = pack_shape(max(n_bits, 1), n_codes)
@@ -411,14 +424,15 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     kc = k.contiguous()
     lead = k.shape[:-1]
     n_rows = kc.numel() // d
-    native = k.dtype != torch.float32 and not _interpreting()
+    interpreting = _interpreting()
+    native = k.dtype != torch.float32 and not interpreting
     if gluon and config is None:
         why = gluon_encode_limit(k, codec)
         if why is None:
             announce("gluon", "in scope", op="key encode")
             return _encode_keys_gluon(kc, codec, dev)
         announce("triton", why, op="key encode")
-    consts, block_t, launch = _key_constants(codec, native, not _interpreting(), config, n_rows, dev)
+    consts, block_t, launch = _key_constants(codec, native, not interpreting, config, n_rows, dev)
     words = consts["K_WORDS"]
     codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
     gamma = torch.empty(*lead, device=dev, dtype=torch.bfloat16)

@@ -157,6 +157,9 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 def announce(kernel: str, why: str, op: str = "attention") -> None:
     """Log once which kernel runs an op (attention, key encode) and why (once per reason, whatever its
     numbers)."""
+    if (op, kernel, why) in _announced:  # said already (the common case: no pattern substitution)
+        return
+    _announced.add((op, kernel, why))
     key = (op, kernel, re.sub(r"\d+", "N", why))
     if key not in _announced:
         _announced.add(key)
