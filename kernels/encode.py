@@ -67,7 +67,7 @@ def _key_rows(pid, n_rows, T, T_PAD, H, T_OUT, OFFSET, D: tl.constexpr, stride_b
 
 
 @triton.jit
-def _key_norm(xf):
+def key_norm(xf):
     """(gamma = ||x||, 2**-e) per row of xf [BT, D] (fp32) for any finite x: the row is scaled by the power of
     two 2**-e (exact) that takes max|x| into [1, 2), squared and summed, and the root scaled back by 2**e."""
     e = tl.max(tl.abs(xf), 1).to(tl.int32, bitcast=True) & 0x7F800000
@@ -96,7 +96,7 @@ def _encode_keys_kernel(
     rows (b * H + h) * T_OUT + OFFSET + t of the outputs (a store of T_OUT tokens; T_OUT = T, OFFSET = 0 for a
     plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`mark_bad`).
 
-    gamma = ||k|| (fp32, `_key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
+    gamma = ||k|| (fp32, `key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
     rotation a matmul with the +-1 Hadamard matrix (codec_encode: the signs s_h and the matrices had_ptr /
     hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32). Then the section's codes
     (codec_encode.encode_codes): codebook search against boundaries (scalar), recursive polar angles by cross
@@ -164,7 +164,7 @@ def _encode_key_block(
     if CHECK:
         if tl.max(tl.max((~(tl.abs(xf) < float("inf"))).to(tl.int32), 1), 0) > 0:
             mark_bad(flag_ptr)
-    gamma, rscale = _key_norm(xf)
+    gamma, rscale = key_norm(xf)
     tl.store(gamma_ptr + dst, bf16_bits(gamma), mask=ok)
     gmax = tl.maximum(gamma, 1e-30)[:, None]
     inv_g = tl.math.div_rn(1.0, gmax)

@@ -30,6 +30,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from .bits import bf16_bits
+from .encode import key_norm
 from .launch import pack_shape
 from .spec import KernelCodec, PackedKeys
 
@@ -78,25 +80,6 @@ def _unstack(t):
         for i in gl.static_range(S // 2):
             out = out + (ev[i], od[i])
         return out
-
-
-@gluon.jit
-def _key_norm(xf):
-    """(gamma = ||x||, the power of two 2^-e scaling max|x| into [1, 2)) per row of xf [R, 64] (fp32):
-    encode._key_norm, its sum in this layout's order (stored bf16: rare last-bit differences)."""
-    e = gl.max(gl.abs(xf), axis=1).to(gl.int32, bitcast=True) & 0x7F800000
-    e = gl.minimum(gl.maximum(e, 1 << 23), 253 << 23)  # binades 1..253: both 2^e and 2^-e are normal
-    scale = ((254 << 23) - e).to(gl.float32, bitcast=True)
-    xs = xf * scale[:, None]
-    return gl.sqrt_rn(gl.sum(xs * xs, axis=1)) * e.to(gl.float32, bitcast=True), scale
-
-
-@gluon.jit
-def _bf16_bits(x):
-    """The bf16 bit pattern (int16) of fp32 x, rounded to nearest even (bits.bf16_bits)."""
-    b = x.to(gl.int32, bitcast=True)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    return (b >> 16).to(gl.int16)
 
 
 @gluon.jit
@@ -171,8 +154,8 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, ROW))
     ok = r < n_rows
     x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
-    gamma, scale = _key_norm(x.to(gl.float32))
-    gl.store(gamma_ptr + r, _bf16_bits(gamma), mask=ok)
+    gamma, scale = key_norm(x.to(gl.float32))  # encode.py's @triton.jit helpers, compiled as Gluon
+    gl.store(gamma_ptr + r, bf16_bits(gamma), mask=ok)
     # the rotation: (x * signs) @ H_64 on the tensor cores (+-1 factors: exact), then one conversion to a
     # row a thread
     if ALIGNED:
