@@ -35,7 +35,7 @@ PROGRAMS_PER_SM = 2  # resident programs of the kernel (8 warps at 128 registers
 # (H200, 64k tokens x 16 heads, benchmarks/results/kernels.md)
 ENCODE_BITS = {"polar": (1, 2)}
 ENCODE_DTYPES = (torch.bfloat16, torch.float16)
-_announced: set[tuple[str, str, str]] = set()
+_announced: set[tuple[str, ...]] = set()
 
 
 def requested_kernel() -> str:
@@ -157,9 +157,10 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 def announce(kernel: str, why: str, op: str = "attention") -> None:
     """Log once which kernel runs an op (attention, key encode) and why (once per reason, whatever its
     numbers)."""
-    if (op, kernel, why) in _announced:  # said already (the common case: no pattern substitution)
+    said = ("said", op, kernel, why)  # this exact reason seen before: the common case, no substitution
+    if said in _announced:
         return
-    _announced.add((op, kernel, why))
+    _announced.add(said)
     key = (op, kernel, re.sub(r"\d+", "N", why))
     if key not in _announced:
         _announced.add(key)

@@ -75,6 +75,18 @@ def test_codec_scope_per_bits(name):
         assert (why is None) == want, f"{name} b={bits}: {why}"
 
 
+def test_announce_logs_once_per_reason(caplog):
+    gluon_scope._announced.clear()
+    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
+        for _ in range(2):
+            gluon_scope.announce("gluon", "in scope", op="key encode")
+            gluon_scope.announce("triton", "75 query rows a KV head")
+        gluon_scope.announce("triton", "81 query rows a KV head")  # the same reason, other numbers
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["octopus-audio key encode kernel: gluon (in scope)",
+                    "octopus-audio attention kernel: triton (75 query rows a KV head)"], said
+
+
 def test_requested_kernel(monkeypatch):
     monkeypatch.delenv(gluon_scope.ENV_VAR, raising=False)
     assert gluon_scope.requested_kernel() == "auto"
