@@ -338,6 +338,13 @@ def padded_tokens(t: int, block_t: int) -> int | None:
     return -(-t // block_t) * block_t if t >= PAD_MIN_BLOCKS * block_t else None
 
 
+def _numbered_rows(n_rows: int, t: int, block_t: int) -> tuple[int | None, int]:
+    """(T_PAD or None, the rows a key launch numbers) for n_rows = (rows of heads) x t keys: B H T_PAD with
+    padded heads, else n_rows (also for an empty unit)."""
+    t_pad = padded_tokens(t, block_t) if t else None
+    return t_pad, (n_rows // t * t_pad if t_pad else n_rows)
+
+
 def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_rows: int | None = None,
                    device: torch.device | None = None) -> tuple[int, dict]:
     """(rows per program, launch options) of the key kernel for `codec`: KEY_LAUNCH (KEY_LAUNCH_BITS for the
@@ -439,8 +446,7 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     signs = torch.empty(*lead, consts["S_WORDS"], device=dev, dtype=torch.int32) if codec.has_qjl else None
     gamma_r = torch.empty(*lead, device=dev, dtype=torch.bfloat16) if codec.has_qjl else None
     dummy = unused_buffer(dev)
-    t_pad = padded_tokens(t, block_t)
-    n_launch = n_rows // t * t_pad if t_pad else n_rows  # rows the launch numbers (ALIGNED: B H T_PAD)
+    t_pad, n_launch = _numbered_rows(n_rows, t, block_t)
     programs = triton.cdiv(n_launch, block_t)
     octo = codec.decode == "triplet"
     tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
@@ -567,8 +573,8 @@ def encode_unit(k: torch.Tensor, v: torch.Tensor, codec: KernelCodec, keys_out: 
     n_rows = b * h * t
     block_t, block_g, consts, unit = _unit_constants(codec, bits, group, native, config, n_rows, dev)
     n_groups = n_rows * (d // group)
-    t_pad = padded_tokens(t, block_t) if t else None
-    key_programs = -(-(b * h * t_pad if t_pad else n_rows) // block_t)
+    t_pad, n_launch = _numbered_rows(n_rows, t, block_t)
+    key_programs = -(-n_launch // block_t)
     if n_rows == 0:
         return
     _encode_unit_kernel[(key_programs + -(-n_groups // block_g),)](

@@ -32,7 +32,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .bits import bf16_bits
 from .encode import key_norm
-from .launch import pack_shape
 from .spec import KernelCodec, PackedKeys
 
 HEAD_DIM = 64
@@ -193,7 +192,7 @@ def encode_keys_gluon(k: torch.Tensor, codec: KernelCodec, rotation: tuple[torch
     h, t = k.shape[-3], k.shape[-2]
     lead = k.shape[:-1]
     n_rows = k.numel() // HEAD_DIM
-    words = pack_shape(codec.code_bits, codec.num_codes)[0]
+    words = codec.code_words
     codes = torch.empty(*lead, words, device=k.device, dtype=torch.int32)
     gamma = torch.empty(*lead, device=k.device, dtype=torch.bfloat16)
     if n_rows:
