@@ -87,7 +87,8 @@ def main() -> int:
     parser.add_argument("--maxnreg", type=int,
                         help="register cap of the attention kernel (default: the launcher's)")
     parser.add_argument("--value-stages", type=int, default=0, help="values_in_place's pipeline depth")
-    parser.add_argument("--value-tma", action="store_true", help="the value loop's loads by tensor descriptors")
+    parser.add_argument("--value-tma", action="store_true",
+                        help="the value loop's loads by tensor descriptors")
     args = parser.parse_args()
     import triton
 

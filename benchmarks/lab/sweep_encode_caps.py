@@ -1,0 +1,105 @@
+"""GPU probe: the key encode's register cap (resident blocks an SM) at the bench's encode shape.
+
+Keys as `octopus-audio bench` builds them (64k tokens x 16 heads, d=64, bf16, seed 99), encoded through the
+public `encode_keys` (Triton kernel) with the launch table entry of each (codec, bits) set to (rows, warps,
+cap) in turn; every launch's fields compared with the default launch's. Times: `do_bench` medians of the
+call (as the bench's encode rows) and of a CUDA-graph replay of it (GPU time only), ms. The fused unit encode
+(`encode_unit`: the same keys and as many values, 2 bits in groups of 16, into a store; the cache's default
+path), whose launch takes the key kernel's cap, is graph-timed beside it.
+
+    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
+    PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode_caps.py --out $OUT/caps.json \
+        --jobs turboquant-qjl:2:64:4:0,turboquant-qjl:2:64:4:112 ...
+
+A job is codec:bits:rows:warps:cap (cap 0: none); a codec's first job runs its default launch (the numbers
+given are only labels) and the fields the others must match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import triton
+
+
+def main() -> int:
+    from octopus_audio import backend
+    from octopus_audio.bench import _graphed
+    from octopus_audio.codecs import get_codec
+    from octopus_audio.kernels import PackedKeys, PackedValues, encode
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--jobs", required=True)
+    parser.add_argument("--rep-ms", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=64 * 1024)
+    args = parser.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: the fields only (interpreter)
+    gen = torch.Generator(device=dev).manual_seed(99)
+    x = torch.randn(1, 16, args.tokens, 64, generator=gen, device=dev).to(torch.bfloat16)
+    v = torch.randn(1, 16, args.tokens, 64, generator=gen, device=dev).to(torch.bfloat16)
+
+    def timed(f, graph=True):
+        if dev.type != "cuda":
+            return float("nan")
+        return triton.testing.do_bench(_graphed(f) if graph else f, warmup=10, rep=args.rep_ms,
+                                       return_mode="median")
+
+    def store(kc):
+        def z(*tail, dtype=torch.int32):
+            return torch.zeros(1, 16, args.tokens, *tail, device=dev, dtype=dtype)
+
+        keys = PackedKeys(z(kc.code_words), z(dtype=torch.bfloat16), z(2) if kc.has_qjl else None,
+                          z(dtype=torch.bfloat16) if kc.has_qjl else None)
+        return keys, PackedValues(z(4), z(4, dtype=torch.float16), z(4, dtype=torch.float16), 2, 16)
+
+    default_bits = dict(encode.KEY_LAUNCH_BITS)
+    rows, want = [], {}
+    for job in args.jobs.split(","):
+        name, bits, block, warps, cap = job.split(":")
+        bits, block, warps, cap = int(bits), int(block), int(warps), int(cap) or None
+        codec = get_codec(name, bits, 64)
+        kc = backend.kernel_codec(codec, 16, x.device)
+        key = (64, kc.decode, kc.has_qjl, kc.code_bits)
+        encode.KEY_LAUNCH_BITS.clear()
+        encode.KEY_LAUNCH_BITS.update(default_bits)
+        first = (name, bits) not in want  # a codec's first job runs its default launch: the fields to match
+        if not first:
+            encode.KEY_LAUNCH_BITS[key] = (block, warps, cap)
+        kc.__dict__.pop("_key_constants", None)
+        kc.__dict__.pop("_unit_constants", None)
+        fn = lambda kc=kc: encode.encode_keys(x, kc, gluon=False)  # noqa: E731
+        keys_out, values_out = store(kc)
+        unit = lambda kc=kc, ko=keys_out, vo=values_out: encode.encode_unit(x, v, kc, ko, vo, 0)  # noqa: E731
+        try:
+            out = fn()
+            fields = {f: getattr(out, f) for f in ("codes", "gamma", "signs", "gamma_r")
+                      if getattr(out, f) is not None}
+            unit()
+            fields.update({f"unit_{f}": getattr(keys_out, f) for f in ("codes", "gamma", "signs", "gamma_r")
+                           if getattr(keys_out, f) is not None})
+            fields.update({f"unit_v_{f}": getattr(values_out, f) for f in ("codes", "scale", "minimum")})
+            if first:
+                want[(name, bits)] = {f: t.clone() for f, t in fields.items()}
+            differ = {f: (t != want[(name, bits)][f]).float().mean().item() for f, t in fields.items()}
+            ms, graph_ms, unit_ms = timed(fn, graph=False), timed(fn), timed(unit)
+            err = ""
+        except Exception as e:  # one failing launch still lets the others report
+            ms = graph_ms = unit_ms = float("nan")
+            differ, err = {}, f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append({"codec": name, "bits": bits, "rows": block, "warps": warps, "cap": cap, "ms": ms,
+                     "graph_ms": graph_ms, "unit_graph_ms": unit_ms, "differ": differ, "error": err,
+                     "launch": "default" if first else "set"})
+        print(json.dumps(rows[-1]), flush=True)
+    encode.KEY_LAUNCH_BITS.clear()
+    encode.KEY_LAUNCH_BITS.update(default_bits)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
