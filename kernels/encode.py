@@ -315,6 +315,10 @@ KEY_LAUNCH = {
 KEY_LAUNCH_BITS = {(64, "scalar", False, 3): (128, 4, None), (64, "scalar", True, 3): (64, 4, 128),
                    (64, "polar", False, 2): (128, 4, None)}
 
+# the fused unit encode's register cap where it differs from its key launch's (0: none), by (head dim, decode
+# section, QJL side-car, code bits)
+UNIT_CAPS: dict[tuple[int, str, bool, int], int] = {}
+
 # encode_keys' second launch: near-tie groups a program, and its warps. H200, octopus at 64k tokens x 16
 # heads, d=64, the whole encode_keys call (benchmarks/lab/sweep_redo_launch.py): (16, 4) against (16, 1)
 # b=2 / 3 / 4: 0.3176 / 0.3719 / 0.4337 ms against 0.3276 / 0.3850 / 0.4437 (4 warps cost more instructions
@@ -505,6 +509,11 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
         # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
         block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
+        cap = UNIT_CAPS.get((64 if d <= 64 else 128, codec.decode, codec.has_qjl, codec.code_bits))
+        if cap is not None and config is None:
+            launch = {k: v for k, v in launch.items() if k != "maxnreg"}
+            if cap:
+                launch["maxnreg"] = cap
         unit = _CHUNK_DTYPES.get(bits, torch.uint8)
         v_words = -(-d * bits // 32)
         consts = dict(keys, GROUP=group, V_BITS=bits, ROW_UNITS=v_words * 4 // unit.itemsize, BLOCK_G=block_g,

@@ -11,8 +11,9 @@ path), whose launch takes the key kernel's cap, is graph-timed beside it.
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode_caps.py --out $OUT/caps.json \
         --jobs turboquant-qjl:2:64:4:0,turboquant-qjl:2:64:4:112 ...
 
-A job is codec:bits:rows:warps:cap (cap 0: none); a codec's first job runs its default launch (the numbers
-given are only labels) and the fields the others must match.
+A job is codec:bits:rows:warps:cap[:unit_cap] (cap 0: none; unit_cap, encode.UNIT_CAPS' entry: the key
+launch's cap when left out); a codec's first job runs its default launches (the numbers given are only labels)
+and gives the fields the others must match.
 """
 
 from __future__ import annotations
@@ -57,18 +58,26 @@ def main() -> int:
         return keys, PackedValues(z(4), z(4, dtype=torch.float16), z(4, dtype=torch.float16), 2, 16)
 
     default_bits = dict(encode.KEY_LAUNCH_BITS)
+    default_unit = dict(encode.UNIT_CAPS)
     rows, want = [], {}
     for job in args.jobs.split(","):
-        name, bits, block, warps, cap = job.split(":")
+        name, bits, block, warps, cap, *unit_cap = job.split(":")
         bits, block, warps, cap = int(bits), int(block), int(warps), int(cap) or None
+        unit_cap = int(unit_cap[0]) if unit_cap else None
         codec = get_codec(name, bits, 64)
         kc = backend.kernel_codec(codec, 16, x.device)
         key = (64, kc.decode, kc.has_qjl, kc.code_bits)
         encode.KEY_LAUNCH_BITS.clear()
         encode.KEY_LAUNCH_BITS.update(default_bits)
+        encode.UNIT_CAPS.clear()
+        encode.UNIT_CAPS.update(default_unit)
         first = (name, bits) not in want  # a codec's first job runs its default launch: the fields to match
         if not first:
             encode.KEY_LAUNCH_BITS[key] = (block, warps, cap)
+            if unit_cap is not None:
+                encode.UNIT_CAPS[key] = unit_cap
+            else:
+                encode.UNIT_CAPS.pop(key, None)
         kc.__dict__.pop("_key_constants", None)
         kc.__dict__.pop("_unit_constants", None)
         fn = lambda kc=kc: encode.encode_keys(x, kc, gluon=False)  # noqa: E731
@@ -90,12 +99,15 @@ def main() -> int:
         except Exception as e:  # one failing launch still lets the others report
             ms = graph_ms = unit_ms = float("nan")
             differ, err = {}, f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append({"codec": name, "bits": bits, "rows": block, "warps": warps, "cap": cap, "ms": ms,
+        rows.append({"codec": name, "bits": bits, "rows": block, "warps": warps, "cap": cap,
+                     "unit_cap": encode.UNIT_CAPS.get(key, "key's"), "ms": ms,
                      "graph_ms": graph_ms, "unit_graph_ms": unit_ms, "differ": differ, "error": err,
                      "launch": "default" if first else "set"})
         print(json.dumps(rows[-1]), flush=True)
     encode.KEY_LAUNCH_BITS.clear()
     encode.KEY_LAUNCH_BITS.update(default_bits)
+    encode.UNIT_CAPS.clear()
+    encode.UNIT_CAPS.update(default_unit)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))
     return 0
