@@ -363,8 +363,7 @@ def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, sc
     return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
                          num_splits=num_splits, block_k=cfg.block_n or block_k,
                          block_v=cfg.block_v or block_v, num_warps=cfg.num_warps or warps,
-                         programs_per_sm=cfg.programs_per_sm or per_sm, value_stages=abs(value_stages),
-                         value_tma=value_stages < 0)
+                         programs_per_sm=cfg.programs_per_sm or per_sm, value_stages=value_stages)
 
 
 def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:

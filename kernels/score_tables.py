@@ -295,7 +295,7 @@ def _adc_attn_kernel(
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
     V_GT: tl.constexpr, STAGE_K: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
-    LOG2D: tl.constexpr, VALUE_STAGES: tl.constexpr, VALUE_TMA: tl.constexpr = False,
+    LOG2D: tl.constexpr, VALUE_STAGES: tl.constexpr,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
 
@@ -335,12 +335,6 @@ def _adc_attn_kernel(
         acc_min = tl.zeros((R, V_GT), tl.float32)
         l_vec = tl.zeros((R, 1), tl.float32)
         m_run = tl.full((), float("-inf"), tl.float32)
-        descs = None
-        if VALUE_TMA:
-            VW: tl.constexpr = G * ((V_BITS + 1) // 2)
-            descs = (tl.make_tensor_descriptor(vc_ptr + row * V_WORDS, [end, VW], [VW, 1], [BLOCK_V, VW]),
-                     tl.make_tensor_descriptor(vs_ptr + row * G, [end, G], [G, 1], [BLOCK_V, G]),
-                     tl.make_tensor_descriptor(vm_ptr + row * G, [end, G], [G, 1], [BLOCK_V, G]))
         for c0 in range(start, end, STAGE_K):
             c1 = tl.minimum(c0 + STAGE_K, end)
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
@@ -356,7 +350,7 @@ def _adc_attn_kernel(
                 m_run = m_c
             acc_t, acc_min, l_vec = values_in_place(vc_ptr + row * V_WORDS, vs_ptr + row * G,
                                                      vm_ptr + row * G, s_row, m_run, c0, c1, acc_t, acc_min,
-                                                     l_vec, G, V_BITS, BLOCK_V, V_GT, VALUE_STAGES, descs)
+                                                     l_vec, G, V_BITS, BLOCK_V, V_GT, VALUE_STAGES)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m_run, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
@@ -436,8 +430,7 @@ def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None
 
 
 def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValues, t_win: int, block_k: int,
-                        block_v: int, num_warps: int, value_stages: int = 0,
-                        value_tma: bool = False) -> tuple[dict, dict]:
+                        block_v: int, num_warps: int, value_stages: int = 0) -> tuple[dict, dict]:
     """The attention kernel's compile-time constants but DIRECT, and its launch options (num_warps, the
     register cap), as attention_adc launches it. A thread takes two value groups of a key per row where a
     step still has a row for every thread (always for widths not dividing 32), else one; with one row a
@@ -462,7 +455,7 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
                   V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
                   BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
                   STAGE_K=max(STAGE_KEYS, block_k, block_v), POLAR_G=lay.levels, A_BITS=codec.code_bits,
-                  LOG2D=d.bit_length() - 1, VALUE_STAGES=value_stages, VALUE_TMA=value_tma)
+                  LOG2D=d.bit_length() - 1, VALUE_STAGES=value_stages)
     return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
 
@@ -471,7 +464,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   scale: float | None = None, num_splits: int | None = None, block_k: int | None = None,
                   block_v: int | None = None, num_warps: int | None = None,
                   programs_per_sm: int | None = None, group: int | None = None,
-                  value_stages: int = 0, value_tma: bool = False) -> torch.Tensor:
+                  value_stages: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
     Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
@@ -511,12 +504,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     block_k = block_k or 32 * nw
     block_v = block_v or (64 if _interpreting() else 16)
     step = max(block_k, block_v)
-    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw, value_stages,
-                                          value_tma)
-    if value_tma:
-        import triton as _triton
-
-        _triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    consts, options = attention_constants(codec, lay, values, t_win, block_k, block_v, nw, value_stages)
     if num_splits is None:
         # floor: one full wave of resident programs; a ceil can spill a few programs into a second wave
         want = max(1, (programs_per_sm or 8) * _sm_count(dev) // rows)

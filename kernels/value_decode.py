@@ -111,26 +111,6 @@ def _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G: tl.constexpr, V_BI
 
 
 @triton.jit
-def _in_place_tma(vc_desc, vs_desc, vm_desc, s_ptr, n0, c1, G: tl.constexpr, V_BITS: tl.constexpr,
-                  BLOCK_V: tl.constexpr, GT: tl.constexpr):
-    """`_in_place_loads` through tensor descriptors (TMA on sm_90: the copies go to shared memory without
-    registers or per-element addresses): the step's [BLOCK_V, words] and [BLOCK_V, G] boxes, each reshaped to
-    rows of GT groups and split into columns. Keys past the descriptors' end come as zeros; keys in [c1, end)
-    are real keys whose scores load as -inf (p = 0)."""
-    GR: tl.constexpr = G // GT
-    R: tl.constexpr = BLOCK_V * GR
-    NW: tl.constexpr = (V_BITS + 1) // 2
-    rho = tl.arange(0, R)[:, None]
-    n = n0 + rho // GR
-    ok = n < c1
-    sc = _split_columns(tl.reshape(vs_desc.load([n0, 0]), (R, GT)), GT)
-    mn = _split_columns(tl.reshape(vm_desc.load([n0, 0]), (R, GT)), GT)
-    ws = _split_columns(tl.reshape(vc_desc.load([n0, 0]), (R, GT * NW)), GT * NW)
-    s = tl.load(s_ptr + n, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    return s, sc, mn, ws
-
-
-@triton.jit
 def _in_place_math(raw, n0, m, acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.constexpr,
                    BLOCK_V: tl.constexpr, GT: tl.constexpr):
     """One step of values_in_place on `_in_place_loads`' fields of keys [n0, n0 + BLOCK_V)."""
@@ -181,8 +161,7 @@ def _in_place_math(raw, n0, m, acc, acc_min, l_vec, G: tl.constexpr, V_BITS: tl.
 
 @triton.jit
 def values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_vec, G: tl.constexpr,
-                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, STAGES: tl.constexpr = 0,
-                     descs=None):
+                     V_BITS: tl.constexpr, BLOCK_V: tl.constexpr, GT: tl.constexpr, STAGES: tl.constexpr = 0):
     """Phase 2 for groups of 16 channels at V_BITS in {1, 2, 4, 8}, two instructions a channel (mask, FMA):
     adds keys [c0, c1) to the accumulators acc [R, 16 GT], acc_min [R, GT], l_vec [R, 1] and returns them.
 
@@ -200,11 +179,7 @@ def values_in_place(vc_ptr, vs_ptr, vm_ptr, s_ptr, m, c0, c1, acc, acc_min, l_ve
     d=128 (Nsight Compute, benchmarks/results/kernels.md). STAGES >= 2: the compiler's software pipeline
     instead (asynchronous copies of STAGES - 1 steps ahead into shared memory, no registers held in flight;
     faster at d=64, slower at d=128 under the register cap: flash.TABLE_LAUNCH)."""
-    if descs is not None:
-        for n0 in tl.range(c0, c1, BLOCK_V, num_stages=STAGES):
-            raw = _in_place_tma(descs[0], descs[1], descs[2], s_ptr, n0, c1, G, V_BITS, BLOCK_V, GT)
-            acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)
-    elif STAGES > 1:
+    if STAGES > 1:
         for n0 in tl.range(c0, c1, BLOCK_V, num_stages=STAGES):
             raw = _in_place_loads(vc_ptr, vs_ptr, vm_ptr, s_ptr, n0, c1, G, V_BITS, BLOCK_V, GT)
             acc, acc_min, l_vec = _in_place_math(raw, n0, m, acc, acc_min, l_vec, G, V_BITS, BLOCK_V, GT)

@@ -45,15 +45,13 @@ def launch_shape(d: int) -> tuple[int, int, int]:
     return (256, 64, 8) if d >= 128 else (128, 64, 4)
 
 
-def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None, value_stages: int = 0,
-          value_tma: bool = False) -> dict:
+def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None) -> dict:
     kc = backend.kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
     lay = query_tables.table_layout(kc, group)
     block_k, block_v, nw = launch_shape(d)
     values = PackedValues(torch.zeros(1, 1, 1, -(-d * bits // 32), dtype=torch.int32),
                           torch.zeros(1, 1, 1, d // 16), torch.zeros(1, 1, 1, d // 16), bits)
-    consts, options = score_tables.attention_constants(kc, lay, values, 1, block_k, block_v, nw, value_stages,
-                                                       value_tma)
+    consts, options = score_tables.attention_constants(kc, lay, values, 1, block_k, block_v, nw)
     consts["DIRECT"] = False
     cap = maxnreg or options.get("maxnreg")
     kernel = sass._compile(score_tables._adc_attn_kernel, ATTN_TYPES, consts, nw, cap)
@@ -86,9 +84,6 @@ def main() -> int:
                         help="scalar section: coordinates a table code (default: table_layout's)")
     parser.add_argument("--maxnreg", type=int,
                         help="register cap of the attention kernel (default: the launcher's)")
-    parser.add_argument("--value-stages", type=int, default=0, help="values_in_place's pipeline depth")
-    parser.add_argument("--value-tma", action="store_true",
-                        help="the value loop's loads by tensor descriptors")
     args = parser.parse_args()
     import triton
 
@@ -99,7 +94,7 @@ def main() -> int:
     for name, bits, d in jobs:
         for group in args.group if name.startswith("turboquant") else [None]:
             try:
-                r = count(name, bits, d, group, args.maxnreg, args.value_stages, args.value_tma)
+                r = count(name, bits, d, group, args.maxnreg)
             except Exception as exc:  # one failing variant still lets the others report
                 failed += 1
                 print(f"{name:15s} b={bits} d={d:3d} group={group}: FAILED {type(exc).__name__}: "
