@@ -88,7 +88,7 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
 # for a small launch): the GPU only, the interpreter always takes 128 rows. A launch table row that faults
 # (triplet d=128 at 64 rows x 4 warps did on the H200) or mis-encodes fails here.
 FULL_CASES = [(name, bits, d) for name in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus",
-                                            "octopus-qjl") for d in (64, 128) for bits in (2, 4)]
+                                            "octopus-qjl") for d in (64, 128) for bits in (2, 3, 4)]
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="compiled launches: set OCTOPUS_AUDIO_TEST_DEVICE=cuda")
@@ -177,6 +177,26 @@ def test_padded_tokens():
     assert padded_tokens(128, 64) == 128 and padded_tokens(0, 64) == 0
     assert padded_tokens(PAD_MIN_BLOCKS * 64 - 1, 64) is None  # too few blocks: rows without gaps
     assert padded_tokens(PAD_MIN_BLOCKS * 64 + 1, 64) == PAD_MIN_BLOCKS * 64 + 64
+
+
+@pytest.mark.parametrize("name,bits,key_cap,unit_cap", [
+    ("turboquant-mse", 2, None, None),  # no cap anywhere
+    ("turboquant-qjl", 2, 96, 96),  # the key launch's cap, the unit encode takes it
+    ("octopus", 2, None, 96),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
+], ids=["uncapped", "key-cap", "unit-cap"])
+def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
+    """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
+    (else the key launch's); a caller's EncodeConfig drops both (its rows and warps would not fit the cap)."""
+    kernel_ops(DEVICE)
+    from octopus_audio.kernels import EncodeConfig
+    from octopus_audio.kernels.encode import _encode_launch, _unit_constants
+
+    kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
+    assert _encode_launch(64, None, kc)[1].get("maxnreg") == key_cap
+    assert _unit_constants(kc, 2, 16, True, None, 4096, torch.device("cpu"))[2].get("maxnreg") == unit_cap
+    cfg = EncodeConfig(block_t=32, num_warps=2)
+    assert "maxnreg" not in _encode_launch(64, cfg, kc)[1]
+    assert "maxnreg" not in _unit_constants(kc, 2, 16, True, cfg, 4096, torch.device("cpu"))[2]
 
 
 # T not a multiple of any block (131): each head's tokens padded to whole blocks (PAD_MIN_BLOCKS lowered so a
