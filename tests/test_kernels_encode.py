@@ -180,9 +180,9 @@ def test_padded_tokens():
 
 
 @pytest.mark.parametrize("name,bits,key_cap,unit_cap", [
-    ("turboquant-mse", 2, None, None),  # no cap anywhere
+    ("turboquant-mse", 4, None, None),  # no cap anywhere
     ("turboquant-qjl", 2, 96, 96),  # the key launch's cap, the unit encode takes it
-    ("octopus", 2, None, 96),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
+    ("octopus", 2, None, 112),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
 ], ids=["uncapped", "key-cap", "unit-cap"])
 def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
     """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
