@@ -13,7 +13,7 @@ import triton.language as tl
 from .bits import bf16_bits, pack_tile
 from .codec_decode import SECTIONS
 from .codec_encode import NEAR_ROWS, encode_codes
-from .encode_launches import KEY_LAUNCH, KEY_LAUNCH_BITS, UNIT_CAPS
+from .encode_launches import KEY_LAUNCH, KEY_LAUNCH_BITS, UNIT_CAPS, launch_key
 from .gluon_scope import announce, device_capability, encode_limit, gluon_api
 from .launch import (
     EncodeConfig,
@@ -332,9 +332,8 @@ def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_ro
     (to SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than two programs per SM (a decode
     step's unit: B x H rows). The CPU interpreter pays per op, not per element, so it takes 128 rows."""
     cfg = config or EncodeConfig()
-    dk = 64 if d <= 64 else 128
-    kind = (codec.decode, codec.has_qjl)
-    rows, warps, cap = KEY_LAUNCH_BITS.get((dk, *kind, codec.code_bits), KEY_LAUNCH[dk][kind])
+    key = launch_key(d, codec.decode, codec.has_qjl, codec.code_bits)
+    rows, warps, cap = KEY_LAUNCH_BITS.get(key, KEY_LAUNCH[key[0]][key[1:3]])
     if d > 128:
         rows = max(SMALL_BLOCK, rows // 2)
     if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
@@ -485,7 +484,7 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
         # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
         block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
-        cap = UNIT_CAPS.get((64 if d <= 64 else 128, codec.decode, codec.has_qjl, codec.code_bits))
+        cap = UNIT_CAPS.get(launch_key(d, codec.decode, codec.has_qjl, codec.code_bits))
         if cap is not None and config is None:
             launch = {k: v for k, v in launch.items() if k != "maxnreg"}
             if cap:

@@ -41,3 +41,9 @@ KEY_LAUNCH_BITS = {(64, "scalar", False, 2): (64, 4, 72), (64, "scalar", False, 
 UNIT_CAPS: dict[tuple[int, str, bool, int], int] = {
     (64, "triplet", False, 7): 112, (64, "triplet", False, 10): 112, (64, "triplet", False, 13): 112,
     (64, "polar", False, 2): 128}
+
+
+def launch_key(head_dim: int, decode: str, has_qjl: bool, code_bits: int) -> tuple[int, str, bool, int]:
+    """The key of KEY_LAUNCH_BITS and UNIT_CAPS: head dims up to 64 share the d=64 entries, larger ones
+    d=128's."""
+    return (64 if head_dim <= 64 else 128, decode, has_qjl, code_bits)

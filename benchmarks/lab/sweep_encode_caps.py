@@ -66,7 +66,7 @@ def main() -> int:
         unit_cap = int(unit_cap[0]) if unit_cap else None
         codec = get_codec(name, bits, 64)
         kc = backend.kernel_codec(codec, 16, x.device)
-        key = (64, kc.decode, kc.has_qjl, kc.code_bits)
+        key = encode.launch_key(64, kc.decode, kc.has_qjl, kc.code_bits)
         encode.KEY_LAUNCH_BITS.clear()
         encode.KEY_LAUNCH_BITS.update(default_bits)
         encode.UNIT_CAPS.clear()
