@@ -342,9 +342,15 @@ def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_ro
     block_t = cfg.block_t or (128 if _interpreting() else rows)
     launch = {"num_warps": cfg.num_warps or warps, "num_stages": cfg.num_stages or 1,
               "enable_fp_fusion": False}
-    if cfg.block_t is None and cfg.num_warps is None and cap is not None:  # the table's cap goes with its own
-        launch["maxnreg"] = cap  # rows and warps
+    if cap is not None and _table_cap_applies(config):
+        launch["maxnreg"] = cap
     return block_t, launch
+
+
+def _table_cap_applies(config: EncodeConfig | None) -> bool:
+    """Whether a launch takes its table's register cap (KEY_LAUNCH_BITS, UNIT_CAPS): the cap goes with the
+    table's own rows and warps, so not where the config sets either."""
+    return config is None or (config.block_t is None and config.num_warps is None)
 
 
 def _key_constants(codec: KernelCodec, native: bool, split: bool, config: EncodeConfig | None,
@@ -485,7 +491,7 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
         block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
         cap = UNIT_CAPS.get(launch_key(d, codec.decode, codec.has_qjl, codec.code_bits))
-        if cap is not None and config is None:
+        if cap is not None and _table_cap_applies(config):
             launch = {k: v for k, v in launch.items() if k != "maxnreg"}
             if cap:
                 launch["maxnreg"] = cap

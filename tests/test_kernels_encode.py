@@ -186,7 +186,8 @@ def test_padded_tokens():
 ], ids=["uncapped", "key-cap", "unit-cap"])
 def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
     """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
-    (else the key launch's); a caller's EncodeConfig drops both (its rows and warps would not fit the cap)."""
+    (else the key launch's); a caller's EncodeConfig that sets rows or warps drops both (they would not fit
+    the cap), one that sets neither keeps them."""
     kernel_ops(DEVICE)
     from octopus_audio.kernels import EncodeConfig
     from octopus_audio.kernels.encode import _encode_launch, _unit_constants
@@ -197,6 +198,9 @@ def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
     cfg = EncodeConfig(block_t=32, num_warps=2)
     assert "maxnreg" not in _encode_launch(64, cfg, kc)[1]
     assert "maxnreg" not in _unit_constants(kc, 2, 16, True, cfg, 4096, torch.device("cpu"))[2]
+    staged = EncodeConfig(num_stages=2)  # leaves rows and warps to the table: its caps stay
+    assert _encode_launch(64, staged, kc)[1].get("maxnreg") == key_cap
+    assert _unit_constants(kc, 2, 16, True, staged, 4096, torch.device("cpu"))[2].get("maxnreg") == unit_cap
 
 
 # T not a multiple of any block (131): each head's tokens padded to whole blocks (PAD_MIN_BLOCKS lowered so a
