@@ -179,12 +179,15 @@ def test_padded_tokens():
     assert padded_tokens(PAD_MIN_BLOCKS * 64 + 1, 64) == PAD_MIN_BLOCKS * 64 + 64
 
 
-@pytest.mark.parametrize("name,bits,key_cap,unit_cap", [
-    ("turboquant-mse", 4, None, None),  # no cap anywhere
-    ("turboquant-qjl", 2, 96, 96),  # the key launch's cap, the unit encode takes it
-    ("octopus", 2, None, 112),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
-], ids=["uncapped", "key-cap", "unit-cap"])
-def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
+@pytest.mark.parametrize("name,bits,d,key_cap,unit_cap", [
+    ("turboquant-mse", 4, 64, None, None),  # no cap anywhere
+    ("turboquant-qjl", 2, 64, 96, 96),  # the key launch's cap, the unit encode takes it
+    ("octopus", 2, 64, None, 112),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
+    ("polarquant", 3, 128, 128, 128),  # d=128 takes its own entries
+    ("turboquant-qjl", 3, 128, None, None),  # ... and only those: no d=128 entry at this width
+    ("octopus-qjl", 2, 128, None, None),
+], ids=["uncapped", "key-cap", "unit-cap", "d128-cap", "d128-untimed-width", "d128-uncapped"])
+def test_register_caps_per_launch(name, bits, d, key_cap, unit_cap):
     """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
     (else the key launch's); a caller's EncodeConfig that sets rows or warps drops both (they would not fit
     the cap), one that sets neither keeps them."""
@@ -192,14 +195,14 @@ def test_register_caps_per_launch(name, bits, key_cap, unit_cap):
     from octopus_audio.kernels import EncodeConfig
     from octopus_audio.kernels.encode import _encode_launch, _unit_constants
 
-    kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
-    assert _encode_launch(64, None, kc)[1].get("maxnreg") == key_cap
+    kc = backend.kernel_codec(get_codec(name, bits, d), 2, "cpu")
+    assert _encode_launch(d, None, kc)[1].get("maxnreg") == key_cap
     assert _unit_constants(kc, 2, 16, True, None, 4096, torch.device("cpu"))[2].get("maxnreg") == unit_cap
     cfg = EncodeConfig(block_t=32, num_warps=2)
-    assert "maxnreg" not in _encode_launch(64, cfg, kc)[1]
+    assert "maxnreg" not in _encode_launch(d, cfg, kc)[1]
     assert "maxnreg" not in _unit_constants(kc, 2, 16, True, cfg, 4096, torch.device("cpu"))[2]
     staged = EncodeConfig(num_stages=2)  # leaves rows and warps to the table: its caps stay
-    assert _encode_launch(64, staged, kc)[1].get("maxnreg") == key_cap
+    assert _encode_launch(d, staged, kc)[1].get("maxnreg") == key_cap
     assert _unit_constants(kc, 2, 16, True, staged, 4096, torch.device("cpu"))[2].get("maxnreg") == unit_cap
 
 

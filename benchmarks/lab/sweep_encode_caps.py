@@ -1,11 +1,11 @@
 """GPU probe: the key encode's register cap (resident blocks an SM) at the bench's encode shape.
 
-Keys as `octopus-audio bench` builds them (64k tokens x 16 heads, d=64, bf16, seed 99), encoded through the
-public `encode_keys` (Triton kernel) with the launch table entry of each (codec, bits) set to (rows, warps,
-cap) in turn; every launch's fields compared with the default launch's. Times: `do_bench` medians of the
-call (as the bench's encode rows) and of a CUDA-graph replay of it (GPU time only), ms. The fused unit encode
-(`encode_unit`: the same keys and as many values, 2 bits in groups of 16, into a store; the cache's default
-path), whose launch takes the key kernel's cap, is graph-timed beside it.
+Keys as `octopus-audio bench` builds them (64k tokens x 16 heads, d=64 or --dim 128, bf16, seed 99), encoded
+through the public `encode_keys` (Triton kernel) with the launch table entry of each (codec, bits) set to
+(rows, warps, cap) in turn; every launch's fields compared with the default launch's. Times: `do_bench`
+medians of the call (as the bench's encode rows) and of a CUDA-graph replay of it (GPU time only), ms. The
+fused unit encode (`encode_unit`: the same keys and as many values, 2 bits in groups of 16, into a store; the
+cache's default path), whose launch takes the key kernel's cap, is graph-timed beside it.
 
     for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode_caps.py --out $OUT/caps.json \
@@ -37,11 +37,12 @@ def main() -> int:
     parser.add_argument("--jobs", required=True)
     parser.add_argument("--rep-ms", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=64 * 1024)
+    parser.add_argument("--dim", type=int, default=64, help="head dim (64 or 128)")
     args = parser.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: the fields only (interpreter)
     gen = torch.Generator(device=dev).manual_seed(99)
-    x = torch.randn(1, 16, args.tokens, 64, generator=gen, device=dev).to(torch.bfloat16)
-    v = torch.randn(1, 16, args.tokens, 64, generator=gen, device=dev).to(torch.bfloat16)
+    x = torch.randn(1, 16, args.tokens, args.dim, generator=gen, device=dev).to(torch.bfloat16)
+    v = torch.randn(1, 16, args.tokens, args.dim, generator=gen, device=dev).to(torch.bfloat16)
 
     def timed(f, graph=True):
         if dev.type != "cuda":
@@ -53,9 +54,12 @@ def main() -> int:
         def z(*tail, dtype=torch.int32):
             return torch.zeros(1, 16, args.tokens, *tail, device=dev, dtype=dtype)
 
-        keys = PackedKeys(z(kc.code_words), z(dtype=torch.bfloat16), z(2) if kc.has_qjl else None,
-                          z(dtype=torch.bfloat16) if kc.has_qjl else None)
-        return keys, PackedValues(z(4), z(4, dtype=torch.float16), z(4, dtype=torch.float16), 2, 16)
+        qjl = kc.has_qjl
+        keys = PackedKeys(z(kc.code_words), z(dtype=torch.bfloat16), z(args.dim // 32) if qjl else None,
+                          z(dtype=torch.bfloat16) if qjl else None)
+        groups = args.dim // 16
+        return keys, PackedValues(z(args.dim // 16), z(groups, dtype=torch.float16),
+                                  z(groups, dtype=torch.float16), 2, 16)
 
     default_bits = dict(encode.KEY_LAUNCH_BITS)
     default_unit = dict(encode.UNIT_CAPS)
@@ -64,9 +68,9 @@ def main() -> int:
         name, bits, block, warps, cap, *unit_cap = job.split(":")
         bits, block, warps, cap = int(bits), int(block), int(warps), int(cap) or None
         unit_cap = int(unit_cap[0]) if unit_cap else None
-        codec = get_codec(name, bits, 64)
+        codec = get_codec(name, bits, args.dim)
         kc = backend.kernel_codec(codec, 16, x.device)
-        key = encode.launch_key(64, kc.decode, kc.has_qjl, kc.code_bits)
+        key = encode.launch_key(args.dim, kc.decode, kc.has_qjl, kc.code_bits)
         encode.KEY_LAUNCH_BITS.clear()
         encode.KEY_LAUNCH_BITS.update(default_bits)
         encode.UNIT_CAPS.clear()
