@@ -183,10 +183,11 @@ def test_padded_tokens():
     ("turboquant-mse", 4, 64, None, None),  # no cap anywhere
     ("turboquant-qjl", 2, 64, 96, 96),  # the key launch's cap, the unit encode takes it
     ("octopus", 2, 64, None, 112),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
-    ("polarquant", 3, 128, 128, 128),  # d=128 takes its own entries
-    ("turboquant-qjl", 3, 128, None, None),  # ... and only those: no d=128 entry at this width
+    ("polarquant", 3, 128, 128, 128),  # d=128 takes its own rows
+    ("turboquant-qjl", 3, 128, 168, 168),  # ... and its own width entries
+    ("turboquant-qjl", 5, 128, None, None),  # a width without one keeps the row's launch
     ("octopus-qjl", 2, 128, None, None),
-], ids=["uncapped", "key-cap", "unit-cap", "d128-cap", "d128-untimed-width", "d128-uncapped"])
+], ids=["uncapped", "key-cap", "unit-cap", "d128-cap", "d128-width-cap", "d128-row", "d128-uncapped"])
 def test_register_caps_per_launch(name, bits, d, key_cap, unit_cap):
     """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
     (else the key launch's); a caller's EncodeConfig that sets rows or warps drops both (they would not fit
