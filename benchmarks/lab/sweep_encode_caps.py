@@ -29,8 +29,10 @@ import triton
 def main() -> int:
     from octopus_audio import backend
     from octopus_audio.bench import _graphed
+    from octopus_audio.cache_store import empty_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues, encode
+    from octopus_audio.values import ValueQuantizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -50,16 +52,11 @@ def main() -> int:
         return triton.testing.do_bench(_graphed(f) if graph else f, warmup=10, rep=args.rep_ms,
                                        return_mode="median")
 
-    def store(kc):
-        def z(*tail, dtype=torch.int32):
-            return torch.zeros(1, 16, args.tokens, *tail, device=dev, dtype=dtype)
+    quant = ValueQuantizer(2, args.dim)
 
-        qjl = kc.has_qjl
-        keys = PackedKeys(z(kc.code_words), z(dtype=torch.bfloat16), z(args.dim // 32) if qjl else None,
-                          z(dtype=torch.bfloat16) if qjl else None)
-        groups = args.dim // 16
-        return keys, PackedValues(z(args.dim // 16), z(groups, dtype=torch.float16),
-                                  z(groups, dtype=torch.float16), 2, 16)
+    def store(codec):
+        """The cache's own buffers (`empty_store`) for the codec's keys and 2-bit values, as the kernels'."""
+        return empty_store(codec, quant, x, args.tokens).packed(PackedKeys, PackedValues, quant)
 
     default_bits = dict(encode.KEY_LAUNCH_BITS)
     default_unit = dict(encode.UNIT_CAPS)
@@ -85,7 +82,7 @@ def main() -> int:
         kc.__dict__.pop("_key_constants", None)
         kc.__dict__.pop("_unit_constants", None)
         fn = lambda kc=kc: encode.encode_keys(x, kc, gluon=False)  # noqa: E731
-        keys_out, values_out = store(kc)
+        keys_out, values_out = store(codec)
         unit = lambda kc=kc, ko=keys_out, vo=values_out: encode.encode_unit(x, v, kc, ko, vo, 0)  # noqa: E731
         try:
             out = fn()
