@@ -43,7 +43,7 @@ def test_batched_rows_equal_unbatched_with_the_default_model(tmp_path):
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in CLIPS:
-        shutil.copy(REPO / "clips" / name, clips)
+        shutil.copy(REPO / "octopus_audio" / "clips" / name, clips)
     threads = torch.get_num_threads()
     try:
         run_eval(clips, tmp_path / "one", 1, tmp_path / "cache")

@@ -53,7 +53,7 @@ def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in DEFAULT_MODEL_CLIPS:
-        (clips / name).write_bytes((REPO / "clips" / name).read_bytes())
+        (clips / name).write_bytes((REPO / "octopus_audio" / "clips" / name).read_bytes())
     env = env_1_thread(tmp_path)
 
     def args(out: str) -> list[str]:

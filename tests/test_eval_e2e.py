@@ -26,7 +26,7 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
 
     clips = tmp_path / "clips"
     clips.mkdir()
-    shutil.copy(REPO / "clips" / "misc_crow.flac", clips)
+    shutil.copy(REPO / "octopus_audio" / "clips" / "misc_crow.flac", clips)
     out = tmp_path / "out"
     args = ["eval", "--clips", str(clips), "--n", "1", "--codecs", "none,octopus", "--bits", "2",
             "--aar", str(GOLDEN / "aar.pth"), "--sat", str(GOLDEN / "sat_release.pt"), "--clap", "spectral",

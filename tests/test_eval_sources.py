@@ -85,7 +85,7 @@ def test_unreadable_file_fails_at_decode_not_at_listing(tmp_path):
 
 
 def test_shipped_clips_are_small_cc0_and_attributed():
-    folder = REPO / "clips"
+    folder = REPO / "octopus_audio" / "clips"
     files = sorted(p for p in folder.iterdir() if p.suffix in (".flac", ".wav"))
     assert 12 <= len(files) <= 20
     assert sum(p.stat().st_size for p in folder.iterdir()) < 10 * 2**20

@@ -29,7 +29,7 @@ def test_the_readme_one_liner_runs_as_written(tmp_path, capsys):
     assert main(["generate", "--codec", "octopus", "--bits", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "conditioning on the default condition, the `spectral` embedding of the shipped clip " \
-           "clips/loop_amen.flac" in printed
+           "octopus_audio/clips/loop_amen.flac" in printed
     assert "wrote 1 WAV file to" in printed
     (wav,) = out.glob("*.wav")
     assert wav.name == "loop_amen_000_seed42_octopus-b2.wav"

@@ -9,8 +9,8 @@ may import it. Read with `ast` (nothing is imported): `import x`, `from x import
 module's package, at module level or inside functions, `importlib.import_module("...")` / `__import__("...")`
 with a literal name, and in a module that calls either with a computed name, every string literal that is a
 dotted `octopus_audio.` name (the tables such a call reads, like the dispatcher's or the package's lazy
-exports). The files are found where the installed package maps each layer (kernels/, aar_patch/, eval/ sit
-at the repository root and are mapped into the package)."""
+exports). The files are found where the installed package has each layer (octopus_audio/kernels/,
+octopus_audio/aar_patch/, octopus_audio/eval/)."""
 
 from __future__ import annotations
 
@@ -118,28 +118,41 @@ MODULES = package_modules()
 
 def test_the_walk_finds_every_layer_in_its_real_folder():
     by_name = {name: path for path, name, _ in MODULES}
-    for name, rel in (("octopus_audio.kernels.flash", "kernels/flash.py"),
-                      ("octopus_audio.aar_patch.patch", "aar_patch/patch.py"),
-                      ("octopus_audio.eval.runner", "eval/runner.py"),
+    for name, rel in (("octopus_audio.kernels.flash", "octopus_audio/kernels/flash.py"),
+                      ("octopus_audio.aar_patch.patch", "octopus_audio/aar_patch/patch.py"),
+                      ("octopus_audio.eval.runner", "octopus_audio/eval/runner.py"),
                       ("octopus_audio.codecs.registry", "octopus_audio/codecs/registry.py"),
                       ("octopus_audio.cli", "octopus_audio/cli.py")):
         assert by_name.get(name) == (REPO / rel).resolve(), f"{name} not found at {rel}"
     walked = {path for path, _, _ in MODULES}
-    on_disk = {p.resolve() for d in ("octopus_audio", "kernels", "aar_patch", "eval")
-               for p in (REPO / d).rglob("*.py")}
+    on_disk = {p.resolve() for p in (REPO / PACKAGE).rglob("*.py")}
     assert walked == on_disk, f"not walked: {sorted(map(str, on_disk - walked))}"
 
 
-def test_every_package_of_the_distribution_is_in_a_layer():
+def test_every_package_of_the_distribution_is_in_a_layer_and_in_its_folder():
     tomllib = pytest.importorskip("tomllib")
     setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in setup, "each package lives in the folder its name says (octopus_audio/...)"
     assert all(layer_of(p) is not None for p in setup["packages"]), setup["packages"]
-    for package, folder in setup["package-dir"].items():
-        if not (REPO / folder / "__init__.py").is_file():
-            continue  # a folder of data files (clips/)
+    for package in setup["packages"]:
+        folder = REPO.joinpath(*package.split("."))
+        assert folder.is_dir(), f"{package}: no folder {folder.relative_to(REPO)}"
+        if not (folder / "__init__.py").is_file():
+            continue  # a folder of data files (octopus_audio/clips)
         spec = importlib.util.find_spec(package)
         assert spec is not None and spec.submodule_search_locations is not None, package
-        assert Path(spec.submodule_search_locations[0]).resolve() == (REPO / folder).resolve(), package
+        assert Path(spec.submodule_search_locations[0]).resolve() == folder.resolve(), package
+
+
+def test_the_repository_root_holds_no_importable_name_but_the_package():
+    """`python -m pytest` and `python -m octopus_audio` put the working directory first on sys.path, so a
+    package folder or module at the repository root is imported in place of an installed one of that name: a
+    root `kernels/` (the kernel layer's old folder) shadowed the `kernels` distribution that transformers 5.25
+    imports, and the Hugging Face CLAP failed to load. Folders without `__init__.py` (tests/, benchmarks/) are
+    namespace portions, which never shadow a regular package."""
+    importable = {p.stem for p in REPO.iterdir() if not p.name.startswith(".")
+                  and ((p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py")}
+    assert importable == {PACKAGE}, f"importable at the repository root: {sorted(importable)}"
 
 
 def test_no_module_imports_a_higher_layer():

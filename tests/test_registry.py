@@ -25,7 +25,7 @@ from octopus_audio.packing import pack, unpack
 from octopus_audio.reference import attend
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("octopus_audio", "kernels", "aar_patch", "eval")
+PRODUCT = ("octopus_audio",)
 GOLDEN = SHARED / "aar_reference" / "golden"
 
 

@@ -5,9 +5,10 @@ ptxas) and hashed by its PTX body (debug lines stripped).
     python benchmarks/lab/ptx_equivalence.py capture OUT.json [--jobs 2]   # in the checkout to hash
     python benchmarks/lab/ptx_equivalence.py compare BEFORE.json AFTER.json
 
-Run `capture` once per checkout (for an older one: PYTHONPATH at a copy of its package with kernels/,
-aar_patch/, eval/ inside octopus_audio/). Identical hashes for a launch mean the same machine code, hence the
-same numbers; `compare` lists the launches whose PTX differs.
+Run `capture` once per checkout (for an older one: PYTHONPATH at a copy of its checkout; one from before
+the layers moved into octopus_audio/ needs kernels/, aar_patch/, eval/ linked inside its octopus_audio/).
+Identical hashes for a launch mean the same machine code, hence the same numbers; `compare` lists the
+launches whose PTX differs.
 """
 
 from __future__ import annotations

@@ -13,13 +13,7 @@ log = logging.getLogger(__name__)
 
 
 def default_clips_dir() -> Path:
-    """The shipped clips: installed as the data folder `octopus_audio/clips` (pyproject's package-dir maps the
-    repository's `clips/` there), or `clips/` beside the package folders in a source checkout."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("octopus_audio.clips")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
+    """The shipped clips: the data folder `octopus_audio/clips`, beside this layer's folder."""
     return Path(__file__).resolve().parent.parent / "clips"
 
 

@@ -47,5 +47,5 @@ def default_condition() -> tuple[np.ndarray, str, str]:
     about = folder.default_condition
     clip = about.get("clip", "?")
     return (cond,
-            f"the `{about.get('conditioner', '?')}` embedding of the shipped clip clips/{clip} (pass --clip "
-            f"FILE or --cond FILE.npy for another)", Path(clip).stem)
+            f"the `{about.get('conditioner', '?')}` embedding of the shipped clip octopus_audio/clips/{clip} "
+            f"(pass --clip FILE or --cond FILE.npy for another)", Path(clip).stem)
