@@ -1,7 +1,6 @@
 """GPU probe: `octopus-audio bench`'s attention rows at AAR B=64 and B=512 only (the public `cache.attend`,
 graph-timed, SDPA beside it), optionally once per Gluon producer register count of one codec.
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/bench_aar_rows.py --out $OUT/aar
     PYTHONPATH=$PWD python3 benchmarks/lab/bench_aar_rows.py --out $OUT/ocj --codecs octopus-qjl \
         --producer-regs 80,88,96

@@ -8,7 +8,6 @@ L + 75 native keys beside it. Times: medians of `triton.testing.do_bench` replay
 (GPU time, no host launch work). A line through (tiles, ms) gives the fixed cost (intercept) and the cost a
 tile (slope) of each.
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/gluon_tile_cost.py --out $OUT/tile_cost.json
 """
 

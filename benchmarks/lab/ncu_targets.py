@@ -7,7 +7,6 @@ d=64) through `encode_keys`; `aar-<codec>-b<bits>` the attention at AAR B=64 (2B
 455 keys, d=64) through a `CompressedKVCache`'s `attend`; `aar-sdpa` bf16 SDPA at that shape;
 `long-<codec>-b<bits>` the one-row attention at bench's 1 q x 128k keys, 32 heads, d=128 (score tables).
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD ncu --profile-from-start off --clock-control none --set full -o $OUT/enc \
         python3 benchmarks/lab/ncu_targets.py --targets enc-octopus-b2,enc-turboquant-mse-b2
 """

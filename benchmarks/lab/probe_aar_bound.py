@@ -14,7 +14,6 @@ register operands vs cuDNN's warp-specialised wgmma pipeline), not the decode.
 The `... 64 q` cases take the first 64 of the 75 queries: the query block then fits 64 rows instead of 75
 padded to 128, which prices the padding (the share of the time that scales with the rows, not the keys).
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/probe_aar_bound.py --out $OUT/bound
 """
 

@@ -3,7 +3,6 @@ under launch variants, and small kernels that isolate the tensor-core patterns t
 probe_d128.{json,md} to --out; exit status 1 when a row fails that is not a known defect.
 
 Run from the repository root on the device (no editable install there):
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/probe_d128.py --out $OUT
 The cases are tests/test_kernels_attention.py's `*-b3-q128-L455-w1-d128-g1-bf16` (same generator, seed and
 tolerance, rebuilt here) plus turboquant-mse b=2 (2-bit codes cut by shifts, no gather). On the H200

@@ -2,7 +2,6 @@
 launch configurations (AttnConfig) timed against bf16 SDPA. Writes sweep_block_attention.{json,md} to --out.
 
 Run from the repository root on the device (no editable install there):
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_block_attention.py --out $OUT
 Shapes: 2B rows x 16 heads, 75 queries against 380 compressed + 75 native keys, d=64 (AAR), octopus b=2 at
 B = 1, 64, 512 and turboquant-mse b=2 at B = 64. The compressed stores are random packed codes built by

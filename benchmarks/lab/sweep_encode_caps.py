@@ -7,7 +7,6 @@ medians of the call (as the bench's encode rows) and of a CUDA-graph replay of i
 fused unit encode (`encode_unit`: the same keys and as many values, 2 bits in groups of 16, into a store; the
 cache's default path), whose launch takes the key kernel's cap, is graph-timed beside it.
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode_caps.py --out $OUT/caps.json \
         --jobs turboquant-qjl:2:64:4:0,turboquant-qjl:2:64:4:112 ...
 

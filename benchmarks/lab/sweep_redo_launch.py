@@ -3,7 +3,6 @@ program, `encode.REDO_WARPS` warps) per setting, octopus at b = 2, 3, 4 at bench
 16 heads, d=64, bf16): the whole `encode_keys` call, graph-timed (median ms), its codes checked against the
 default setting's.
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_redo_launch.py
 """
 

@@ -6,7 +6,6 @@ builds its stores) and a 1-key native window, through `kernels.attention` with e
 head dim (d=64 x 16 heads, d=128 x 32 heads); bf16 SDPA over as many native keys beside it. Times: medians of
 `triton.testing.do_bench` replaying a CUDA graph of the call (GPU time, no host launch work), ms.
 
-    for p in kernels aar_patch eval; do ln -sfn $PWD/$p octopus_audio/$p; done
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_table_occupancy.py --out $OUT/occupancy.json
 """
 
