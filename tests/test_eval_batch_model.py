@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from octopus_audio.eval.cli import default_clips_dir
+
 SAMPLED = ("latent_cos", "logmel_mse", "lsd_db", "snr_db")  # metrics of the sampled output
 DIVERGED_REL = 0.05
 CLIPS = ("ambi_choir.flac", "loop_amen.flac", "misc_crow.flac")
@@ -43,7 +44,7 @@ def test_batched_rows_equal_unbatched_with_the_default_model(tmp_path):
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in CLIPS:
-        shutil.copy(REPO / "octopus_audio" / "clips" / name, clips)
+        shutil.copy(default_clips_dir() / name, clips)
     threads = torch.get_num_threads()
     try:
         run_eval(clips, tmp_path / "one", 1, tmp_path / "cache")

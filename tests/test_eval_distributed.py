@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.cli import default_clips_dir
 from octopus_audio.eval.distributed import DistInfo, resolve_device
 from octopus_audio.eval.sources import list_folder
 
@@ -19,7 +20,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("soundfile")
 
 TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 
 
 def env_1_thread(tmp_path: Path) -> dict:
@@ -53,7 +53,7 @@ def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in DEFAULT_MODEL_CLIPS:
-        (clips / name).write_bytes((REPO / "octopus_audio" / "clips" / name).read_bytes())
+        (clips / name).write_bytes((default_clips_dir() / name).read_bytes())
     env = env_1_thread(tmp_path)
 
     def args(out: str) -> list[str]:

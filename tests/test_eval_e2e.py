@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from octopus_audio.eval.cli import default_clips_dir
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO.parent / "shared" / "aar_reference" / "golden"
 
@@ -26,7 +28,7 @@ def test_eval_cli_with_the_golden_model(tmp_path, capsys):
 
     clips = tmp_path / "clips"
     clips.mkdir()
-    shutil.copy(REPO / "octopus_audio" / "clips" / "misc_crow.flac", clips)
+    shutil.copy(default_clips_dir() / "misc_crow.flac", clips)
     out = tmp_path / "out"
     args = ["eval", "--clips", str(clips), "--n", "1", "--codecs", "none,octopus", "--bits", "2",
             "--aar", str(GOLDEN / "aar.pth"), "--sat", str(GOLDEN / "sat_release.pt"), "--clap", "spectral",

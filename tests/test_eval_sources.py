@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.cli import default_clips_dir
 from octopus_audio.eval.sources import (
     AUDIOSET_NAME,
     ClipRef,
@@ -22,7 +23,6 @@ from octopus_audio.eval.sources import (
 )
 
 sf = pytest.importorskip("soundfile")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def tone(seconds, rate, freq=440.0, channels=1):
@@ -85,7 +85,7 @@ def test_unreadable_file_fails_at_decode_not_at_listing(tmp_path):
 
 
 def test_shipped_clips_are_small_cc0_and_attributed():
-    folder = REPO / "octopus_audio" / "clips"
+    folder = default_clips_dir()
     files = sorted(p for p in folder.iterdir() if p.suffix in (".flac", ".wav"))
     assert 12 <= len(files) <= 20
     assert sum(p.stat().st_size for p in folder.iterdir()) < 10 * 2**20

@@ -19,9 +19,7 @@ from octopus_audio.aar_patch.train_aar import AARLossConfig, aar_token_losses, w
 from octopus_audio.aar_patch.train_sat import SATLossConfig, ema_update_, quantize_for_training, sat_losses
 from octopus_audio.errors import UsageError
 from octopus_audio.eval import train_cli
-
-REPO = Path(__file__).resolve().parent.parent
-CLIPS = REPO / "octopus_audio" / "clips"
+from octopus_audio.eval.cli import default_clips_dir
 
 COPYRIGHT = """Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 
@@ -92,13 +90,13 @@ def test_held_out_files_and_clips_cut_from_them_are_not_trained_on(tmp_path):
              "kept_two.flac"]
     for name in names:
         (folder / name).write_bytes(b"")
-    args = type("Args", (), {"sonic_pi": False, "data": [str(folder), str(CLIPS)]})()
+    args = type("Args", (), {"sonic_pi": False, "data": [str(folder), str(default_clips_dir())]})()
     chosen = train_cli._gather_sources(args, tmp_path)
     stems = [p.stem for p in chosen]
     assert "kept_one" in stems and "kept_two" in stems
     assert not set(stems) & set(train_data.HELD_OUT)
     assert len(stems) == len(set(stems))
-    clip_sources = train_data.clip_sources(CLIPS)
+    clip_sources = train_data.clip_sources(default_clips_dir())
     from_held_out = {c for c, src in clip_sources.items() if src in train_data.HELD_OUT}
     assert from_held_out, "the shipped clips include some held-out sources (see MODEL_CARD.md)"
     assert not {Path(c).stem for c in from_held_out} & set(stems)

@@ -59,6 +59,13 @@ def main() -> int:
 
     default_bits = dict(encode.KEY_LAUNCH_BITS)
     default_unit = dict(encode.UNIT_CAPS)
+
+    def restore_tables():
+        """The launch tables as the package has them."""
+        for table, default in ((encode.KEY_LAUNCH_BITS, default_bits), (encode.UNIT_CAPS, default_unit)):
+            table.clear()
+            table.update(default)
+
     rows, want = [], {}
     for job in args.jobs.split(","):
         name, bits, block, warps, cap, *unit_cap = job.split(":")
@@ -67,10 +74,7 @@ def main() -> int:
         codec = get_codec(name, bits, args.dim)
         kc = backend.kernel_codec(codec, 16, x.device)
         key = encode.launch_key(args.dim, kc.decode, kc.has_qjl, kc.code_bits)
-        encode.KEY_LAUNCH_BITS.clear()
-        encode.KEY_LAUNCH_BITS.update(default_bits)
-        encode.UNIT_CAPS.clear()
-        encode.UNIT_CAPS.update(default_unit)
+        restore_tables()
         first = (name, bits) not in want  # a codec's first job runs its default launch: the fields to match
         if not first:
             encode.KEY_LAUNCH_BITS[key] = (block, warps, cap)
@@ -104,10 +108,7 @@ def main() -> int:
                      "graph_ms": graph_ms, "unit_graph_ms": unit_ms, "differ": differ, "error": err,
                      "launch": "default" if first else "set"})
         print(json.dumps(rows[-1]), flush=True)
-    encode.KEY_LAUNCH_BITS.clear()
-    encode.KEY_LAUNCH_BITS.update(default_bits)
-    encode.UNIT_CAPS.clear()
-    encode.UNIT_CAPS.update(default_unit)
+    restore_tables()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))
     return 0
