@@ -1,4 +1,4 @@
-"""Every relative link of the results files and the READMEs resolves, and results/raw/ holds only what they cite.
+"""Every relative link of the results files and READMEs resolves, and results/raw/ holds only what they cite.
 
 The Markdown files checked: benchmarks/results/*.md, the repository's README.md and benchmarks/lab/README.md.
 A link is `[text](target)` or `![alt](target)` outside code spans and fenced blocks; a target with a scheme
@@ -83,13 +83,13 @@ def test_raw_outputs_are_all_cited():
              if path.is_relative_to(RAW) and path != RAW]  # a link to raw/ itself cites no output
     uncited = [p.relative_to(REPO) for p in sorted(RAW.rglob("*"))
                if p.is_file() and not any(p == c or c in p.parents for c in cited)]
-    assert not uncited, (f"{len(uncited)} files under benchmarks/results/raw/ are cited by no results file or "
-                         f"README (cite them, or git rm them: git keeps history): "
+    assert not uncited, (f"{len(uncited)} files under benchmarks/results/raw/ are cited by no results file "
+                         f"or README (cite them, or git rm them: git keeps history): "
                          + ", ".join(str(p) for p in uncited[:20]))
 
 
 def test_anchor_rules():
-    """The anchor rule and the link parser on cases of their own (so the checks above cannot pass vacuously)."""
+    """The anchor rule and the link parser on cases of their own (the checks above cannot pass vacuously)."""
     assert github_anchor("The d=128 defect: why score dots run as 64-deep halves") == \
         "the-d128-defect-why-score-dots-run-as-64-deep-halves"
     assert github_anchor("Tried, not kept") == "tried-not-kept"
