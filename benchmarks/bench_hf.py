@@ -22,6 +22,7 @@ output (the input of `o_proj`) against the uncompressed run: layer 0 (what the c
 over layers (errors carried from earlier layers included); plus the stored bits per coordinate of K and V.
 
     python benchmarks/bench_hf.py speed --out $OUT/hf --budget-s 270
+    (to go on after the budget: put that run's rows.jsonl in a folder of the tree and pass it as --out)
     python benchmarks/bench_hf.py speed --size tiny --device cpu --contexts 64 --out /tmp/hf   # smoke test
     python benchmarks/bench_hf.py accuracy --out benchmarks/results/raw/DATE/cpu-hf/accuracy.md
 """
@@ -103,13 +104,22 @@ def allocated(device: torch.device) -> int:
 
 # ---- speed -------------------------------------------------------------------------------------------------
 def prefill(model, context: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's K, V [1, H, context, d] from one real forward over `context` random tokens."""
+    """Every layer's K, V [1, H, context, d] from a real prefill of `context` random tokens: one forward, or
+    forwards of 8192 tokens where one does not fit."""
     gen = torch.Generator().manual_seed(context)
-    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=gen)
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(ids.to(device), cache=cache, logits_to_keep=1)
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=gen).to(device)
+    for chunk in (context, 8192):
+        cache = DynamicCache(config=model.config)
+        try:
+            with torch.inference_mode():
+                for start in range(0, context, chunk):
+                    model(ids[:, start:start + chunk], cache=cache, logits_to_keep=1)
+            return [(layer.keys, layer.values) for layer in cache.layers]
+        except torch.OutOfMemoryError:
+            cache = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    raise torch.OutOfMemoryError(f"a prefill of {context} tokens does not fit, in one forward or in chunks")
 
 
 def fill(cache, source, batch: int) -> None:

@@ -48,6 +48,9 @@ def append_tokens(cache: CompressedKVCache, k: torch.Tensor, v: torch.Tensor) ->
     ones as one unit (encoded when the first of the newest arrives), each of the newest as a unit of its
     own."""
     n = k.shape[2]
+    if n == 1:  # a decode step
+        cache.append(k, v)
+        return
     head = n - min(cache.window, n) if cache.window else n
     if head:
         cache.append(k[:, :, :head], v[:, :, :head])
