@@ -166,6 +166,8 @@ def speed_cell(model, source, spec: str, batch: int, steps: int, warmup: int, de
             row["held_gib"], row["fp16_gib"] = cache.nbytes / 2**30, cache.fp16_nbytes / 2**30
     except torch.OutOfMemoryError as e:
         row = {"status": "OOM", "error": str(e).splitlines()[0][:200]}
+    except Exception as e:  # one cache failing leaves the other cells to run; the row says what failed
+        row = {"status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
     cache = None
     model.set_attn_implementation("sdpa")  # what an OctopusCache switched to `octopus` goes back
     return row
