@@ -87,16 +87,21 @@ class OctopusLayer(CacheLayerMixin):
         self.first = make_cache()  # the first group's cache, kept across sequences with its codec tables
         self.groups: list[_Group] = []
         self.length = 0  # positions a row holds, padding included (transformers' sequence length)
-        self.batch_size = 0
+        self._rows = 0  # batch rows of the current sequence
         self._prompt: tuple[torch.Tensor, torch.Tensor] | None = None  # until the attention reads its mask
 
     def __repr__(self) -> str:
         return f"OctopusLayer(length={self.length}, groups={len(self.groups)}, cache={self.first!r})"
 
     # ---- transformers' contract ----
+    @property
+    def batch_size(self) -> int:
+        """Batch rows held (-1 before the first tokens, as transformers' Cache.batch_size expects)."""
+        return self._rows if self.is_initialized else -1
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
-        self.batch_size = key_states.shape[0]
+        self._rows = key_states.shape[0]
         self.first.reset()
         self.groups = [_Group(None, 0, self.first)]
         self.is_initialized = True
@@ -114,8 +119,8 @@ class OctopusLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        if key_states.shape[0] != self.batch_size:
-            raise ValueError(f"this OctopusCache holds a batch of {self.batch_size} rows, got "
+        if key_states.shape[0] != self._rows:
+            raise ValueError(f"this OctopusCache holds a batch of {self._rows} rows, got "
                              f"{key_states.shape[0]}: reset() it (or build a new one) for another batch")
         if self.length == 0:
             self._append(key_states, value_states)
@@ -176,12 +181,12 @@ class OctopusLayer(CacheLayerMixin):
             return
         if len(self.groups) == 1 and self.groups[0].rows is None:
             self.first.select_rows(beam_idx)
-            self.batch_size = beam_idx.shape[0]
+            self._rows = beam_idx.shape[0]
             return
         order = beam_idx.tolist()
         group_of = {row: g for g in self.groups for row in g.rows}
         moved = any(group_of[old] is not group_of[new] for new, old in enumerate(order))
-        if len(order) != self.batch_size or moved:
+        if len(order) != self._rows or moved:
             raise ValueError("reorder_cache of a left-padded batch moves rows only among rows of the same "
                              "padding (as beam search does within one prompt's beams), keeping the batch "
                              "size")
@@ -264,7 +269,7 @@ class OctopusLayer(CacheLayerMixin):
         self.groups = []
         for pad, rows in by_pad.items():
             cache = self.first if not self.groups else self.make_cache()
-            if len(rows) == self.batch_size:
+            if len(rows) == self._rows:
                 group = _Group(None, pad, cache)
                 k_g, v_g = k, v
             else:
@@ -283,7 +288,7 @@ class OctopusLayer(CacheLayerMixin):
         for g in self.groups:
             k_g, v_g = g.cache.decoded_kv(dtype)
             if k_all is None:
-                shape = (self.batch_size, k_g.shape[1], self.length, k_g.shape[3])
+                shape = (self._rows, k_g.shape[1], self.length, k_g.shape[3])
                 k_all = torch.zeros(shape, dtype=dtype, device=k_g.device)
                 v_all = torch.zeros(shape, dtype=dtype, device=k_g.device)
             rows = slice(None) if g.index is None else g.index
