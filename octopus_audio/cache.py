@@ -295,6 +295,58 @@ class CompressedKVCache:
                 seq.store.write(k_state, v_state, n)
         seq.units_compressed += 1
 
+    # ---- reorder and rollback (what a language model's generation asks of its cache) ----
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` of every held token, in that order: row i becomes the old row index[i]
+        (a beam search's reorder; repeats allowed, any length >= 1). `index` is a 1-D integer tensor whose
+        entries lie in 0..B-1 (not checked here: that would cost a host sync). The store and the window are
+        copied; nothing is encoded again. An empty cache has nothing to reorder."""
+        seq = self._seq
+        if isinstance(index, torch.Tensor) and (index.ndim != 1 or not index.numel()
+                                                or index.dtype.is_floating_point or index.dtype.is_complex):
+            index = None
+        if not isinstance(index, torch.Tensor):
+            raise ValueError("select_rows takes a 1-D integer tensor of batch rows (at least one)")
+        if seq is None:
+            return
+        index = index.to(device=seq.layout[3], dtype=torch.long)
+        if seq.store is not None:
+            seq.store.select_rows(index)
+        seq.window[:] = [(k.index_select(0, index), v.index_select(0, index)) for k, v in seq.window]
+        seq.decoded.clear()
+        seq.layout = (index.numel(), *seq.layout[1:])
+
+    def crop(self, num_tokens: int) -> None:
+        """Keep the first `num_tokens` held tokens (the store's, then the window's in order) and drop the
+        rest: a rollback of the newest tokens (speculative decoding). What is kept stays as it is held: a
+        token already encoded stays encoded, so the window may hold fewer than `window` units until new units
+        arrive. 0 empties the cache (`reset`)."""
+        held = self.num_tokens
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) or not (
+                0 <= num_tokens <= held):
+            raise ValueError(f"crop keeps a number of tokens from 0 to the {held} held, got {num_tokens!r}")
+        if num_tokens == held:
+            return
+        if num_tokens == 0:
+            self.reset()
+            return
+        seq = self._seq
+        if num_tokens <= self.length:
+            seq.window.clear()
+            seq.store.length = num_tokens
+            seq.decoded.clear()
+        else:
+            keep, window = num_tokens - self.length, []
+            for k, v in seq.window:
+                if keep <= 0:
+                    break
+                if k.shape[2] > keep:
+                    k, v = own_storage(k[:, :, :keep]), own_storage(v[:, :, :keep])
+                window.append((k, v))
+                keep -= k.shape[2]
+            seq.window[:] = window
+        seq.flushed = min(seq.flushed, self.num_units)
+
     # ---- attend ----
     def _check_query(self, q: torch.Tensor, scale: float, layout: tuple | None = None,
                      what: str = "attend") -> int:

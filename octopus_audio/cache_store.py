@@ -88,6 +88,14 @@ class CacheStore:
         if self.length + n > self.capacity:
             self.grow(n)
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` (1-D integer tensor) of every buffer, in that order (new buffers)."""
+        def pick(state):
+            fields = {name: t.index_select(0, index) for name, _, t in _present(state)}
+            return dataclasses.replace(state, **fields)
+
+        self.rebind(pick(self.keys), pick(self.values))
+
     @property
     def nbytes(self) -> tuple[int, int]:
         """(key bytes, value bytes) of the valid tokens."""

@@ -327,3 +327,50 @@ def test_codec_none_attends_a_view_of_its_store_at_window_zero(window, monkeypat
     k_all, v_all = (torch.cat([u[i] for u in units], 2) for i in (0, 1))
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k_all, v_all, scale=0.2))
     assert (seen[0].data_ptr() == cache.store.keys.native.data_ptr()) == (window == 0)
+
+
+# ---- select_rows and crop (what a language model's generation asks: beam search, speculative rollback) ----
+@pytest.mark.parametrize("name", ["none", "octopus", "turboquant-qjl"])
+def test_select_rows_reorders_every_held_token(name):
+    units = _units(seed=4, sizes=(3, 1, 1))
+    cache = _fill(CompressedKVCache(name, 2, D, window=1, seed=2), units)
+    k_before, v_before = cache.decoded_kv()
+    index = torch.tensor([1, 1, 0])  # three rows from two: repeats allowed, as beams are
+    cache.select_rows(index)
+    k_after, v_after = cache.decoded_kv()
+    torch.testing.assert_close(k_after, k_before[index], rtol=0, atol=0)
+    torch.testing.assert_close(v_after, v_before[index], rtol=0, atol=0)
+    q = torch.randn(3, H, 1, D, generator=torch.Generator().manual_seed(3))
+    expect = F.scaled_dot_product_attention(q, k_after, v_after, scale=0.125)
+    torch.testing.assert_close(cache.attend(q, 0.125), expect, rtol=1e-5, atol=1e-5)
+    k, v = _units(seed=5, sizes=(1,))[0]
+    cache.append(k[index], v[index])  # the cache now takes units of three rows
+    assert cache.num_tokens == 6 and cache.bytes_breakdown()["rows"] == 3 * H
+    with pytest.raises(ValueError, match="1-D integer tensor"):
+        cache.select_rows(torch.tensor([[0]]))
+
+
+@pytest.mark.parametrize("keep", [0, 2, 4, 5, 6, 7], ids=lambda n: f"keep{n}")
+def test_crop_keeps_the_first_tokens_as_held(keep):
+    """Units of 4, 1, 1, 1 tokens with a window of 2: 5 tokens stored, 2 native. A crop keeps a prefix of what
+    is held (store then window) and the cache goes on appending after it."""
+    units = _units(seed=6, sizes=(4, 1, 1, 1))
+    cache = _fill(CompressedKVCache("octopus", 3, D, window=2, seed=1), units)
+    k_all, v_all = cache.decoded_kv()
+    cache.crop(keep)
+    assert cache.num_tokens == keep
+    if keep:
+        k_kept, v_kept = cache.decoded_kv()
+        torch.testing.assert_close(k_kept, k_all[:, :, :keep], rtol=0, atol=0)
+        torch.testing.assert_close(v_kept, v_all[:, :, :keep], rtol=0, atol=0)
+    k, v = _units(seed=7, sizes=(1,))[0]
+    cache.append(k, v)  # (at keep 7 the oldest window token leaves it and is encoded, as any append does)
+    k_now, v_now = cache.decoded_kv()
+    stored = min(keep, 5)
+    torch.testing.assert_close(k_now[:, :, :stored], k_all[:, :, :stored], rtol=0, atol=0)
+    torch.testing.assert_close(k_now[:, :, -1:], k, rtol=0, atol=0)
+    q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(8))
+    expect = F.scaled_dot_product_attention(q, k_now, v_now, scale=0.125)
+    torch.testing.assert_close(cache.attend(q, 0.125), expect, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="crop keeps a number of tokens from 0 to the"):
+        cache.crop(cache.num_tokens + 1)

@@ -1,16 +1,17 @@
 """Imports go one way: every module of the package imports only from its own layer or lower ones.
 
 Layers, lowest first: `kernels` (octopus_audio.kernels) < core (every other module of octopus_audio) <
-`aar_patch` (octopus_audio.aar_patch) < `eval` (octopus_audio.eval). Above them all is the application entry:
-the `octopus-audio` dispatcher (`octopus_audio.cli`, and `octopus_audio.__main__` that runs it), which loads
-each subcommand's module by name from its `COMMANDS` table, so it may name modules of any layer; no module
-may import it. Read with `ast` (nothing is imported): `import x`, `from x import y` (the target is `x.y`, so
-`from octopus_audio import eval` is an import of the eval layer), relative imports resolved against the
-module's package, at module level or inside functions, `importlib.import_module("...")` / `__import__("...")`
-with a literal name, and in a module that calls either with a computed name, every string literal that is a
-dotted `octopus_audio.` name (the tables such a call reads, like the dispatcher's or the package's lazy
-exports). The files are found where the installed package has each layer (octopus_audio/kernels/,
-octopus_audio/aar_patch/, octopus_audio/eval/)."""
+`aar_patch` (octopus_audio.aar_patch) < the applications and adapters, `eval` (octopus_audio.eval) and `hf`
+(octopus_audio.hf, the transformers cache), side by side: neither imports the other. Above them all is the
+application entry: the `octopus-audio` dispatcher (`octopus_audio.cli`, and `octopus_audio.__main__` that
+runs it), which loads each subcommand's module by name from its `COMMANDS` table, so it may name modules of
+any layer; no module may import it. Read with `ast` (nothing is imported): `import x`, `from x import y`
+(the target is `x.y`, so `from octopus_audio import eval` is an import of the eval layer), relative imports
+resolved against the module's package, at module level or inside functions,
+`importlib.import_module("...")` / `__import__("...")` with a literal name, and in a module that calls either
+with a computed name, every string literal that is a dotted `octopus_audio.` name (the tables such a call
+reads, like the dispatcher's or the package's lazy exports). The files are found where the installed package
+has each layer (octopus_audio/kernels/, octopus_audio/aar_patch/, octopus_audio/eval/, octopus_audio/hf/)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "octopus_audio"
-LAYERS = ("kernels", "core", "aar_patch", "eval", "entry")  # lowest first
+# each layer's rank, lowest first; layers of equal rank are siblings
+RANK = {"kernels": 0, "core": 1, "aar_patch": 2, "eval": 3, "hf": 3, "entry": 4}
 LAYER_PACKAGES = {"octopus_audio.kernels": "kernels", "octopus_audio.aar_patch": "aar_patch",
-                  "octopus_audio.eval": "eval", "octopus_audio": "core"}
+                  "octopus_audio.eval": "eval", "octopus_audio.hf": "hf", "octopus_audio": "core"}
 ENTRY = ("octopus_audio.cli", "octopus_audio.__main__")  # the dispatcher: above every layer
 
 
@@ -87,7 +89,7 @@ def upward_imports(source: str, module: str, path: str, is_package: bool = False
     problems = []
     for line, target in imports_of(source, module, is_package):
         layer = layer_of(target)
-        if layer is not None and LAYERS.index(layer) > LAYERS.index(own):
+        if layer is not None and (RANK[layer] > RANK[own] or (RANK[layer] == RANK[own] and layer != own)):
             problems.append(f"{path}:{line}: {module} ({own}) imports {target} ({layer})")
     return problems
 
@@ -201,6 +203,10 @@ UPWARD = [
      "x = __import__('octopus_audio.codecs')\n", 1, "octopus_audio.codecs"),
     ("the-dispatcher-from-eval", "octopus_audio.eval.report", False,
      "from octopus_audio.cli import main\n", 1, "octopus_audio.cli.main"),
+    ("core-imports-the-transformers-adapter", "octopus_audio.cache", False,
+     "from octopus_audio.hf import OctopusCache\n", 1, "octopus_audio.hf.OctopusCache"),
+    ("a-sibling-application", "octopus_audio.hf.cache", False,
+     "from octopus_audio.eval import runner\n", 1, "octopus_audio.eval.runner"),
 ]
 
 
@@ -220,6 +226,8 @@ DOWNWARD = [
      "def f():\n    import octopus_audio.kernels as ops\n"
      "    from octopus_audio.codecs.qjl import QJL_STREAM\n"),
     ("outside-the-package", "octopus_audio.kernels.bits", "import triton\nimport triton.language as tl\n"),
+    ("the-adapter-imports-core-and-kernels", "octopus_audio.hf.layer",
+     "from octopus_audio.cache import CompressedKVCache\nimport octopus_audio.kernels\n"),
     ("the-dispatcher-names-any-layer", "octopus_audio.cli",
      "import importlib\nC = {'g': ('octopus_audio.eval.generate_cli', 'help')}\n"
      "def f(n):\n    return importlib.import_module(C[n][0])\n"),
