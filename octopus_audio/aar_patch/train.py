@@ -82,8 +82,8 @@ class StageConfig:
         if self.steps < 1 or self.batch < 1 or self.ckpt_every < 1 or self.log_every < 1:
             raise UsageError(f"steps, batch, ckpt-every and log-every must be >= 1 (got {self.steps}, "
                              f"{self.batch}, {self.ckpt_every}, {self.log_every})")
-        if not self.lr > 0:
-            raise UsageError(f"the learning rate must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UsageError(f"the learning rate must be a finite number > 0, got {self.lr}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise UsageError(f"a stage's time budget must be > 0 minutes, got {self.max_seconds / 60:g}")
 
