@@ -59,16 +59,17 @@ def _refuse_under_file(path: Path, flag: str) -> None:
             return
 
 
-def check_writable(path: str | Path, flag: str) -> None:
-    """UsageError when nothing can be created at folder `path`: its nearest existing folder refuses a new
-    entry (a read-only or virtual file system, missing permissions). Probed by creating and removing an empty
-    folder there, so the answer is the file system's own."""
-    path = Path(path)
-    where = _nearest_existing(path)
+def check_writable(folder: str | Path, flag: str, named: str | Path | None = None) -> None:
+    """UsageError when nothing can be created in `folder` (the message names the flag's value `named`, or the
+    folder): its nearest existing folder refuses a new entry (a read-only or virtual file system, missing
+    permissions).
+    Probed by creating and removing an empty folder there, so the answer is the file system's own."""
+    folder = Path(folder)
+    where = _nearest_existing(folder)
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".octopus-audio-probe-", dir=where))
     except OSError as e:
-        raise UsageError(f"{flag} {path} cannot be written: {where} does not accept new files "
+        raise UsageError(f"{flag} {named or folder} cannot be written: {where} does not accept new files "
                          f"({e.strerror or type(e).__name__}); pass a path in a writable folder") from e
 
 
@@ -79,8 +80,7 @@ def check_out_path(path: str | Path, flag: str = "--out") -> None:
         raise UsageError(f"{flag} is empty; pass a folder name")
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {path} is a file; {flag} takes a folder (new, empty, or one this command "
-                         f"wrote)")
+        raise UsageError(f"{flag} {path} is a file; {flag} takes a folder")
     _refuse_under_file(path, flag)
     check_writable(path, flag)
 
@@ -92,7 +92,7 @@ def check_out_file(path: str | Path, flag: str) -> None:
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a folder; {flag} takes a file name")
     _refuse_under_file(path, flag)
-    check_writable(path.parent, flag)
+    check_writable(path.parent, flag, path)
 
 
 def files_under(folder: str | Path) -> list[str]:

@@ -232,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_threads(args.threads)  # first: torch takes the count only once every other check has passed
     check_out_path(args.out)
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    check_out_path(cache_dir, "--cache-dir")
     codecs = parse_codecs(args.codecs)
     from octopus_audio.codecs import CODECS, DEFAULT_CODEC, compressed_codecs
 
@@ -250,8 +252,6 @@ def run(args: argparse.Namespace) -> int:
     check_model_paths(args.aar, args.sat)
     if args.batch_size is not None:
         parse_batch_size(args.batch_size, "cpu")  # refused before anything loads
-    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    check_out_path(cache_dir, "--cache-dir")
     set_threads(args.threads)
     device = resolve_device(args.device, DistInfo.from_env())
     use_device(device)  # before any CUDA work: the conditioner below may load onto the GPU

@@ -131,7 +131,7 @@ def _generate(pipe, cond_BE, args: argparse.Namespace, fast: bool | None):
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument check that needs no model and no audio decoding, before any work."""
-    from octopus_audio.aar_patch.generation import SamplingConfig, seed_problem
+    from octopus_audio.aar_patch.generation import SamplingConfig, cfg_problem, seed_problem
     from octopus_audio.codecs import CODECS, DEFAULT_CODEC, bits_problem, codec_class
     from octopus_audio.values import VALUE_BITS
 
@@ -167,7 +167,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.compare and not compressed:
         raise UsageError(f"--compare compares a compressed cache with the uncompressed reference; pass a "
                          f"--codec other than {args.codec} (for example --codec {DEFAULT_CODEC} --bits 2)")
-    problem = seed_problem(args.seed, "--seed")
+    problem = seed_problem(args.seed, "--seed") or cfg_problem(args.cfg, "--cfg")
     if problem:
         raise UsageError(problem)
     SamplingConfig(cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
