@@ -423,6 +423,61 @@ def test_a_fresh_interpreter_sees_only_our_sentence_on_stderr(tmp_path, prior_ru
         assert snapshot(tmp_path / f"case{i}") == befores[i], case.id
 
 
+def test_a_held_folder_is_refused_and_released(tmp_path):
+    """One holder at a time, in one process too; the folder is free again when its holder ends, and a body
+    that fails leaves no folder the hold created."""
+    from octopus_audio.errors import UsageError
+    from octopus_audio.outdir import hold_folder
+
+    with hold_folder(tmp_path / "a"):
+        with pytest.raises(UsageError, match=r"--out .*a is in use: another octopus-audio run is writing"):
+            with hold_folder(tmp_path / "a"):
+                pass
+    with hold_folder(tmp_path / "a"):
+        pass
+    with pytest.raises(UsageError, match="refused"):
+        with hold_folder(tmp_path / "b" / "c"):
+            raise UsageError("refused")
+    assert not (tmp_path / "b").exists() and (tmp_path / "a").is_dir()
+
+
+def test_a_second_run_into_a_busy_folder_is_refused_and_a_killed_run_holds_nothing(tmp_path, prior_run):
+    """Two real processes: the first eval holds its --out (stopped with SIGSTOP while it works), the same
+    command started beside it exits 2 with one sentence and changes nothing; the first is then SIGKILLed,
+    and a third run goes ahead, finishing the work without a duplicate row."""
+    import signal
+    import time
+
+    root = copy_prior(prior_run, tmp_path)
+    tone(root / "clips" / "tone2.wav", 550.0)
+    out = tmp_path / "busy"
+    command = [sys.executable, "-m", "octopus_audio", *eval_argv(root, out=out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    with open(tmp_path / "first.err", "w") as err:
+        first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "settings.json").exists():  # written once the run holds the folder
+            assert first.poll() is None, (tmp_path / "first.err").read_text()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(first.pid, signal.SIGSTOP)
+        before = snapshot(out)
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        one_sentence(second.stderr, "eval", f"--out {out} is in use: another octopus-audio run is writing")
+        assert snapshot(out) == before
+    finally:
+        first.kill()  # SIGKILL, stopped or not: the operating system drops its hold
+        first.wait()
+    third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert sorted(r["clip"] for r in rows) == ["tone", "tone2"] and all(r["status"] == "ok" for r in rows)
+    logged = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
+    assert len({(r["clip"], r["codec"]) for r in logged}) == len(logged)  # nothing written twice
+
+
 def test_the_limits_themselves_are_accepted(tmp_path):
     """The edges of each documented range pass the checks that refuse what lies beyond them."""
     from octopus_audio.aar_patch.generation import COND_ABS_MAX, SamplingConfig, condition_problem
@@ -436,6 +491,14 @@ def test_the_limits_themselves_are_accepted(tmp_path):
     assert condition_problem(np.zeros((1, 512))) is None
     assert bits_problem("octopus", 7) is None and bits_problem("turboquant-mse", 8) is None
     assert get_codec("octopus", 8, 64, dir_bits=8).bits == 8  # 8 with an explicit split
+    from octopus_audio.aar_patch.generation import CFG_ABS_MAX
+    from octopus_audio.eval.cli import check_threads, check_v_group, usable_cores
+
+    assert SamplingConfig(cfg=CFG_ABS_MAX).cfg == SamplingConfig(cfg=-CFG_ABS_MAX).cfg * -1 == 1e6
+    assert EvalConfig(codecs=("none",), window=0, v_group=64, cfg=1e6).window == 0
+    check_threads(usable_cores())
+    check_v_group(64, 64)
+    check_v_group(1, 64)
 
 
 # ---- the library's checks ---------------------------------------------------------------------------------
