@@ -329,7 +329,9 @@ class CompressedKVCache:
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype.
         Where the data checks are immediate (the CPU by default), NaN or Inf in q is refused too."""
-        self._check_query(q, scale, data=self._seq is not None and not self._seq.deferred)
+        checked = self._seq is not None and not self._seq.deferred
+        # the reference plan runs attend_reference, which checks q itself: one query check an attend
+        self._check_query(q, scale, data=checked and self._seq.plan.backend != "reference")
         return self._seq.plan.attention(self, q, scale)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -385,7 +387,8 @@ class CompressedKVCache:
         return k_all, v_all
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
+        """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native). NaN
+        or Inf in q is refused where the data checks are immediate."""
         self._check_query(q, scale, data=self._seq is not None and not self._seq.deferred)
         if self.value_quantizer is None:
             k_all, v_all = self._native_kv(q.dtype)

@@ -23,6 +23,7 @@ class DeferredFlags:
     def __init__(self, device: torch.device, quantized: bool, rows: int = 16) -> None:
         self.quantized = quantized
         self.units = 0
+        self.measured: set[int] = set()  # rows `record` wrote (peaks); the others are the kernel's 0 / +inf
         self.peaks = torch.zeros(rows, 4, dtype=torch.float32, device=device)[:, :2]
         self._split()
 
@@ -43,6 +44,7 @@ class DeferredFlags:
     def record(self, unit: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """max |k| and max |v| of unit `unit` into its row: two reductions."""
         self.row(unit)
+        self.measured.add(unit)
         _, peak_k, peak_v = self._rows[unit]
         torch.linalg.vector_norm(k, ord=math.inf, dtype=torch.float32, out=peak_k)
         torch.linalg.vector_norm(v, ord=math.inf, dtype=torch.float32, out=peak_v)
@@ -52,13 +54,14 @@ class DeferredFlags:
         check where the record tells as much, or None when every unit was fine."""
         if any(not math.isfinite(pk) for pk, _ in rows):
             return append_error("keys", self.quantized)
-        bad = [pv for _, pv in rows if not (pv <= FP16_MAX if self.quantized else math.isfinite(pv))]
+        bad = [(u, pv) for u, (_, pv) in enumerate(rows)
+               if not (pv <= FP16_MAX if self.quantized else math.isfinite(pv))]
         if not bad:
             return None
-        peak = bad[0]
-        # +inf is also the fused encode kernel's mark for a bad unit, whichever way it was bad
+        unit, peak = bad[0]
+        # the fused encode kernel marks a bad unit +inf, whether its values were non-finite or beyond fp16
         return append_error("values", self.quantized, peak if math.isfinite(peak) else None,
-                            unsure=peak == math.inf and self.quantized)
+                            unsure=unit not in self.measured and self.quantized)
 
 
 def append_error(what: str, quantized: bool, peak: float | None = None, unsure: bool = False) -> ValueError:

@@ -337,7 +337,7 @@ def test_deferred_checks_read_the_device_once_per_generation():
     with patch_aar(model, "none") as handle:
         with _HostReads() as reads:
             immediate = model.generate()
-        assert reads.count == 2 * len(PATCH_NUMS)  # one sync per appended unit
+        assert reads.count == 2 * 2 * len(PATCH_NUMS)  # one per appended unit, one per query (NaN check)
         _defer(handle)
         with _HostReads() as reads:
             deferred = model.generate()
