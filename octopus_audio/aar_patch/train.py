@@ -201,7 +201,8 @@ def export_release(model: torch.nn.Module, path: Path, wrapper_key: str) -> int:
 
 # --- the stages ---------------------------------------------------------------------------------------------
 
-def _device(spec: str) -> torch.device:
+def train_device(spec: str) -> torch.device:
+    """The device `--device` names: auto (cuda when present), cpu or cuda (UsageError when not here)."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec not in ("cpu", "cuda") or (spec == "cuda" and not torch.cuda.is_available()):
@@ -325,7 +326,7 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
 def train(args: argparse.Namespace, data) -> None:
     """Train the stages `args.stage` asks for (the `train` command's flags) on `data`, a
     `train_data.PackedAudio`, into `args.out`; a stage checkpointed there before resumes."""
-    device = _device(args.device)
+    device = train_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True

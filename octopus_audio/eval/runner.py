@@ -35,9 +35,12 @@ Row identity: every row carries `clip_sha256` (the hash of its clip's decoded au
 `run` (a digest of the run's fingerprint: the model's and conditioner's weights by sha256, every EvalConfig
 field that changes a number, precision, library version); a rerun reuses a row only when both match, so a
 clip replaced under the same name gets new rows. `settings.json` holds the fingerprint and the clips' hashes;
-a rerun into the same folder with another fingerprint is refused (UsageError, one sentence naming what
-differs) unless `overwrite`, which starts afresh. A folder without our `settings.json` that holds any file is
-refused too (unless `overwrite`): eval never writes beside files it did not write.
+a clip whose audio differs from the audio its files were made from loses its rows and files and runs again
+(eval/run_folder.py), so every WAV, spectrogram and saved reference is its clip's. A rerun into the same
+folder with another fingerprint is refused (UsageError, one sentence naming what differs) unless
+`overwrite`, which removes every file the manifest lists and starts afresh. A folder without our
+`settings.json` that holds any file is refused too (unless `overwrite`): eval never writes beside files it
+did not write. Rank 0 holds the folder while the run works (outdir.hold_folder); a second run is refused.
 
 The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
 tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake;

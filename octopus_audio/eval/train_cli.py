@@ -128,6 +128,7 @@ POSITIVE = ("--sat-lr", "--aar-lr", "--sat-minutes", "--aar-minutes")
 def check_args(args: argparse.Namespace) -> None:
     """Every number and path of the command, before any data is read or any file written."""
     from octopus_audio.aar_patch.generation import seed_problem
+    from octopus_audio.aar_patch.train import train_device
 
     def value(flag: str):
         return getattr(args, flag[2:].replace("-", "_"))
@@ -143,6 +144,7 @@ def check_args(args: argparse.Namespace) -> None:
     problem = seed_problem(args.seed, "--seed")
     if problem:
         raise UsageError(problem)
+    train_device(args.device)
     packed = Path(args.packed)
     if args.data or args.sonic_pi:
         check_out_path(packed, "--packed")  # written
