@@ -1,6 +1,7 @@
 """Every bad input stopped at the door, in one table: each CLI case through the real entry point exits 2 with
 our one sentence and writes or changes no file (a fresh interpreter runs them all again and finds nothing else
-on stderr), and each library check is a ValueError naming what was wrong and what is accepted."""
+on stderr, nor a crash), and each library check is a ValueError naming what was wrong and what is
+accepted. A run into a folder another run holds is refused the same way (two real processes)."""
 
 from __future__ import annotations
 
