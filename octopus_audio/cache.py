@@ -16,6 +16,7 @@ from octopus_audio.cache_accounting import bytes_breakdown, fp16_bytes
 from octopus_audio.cache_checks import DeferredFlags, check_caches, check_layout, check_unit
 from octopus_audio.cache_store import CacheStore, empty_store, own_storage
 from octopus_audio.codecs import get_codec
+from octopus_audio.codecs.base import require_tensor
 from octopus_audio.reference import attend
 from octopus_audio.values import ValueQuantizer
 
@@ -349,22 +350,40 @@ class CompressedKVCache:
 
     # ---- attend ----
     def _check_query(self, q: torch.Tensor, scale: float, layout: tuple | None = None,
-                     what: str = "attend") -> int:
+                     what: str = "attend", data: bool = False) -> int:
+        """q's type and shape against the cache's (or `layout`'s) batch, heads and head dim, and the scale;
+        `data` (the checked path: one host sync) also refuses NaN or Inf in q."""
         layout = layout or (None if self._seq is None else self._seq.layout)
         if layout is None:
             raise ValueError("attend called on an empty cache: append a unit first")
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
             raise ValueError(f"{what} takes a finite positive scale (the softmax temperature, usually "
                              f"1/sqrt(head_dim)), got {scale!r}")
+        require_tensor(q, f"{what}'s q")
         B, H = layout[:2]
-        if q.ndim != 4 or q.shape[0] != B or q.shape[-1] != self.head_dim or q.shape[1] % H:
-            raise ValueError(f"{what} takes q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}, "
-                             f"got {tuple(q.shape)}")
+        expected = f"q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}"
+        if q.ndim != 4:
+            problem = f"q has {q.ndim} dims"
+        elif q.shape[0] != B:
+            problem = f"q's batch is {q.shape[0]}, the cache's {B}"
+        elif q.shape[-1] != self.head_dim:
+            problem = f"q's head_dim is {q.shape[-1]}, the cache's {self.head_dim}"
+        elif q.shape[1] % H:
+            problem = f"q's {q.shape[1]} heads are not a multiple of the cache's H={H} KV heads"
+        else:
+            problem = None
+        if problem:
+            raise ValueError(f"{what} takes {expected}; {problem} (got {tuple(q.shape)})")
+        if data and not bool(torch.isfinite(q).all()):
+            raise ValueError(f"{what} got non-finite queries (NaN or Inf): q must be finite")
         return q.shape[1] // H
 
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype."""
-        self._check_query(q, scale)
+        """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype.
+        Where the data checks are immediate (the CPU by default), NaN or Inf in q is refused too."""
+        checked = self._seq is not None and not self._seq.deferred
+        # the reference plan runs attend_reference, which checks q itself: one query check an attend
+        self._check_query(q, scale, data=checked and self._seq.plan.backend != "reference")
         return self._seq.plan.attention(self, q, scale)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,8 +439,9 @@ class CompressedKVCache:
         return k_all, v_all
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native)."""
-        self._check_query(q, scale)
+        """Reference: decode the store, one SDPA over cat(decoded, window) in fp32 (codec none: native). NaN
+        or Inf in q is refused where the data checks are immediate."""
+        self._check_query(q, scale, data=self._seq is not None and not self._seq.deferred)
         if self.value_quantizer is None:
             k_all, v_all = self._native_kv(q.dtype)
             q_c = q
@@ -449,7 +469,7 @@ class CompressedKVCache:
         data checks on every token.
         """
         check_layout(k, v, self.head_dim, None)
-        self._check_query(q, scale, (k.shape[0], k.shape[1]), "attend_sequence")
+        self._check_query(q, scale, (k.shape[0], k.shape[1]), "attend_sequence", data=True)
         if isinstance(units, (str, bytes)) or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
                                                   or n < 1 for n in units) or sum(units) != k.shape[2]:
             raise ValueError(f"attend_sequence takes units, the tokens of each unit (integers >= 1), summing "

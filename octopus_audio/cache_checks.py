@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from octopus_audio.codecs.base import require_tensor
 from octopus_audio.values import FP16_MAX
 
 
@@ -22,6 +23,7 @@ class DeferredFlags:
     def __init__(self, device: torch.device, quantized: bool, rows: int = 16) -> None:
         self.quantized = quantized
         self.units = 0
+        self.measured: set[int] = set()  # rows `record` wrote (peaks); the others are the kernel's 0 / +inf
         self.peaks = torch.zeros(rows, 4, dtype=torch.float32, device=device)[:, :2]
         self._split()
 
@@ -42,26 +44,38 @@ class DeferredFlags:
     def record(self, unit: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """max |k| and max |v| of unit `unit` into its row: two reductions."""
         self.row(unit)
+        self.measured.add(unit)
         _, peak_k, peak_v = self._rows[unit]
         torch.linalg.vector_norm(k, ord=math.inf, dtype=torch.float32, out=peak_k)
         torch.linalg.vector_norm(v, ord=math.inf, dtype=torch.float32, out=peak_v)
 
     def error(self, rows: list[list[float]]) -> ValueError | None:
         """The append error these rows (`peaks[:units]` read back) mean, the same sentence as the immediate
-        check, or None when every unit was fine."""
-        bad_k = any(not math.isfinite(pk) for pk, _ in rows)
-        if self.quantized:
-            bad_v = any(not pv <= FP16_MAX for _, pv in rows)
-        else:
-            bad_v = any(not math.isfinite(pv) for _, pv in rows)
-        if not (bad_k or bad_v):
+        check where the record tells as much, or None when every unit was fine."""
+        if any(not math.isfinite(pk) for pk, _ in rows):
+            return append_error("keys", self.quantized)
+        bad = [(u, pv) for u, (_, pv) in enumerate(rows)
+               if not (pv <= FP16_MAX if self.quantized else math.isfinite(pv))]
+        if not bad:
             return None
-        return append_error("keys" if bad_k else "values", self.quantized)
+        unit, peak = bad[0]
+        # the fused encode kernel marks a bad unit +inf, whether its values were non-finite or beyond fp16
+        return append_error("values", self.quantized, peak if math.isfinite(peak) else None,
+                            unsure=unit not in self.measured and self.quantized)
 
 
-def append_error(what: str, quantized: bool) -> ValueError:
-    detail = " (values within the fp16 range, |v| <= 65504)" if quantized else ""
-    return ValueError(f"append got non-finite {what}: keys and values must be finite{detail}")
+def append_error(what: str, quantized: bool, peak: float | None = None, unsure: bool = False) -> ValueError:
+    """The sentence of a unit `append` refuses: non-finite keys or values, or (`quantized`) values beyond the
+    fp16 range their group scale and minimum are stored in (`peak`: the largest finite |v| seen), or
+    (`unsure`) either of the two."""
+    accepted = ("keys must be finite; values finite and within the fp16 range, |v| <= 65504 (the quantizer "
+                "stores each group's scale and minimum in fp16)" if quantized
+                else "keys and values must be finite")
+    if peak is not None:
+        return ValueError(f"append got values beyond the fp16 range (max |v| = {peak:.4g}): {accepted}")
+    if unsure:
+        return ValueError(f"append got {what} that are non-finite or beyond the fp16 range: {accepted}")
+    return ValueError(f"append got non-finite {what} (NaN or Inf): {accepted}")
 
 
 def capturing() -> bool:
@@ -110,13 +124,21 @@ def check_unit(k: torch.Tensor, v: torch.Tensor, quantized: bool) -> None:
         ok = torch.isfinite(k).all() & (v.abs().amax().float() <= FP16_MAX)
     else:
         ok = torch.isfinite(k).all() & torch.isfinite(v).all()
-    if not bool(ok.item()):
-        raise append_error("keys" if not bool(torch.isfinite(k).all()) else "values", quantized)
+    if bool(ok.item()):
+        return
+    if not bool(torch.isfinite(k).all()):
+        raise append_error("keys", quantized)
+    if not bool(torch.isfinite(v).all()):
+        raise append_error("values", quantized)
+    raise append_error("values", quantized, float(v.abs().amax()))
 
 
 def check_layout(k: torch.Tensor, v: torch.Tensor, head_dim: int, layout: tuple | None) -> None:
-    """A unit's shapes, dtype and device: k and v [B, H, T_unit, head_dim], one shape, dtype and device, at
-    least one token, and (B, H, dtype, device) equal to `layout` when the cache already holds units."""
+    """A unit's types, shapes, dtype and device: torch tensors k and v [B, H, T_unit, head_dim], one shape,
+    dtype and device, at least one token, and (B, H, dtype, device) equal to `layout` when the cache already
+    holds units."""
+    require_tensor(k, "append's k")
+    require_tensor(v, "append's v")
     if k.ndim != 4 or k.shape != v.shape or k.shape[-1] != head_dim:
         raise ValueError(f"append takes k and v of one shape [B, H, T_unit, {head_dim}], "
                          f"got {tuple(k.shape)} and {tuple(v.shape)}")

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from octopus_audio.errors import UsageError
+from octopus_audio.errors import UsageError, error_prefix
 
 # subcommand -> (module, one-line help). Modules are imported only when their command runs, so a missing
 # optional dependency of one command never breaks another.
@@ -47,7 +47,8 @@ EPILOG = """examples:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage + exits 2; keep it to one line
         usage = self.prog if self.prog.startswith("octopus-audio") else "octopus-audio"
-        self.exit(2, f"octopus-audio: error: {message} (see `{usage} --help`)\n")
+        command = usage.removeprefix("octopus-audio").strip() or None
+        self.exit(2, f"{error_prefix(command)}{message} (see `{usage} --help`)\n")
 
 
 def chosen_command(argv: list[str]) -> str | None:
@@ -94,13 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "_missing", None):
-        print(f"octopus-audio: error: {args._missing}.", file=sys.stderr)
+        print(f"{error_prefix(args.command)}{args._missing}.", file=sys.stderr)
         return 2
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
     except UsageError as e:
-        print(f"octopus-audio {args.command}: error: {e}", file=sys.stderr)
+        print(f"{error_prefix(args.command)}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"octopus-audio {args.command}: interrupted; finished work is kept and a rerun resumes.",

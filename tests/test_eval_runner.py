@@ -149,7 +149,7 @@ def config(codecs=CODECS, bits=BITS):
     return EvalConfig(codecs=codecs, bits=bits, seed=3)
 
 
-def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10, batch_size=1):
+def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10, batch_size=1, overwrite=False):
     cfg = cfg or config()
     pipe = pipe or FakePipe()
     refs = list_folder(clips, n=n, seed=0)
@@ -163,7 +163,7 @@ def run_fake(clips: Path, out: Path, pipe=None, cfg=None, n=10, batch_size=1):
         return LazyBackend(build, "fake-aar")
 
     return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False,
-                    batch_size=batch_size)
+                    batch_size=batch_size, overwrite=overwrite)
 
 
 def report_files(out: Path) -> dict:
@@ -629,3 +629,124 @@ def test_an_error_finishing_rows_beside_stops_the_run(tmp_path, monkeypatch):
     _finishing_beside(monkeypatch)
     with pytest.raises(OSError, match="no space left"):
         run_fake(make_clips(tmp_path / "clips", n=2), tmp_path / "out")
+
+
+def clip_files(out: Path, clip: str) -> dict[str, object]:
+    """Every file of `clip` a run folder holds: its WAVs and spectrograms (bytes) and its saved reference
+    (each array), by relative path."""
+    files: dict[str, object] = {}
+    for folder in ("wav", "spec"):
+        for p in sorted((out / folder).glob(f"{clip}__*")):
+            files[f"{folder}/{p.name}"] = p.read_bytes()
+    ref = out / "refs" / f"{clip}.npz"
+    if ref.exists():
+        with np.load(ref) as saved:
+            files[f"refs/{clip}.npz"] = {k: saved[k].tolist() for k in saved.files}
+    return files
+
+
+def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
+    """Replace a clip under its name, then restore it, adding a width: after each rerun every WAV,
+    spectrogram and saved reference of that clip is the one a fresh run on the same audio writes (none left
+    from the other audio), and the other clip's files are untouched."""
+    clips = make_clips(tmp_path / "clips", n=2)
+    original = (clips / "clip0.wav").read_bytes()
+    out = tmp_path / "out"
+    first, later = config(codecs=("octopus",), bits=(2, 4)), config(codecs=("octopus",), bits=(2, 3))
+
+    def fresh(name: str, cfg) -> Path:
+        """A run that never saw the other audio: the clips as they are now, copied, into a new folder."""
+        copy = tmp_path / f"{name}-clips"
+        copy.mkdir()
+        for p in clips.iterdir():
+            (copy / p.name).write_bytes(p.read_bytes())
+        run_fake(copy, tmp_path / name, cfg=cfg)
+        return tmp_path / name
+
+    run_fake(clips, out, cfg=first)
+    kept = clip_files(out, "clip1")
+    tone(clips / "clip0.wav", 1234.0, seconds=1.5)  # other audio, another length, the same name
+    run_fake(clips, out, cfg=first)
+    assert clip_files(out, "clip0") == clip_files(fresh("replaced", first), "clip0")
+    (clips / "clip0.wav").write_bytes(original)  # restored, and one more width asked for
+    pipe = FakePipe()
+    run_fake(clips, out, pipe=pipe, cfg=later)
+    assert pipe.calls == 4 + 1  # clip0 whole again (reference, floor, b2, b3); clip1 only its b3
+    restored = clip_files(out, "clip0")
+    assert restored == clip_files(fresh("restored", later), "clip0")
+    assert "wav/clip0__octopus_b4.wav" not in restored  # made from the other audio: gone
+    assert {k: v for k, v in clip_files(out, "clip1").items() if k in kept} == kept
+    settings = json.loads((out / "settings.json").read_text())
+    with np.load(out / "refs" / "clip0.npz") as saved:
+        assert json.loads(str(saved["identity"]))["clip_sha256"] == settings["clip_sha256"]["clip0"]
+
+
+def test_every_file_a_run_writes_is_in_its_manifest(tmp_path):
+    """The manifest lists every file an eval run wrote (so --overwrite can remove exactly those), report
+    files, spectrograms and rows included; a file the report starts writing must be listed too."""
+    from octopus_audio.outdir import files_under, read_manifest
+
+    clips = make_clips(tmp_path / "clips", n=2, broken=True)
+    run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("none", "octopus"), bits=(2,), seed=3,
+                                                     bf16_floor=True))
+    written = set(files_under(tmp_path / "out"))
+    assert {"index.html", "results.json", "settings.json", "rows.jsonl", "rows/rank0.jsonl",
+            "spec/clip0__octopus_b2.png", "plots/rate_distortion.json"} <= written
+    assert written == read_manifest(tmp_path / "out", "eval")
+
+
+def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
+    """Files the user put inside the run's own folders stay through --overwrite (so do the folders holding
+    them); every file of the earlier run goes, a WAV the new run does not write again included."""
+    clips = make_clips(tmp_path / "clips", n=1)
+    out = tmp_path / "run"
+    run_fake(clips, out, cfg=config(codecs=("octopus",), bits=(2, 4)))
+    mine = {"wav/my_recording.wav": b"RIFF mine", "rows/README.txt": b"my notes", "refs/mine.npz": b"mine",
+            "spec/clip0__mine.png": b"my picture", "notes.txt": b"keep me"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    cfg = EvalConfig(codecs=("octopus",), bits=(2,), seed=4)
+    with pytest.raises(UsageError, match="seed differs"):
+        run_fake(clips, out, cfg=cfg)
+    run_fake(clips, out, cfg=cfg, overwrite=True)
+    for name, data in mine.items():
+        assert (out / name).read_bytes() == data, name
+    assert not (out / "wav" / "clip0__octopus_b4.wav").exists()
+    assert not (out / "spec" / "clip0__octopus_b4.png").exists()
+    rows = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [5, 4]
+    assert clip_files(out, "clip0") == {**clip_files(fresh_run(tmp_path, clips, cfg), "clip0"),
+                                        "spec/clip0__mine.png": b"my picture"}
+
+
+def fresh_run(tmp_path: Path, clips: Path, cfg) -> Path:
+    out = tmp_path / "fresh"
+    run_fake(clips, out, cfg=cfg)
+    return out
+
+
+def test_a_damaged_settings_file_is_named_and_overwrite_starts_afresh(tmp_path):
+    clips = make_clips(tmp_path / "clips", n=1)
+    cfg = config(codecs=("octopus",), bits=(2,))
+    run_fake(clips, tmp_path / "out", cfg=cfg)
+    (tmp_path / "out" / "settings.json").write_text("")
+    with pytest.raises(UsageError, match=r"settings.json is damaged \(it is empty\)"):
+        run_fake(clips, tmp_path / "out", cfg=cfg)
+    (tmp_path / "out" / "settings.json").write_text('{"mine": true}')  # eval's own file, without its mark
+    with pytest.raises(UsageError, match="it lacks the mark eval writes"):
+        run_fake(clips, tmp_path / "out", cfg=cfg)
+    run_fake(clips, tmp_path / "out", cfg=cfg, overwrite=True)
+    assert report_files(tmp_path / "out") == report_files(fresh_run(tmp_path, clips, cfg))
+
+
+def test_the_output_folder_is_never_listed_as_clips(tmp_path):
+    """--out inside --clips: the run's own WAVs are not clips of the next run; --clips inside --out is
+    refused."""
+    clips = make_clips(tmp_path / "clips", n=1)
+    out = clips / "out"
+    run_fake(clips, out)
+    assert len(list((out / "wav").glob("*.wav"))) > 1
+    assert [r.clip_id for r in list_folder(clips, n=10, seed=0, out=out)] == ["clip0"]
+    assert len(list_folder(clips, n=10, seed=0)) > 1  # what the second run used to read
+    with pytest.raises(UsageError, match="lies inside --out"):
+        list_folder(out / "wav", n=10, seed=0, out=out)

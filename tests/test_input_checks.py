@@ -1,6 +1,7 @@
 """Every bad input stopped at the door, in one table: each CLI case through the real entry point exits 2 with
 our one sentence and writes or changes no file (a fresh interpreter runs them all again and finds nothing else
-on stderr), and each library check is a ValueError naming what was wrong and what is accepted."""
+on stderr, nor a crash), and each library check is a ValueError naming what was wrong and what is
+accepted. A run into a folder another run holds is refused the same way (two real processes)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,33 @@ def _with_file(d: Path, name: str, content: str = "mine") -> Path:
     return d / name
 
 
+def _damaged_settings(prior: Path, text: str) -> Path:
+    """The prior run's settings.json replaced by `text` (empty, not JSON, null, a list)."""
+    (prior / "run" / "settings.json").write_text(text)
+    return prior
+
+
+def _junk_checkpoint(prior: Path) -> Path:
+    """The prior run's transformer checkpoint replaced by bytes that are no checkpoint."""
+    (prior / "ckpt" / "aar.pth").write_bytes(b"not a checkpoint\n")
+    return prior
+
+
+def _escaping_folder(d: Path) -> Path:
+    """A model folder (the embedded one's config) whose config.json names transformer weights outside it."""
+    from octopus_audio.aar_patch.default_model import default_model_dir
+
+    doc = json.loads((default_model_dir() / "config.json").read_text())
+    doc["transformer"]["file"] = "../aar.safetensors"
+    (d / "m").mkdir()
+    (d / "m" / "config.json").write_text(json.dumps(doc))
+    shutil.copy(default_model_dir() / "aar.safetensors", d / "aar.safetensors")
+    return d / "m"
+
+
+PROC = Path("/proc/octopus-audio-no-such-folder")  # /proc accepts no new entries, whoever runs the test
+
+
 CASES = [
     # seeds: torch's generator takes 0 .. 2**64 - 1; the eval's floor row samples with seed + 1
     Case("generate-seed-negative", lambda d, p: generate_argv(d, "--seed", "-1"),
@@ -209,9 +237,12 @@ CASES = [
          lambda d, p: (replace_checkpoint(copy_prior(p, d) / "ckpt" / "aar.pth"), eval_argv(d / "prior"))[1],
          "holds a run made with other settings (aar_sha256 differ"),
     Case("eval-rerun-other-seed", lambda d, p: eval_argv(copy_prior(p, d), "--seed", "7"),
-         "holds a run made with other settings (seed differ; seed was 42, now 7)"),
+         "holds a run made with other settings (seed differs; seed was 42, now 7)"),
     Case("eval-rerun-other-window", lambda d, p: eval_argv(copy_prior(p, d), "--window", "2"),
-         "holds a run made with other settings (window differ; window was 1, now 2)"),
+         "holds a run made with other settings (window differs; window was 1, now 2)"),
+    Case("eval-rerun-other-seed-and-window",
+         lambda d, p: eval_argv(copy_prior(p, d), "--seed", "7", "--window", "2"),
+         "holds a run made with other settings (seed and window differ; seed was 42, now 7)"),
     # paths to conditioner weights and datasets are checked before anything loads
     Case("eval-clap-folder-missing",
          lambda d, p: eval_argv(copy_prior(p, d), "--clap", f"hf:{d / 'no-clap'}"),
@@ -219,6 +250,90 @@ CASES = [
     Case("eval-dataset-folder-missing",
          lambda d, p: ["eval", "--clips", "audioset-20k", "--dataset", str(d / "no-data"),
                        "--clap", "spectral", "--out", str(d / "run")], "is neither a folder nor a hub id"),
+    # --threads: at most the cores (100000 used to print its sentence and then segfault in OpenMP)
+    Case("eval-threads-100000", lambda d, p: eval_argv(d, "--threads", "100000"),
+         "--threads must be an integer >= 1 and at most the"),
+    # the cache's settings: checked before anything is written (they used to fail every row, then refuse the
+    # corrected rerun as another fingerprint)
+    Case("eval-window-negative", lambda d, p: eval_argv(d, "--window", "-1"),
+         "--window must be an integer >= 0, got -1"),
+    Case("eval-v-group-0", lambda d, p: eval_argv(d, "--v-group", "0"),
+         "--v-group must be an integer >= 1, got 0"),
+    Case("eval-v-group-negative", lambda d, p: eval_argv(d, "--v-group", "-1"),
+         "--v-group must be an integer >= 1, got -1"),
+    Case("eval-v-group-3", lambda d, p: eval_argv(copy_prior(p, d), "--v-group", "3", out=d / "new"),
+         "--v-group 3: value group 3 must divide the head dim 64"),
+    Case("eval-v-group-1000", lambda d, p: eval_argv(copy_prior(p, d), "--v-group", "1000", out=d / "new"),
+         "--v-group 1000: value group 1000 must divide the head dim 64"),
+    Case("eval-checkpoint-unreadable",
+         lambda d, p: eval_argv(_junk_checkpoint(copy_prior(p, d)), out=d / "new"),
+         "aar.pth as a PyTorch checkpoint; the file is truncated, corrupt or of another kind"),
+    Case("eval-cache-dir-is-a-file", lambda d, p: eval_argv(d, "--cache-dir", str(_with_file(d, "afile"))),
+         "is a file; --cache-dir takes a folder"),
+    # guidance: finite and within +-1e6 (1e308 turned into inf in float32 and failed inside sampling)
+    Case("generate-cfg-1e308", lambda d, p: generate_argv(d, "--cfg", "1e308"),
+         "--cfg must be a finite number within +-1e+06"),
+    Case("eval-cfg-1e308", lambda d, p: eval_argv(d, "--cfg", "1e308"),
+         "--cfg must be a finite number within +-1e+06"),
+    Case("eval-cfg-nan", lambda d, p: eval_argv(d, "--cfg", "nan"), "--cfg must be a finite number"),
+    # outputs that cannot be written are found before generating (they used to fail after, leaving a WAV)
+    *([Case("generate-out-in-proc", lambda d, p: generate_argv(d, out=PROC),
+            "cannot be written: /proc does not accept new files"),
+       Case("generate-latents-in-proc",
+            lambda d, p: generate_argv(d, "--save-latents", str(PROC / "lat.pt")),
+            "--save-latents /proc/octopus-audio-no-such-folder/lat.pt cannot be written"),
+       Case("eval-out-in-proc", lambda d, p: eval_argv(d, out=PROC), "cannot be written")]
+      if Path("/proc").is_dir() else []),
+    Case("generate-latents-exist",
+         lambda d, p: generate_argv(d, "--save-latents", str(_with_file(d, "lat.pt"))),
+         "lat.pt already exists; pass --overwrite to replace it or choose another --save-latents"),
+    Case("generate-out-empty", lambda d, p: ["generate", "--cond", str(cond_file(d / "c.npy")), "--out", ""],
+         "argument --out: an empty path"),
+    Case("eval-out-empty", lambda d, p: eval_argv(d, "--out", ""), "argument --out: an empty path"),
+    Case("eval-clips-empty", lambda d, p: eval_argv(d, "--clips", ""), "argument --clips: an empty path"),
+    # train: paths and numbers before any data is read (a packed FILE raised FileExistsError; -1 steps and a
+    # NaN learning rate started training)
+    Case("train-packed-is-a-file",
+         lambda d, p: ["train", "--data", str(tone(d / "clips" / "a.wav").parent), "--packed",
+                       str(_with_file(d, "afile")), "--out", str(d / "o")],
+         "is a file; --packed takes a folder"),
+    Case("train-aar-steps-negative",
+         lambda d, p: ["train", "--packed", str(d / "packed"), "--out", str(d / "o"), "--aar-steps", "-1"],
+         "--aar-steps must be an integer >= 1, got -1"),
+    Case("train-aar-lr-nan",
+         lambda d, p: ["train", "--packed", str(d / "packed"), "--out", str(d / "o"), "--aar-lr", "nan"],
+         "--aar-lr must be a finite number > 0, got nan"),
+    Case("train-out-is-a-file",
+         lambda d, p: ["train", "--packed", str(d / "packed"), "--out", str(_with_file(d, "afile"))],
+         "is a file; --out takes a folder"),
+    # messages that name the actual problem
+    Case("eval-unknown-codec-with-bits", lambda d, p: eval_argv(d, "--codecs", "foo", "--bits", "2"),
+         "unknown codec 'foo'; accepted: all or a comma list of"),
+    Case("eval-clips-is-a-file", lambda d, p: eval_argv(copy_prior(p, d), "--clips", str(tone(d / "a.wav"))),
+         "a.wav is a file; --clips takes a folder of audio files or audioset-20k"),
+    *[Case(f"eval-settings-{name}",
+           (lambda d, p, text=text: eval_argv(_damaged_settings(copy_prior(p, d), text))),
+           f"settings.json is damaged ({why})")
+      for name, text, why in (("invalid", "{not json", "it is not valid JSON"), ("empty", "", "it is empty"),
+                              ("null", "null", "it holds null instead of a JSON object"),
+                              ("list", "[1, 2]", "it holds [1, 2] instead of a JSON object"))],
+    Case("generate-model-folder-escapes", lambda d, p: generate_argv(d, "--aar", str(_escaping_folder(d))),
+         "names the transformer weights '../aar.safetensors', outside the folder"),
+    Case("generate-bits-not-an-integer", lambda d, p: generate_argv(d, "--codec", "octopus", "--bits", "x"),
+         "argument --bits: invalid int value: 'x'"),
+    # list flags refuse empty items (--bits '' used to run the default widths)
+    Case("eval-bits-empty", lambda d, p: eval_argv(d, "--codecs", "octopus", "--bits", ""),
+         "--bits is empty; pass a comma list such as 2,3,4"),
+    Case("eval-bits-empty-item", lambda d, p: eval_argv(d, "--codecs", "octopus", "--bits", "2,,3"),
+         "--bits '2,,3' has an empty item"),
+    Case("eval-v-bits-trailing-comma", lambda d, p: eval_argv(d, "--codecs", "octopus", "--v-bits", "4,"),
+         "--v-bits '4,' has an empty item"),
+    Case("eval-codecs-trailing-comma", lambda d, p: eval_argv(d, "--codecs", "octopus,"),
+         "--codecs 'octopus,' has an empty item"),
+    # the output folder is never read as input
+    Case("eval-clips-inside-out",
+         lambda d, p: eval_argv(copy_prior(p, d), "--clips", str(d / "prior" / "run" / "wav")),
+         "lies inside --out"),
 ]
 
 
@@ -236,6 +351,14 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return out
 
 
+def exit_code(argv: list[str]) -> int:
+    """`main(argv)`'s exit code, argparse's own refusals (a SystemExit) included."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def one_sentence(err: str, command: str, says: str) -> None:
     prefix = f"octopus-audio {command}: error: "
     assert err.startswith(prefix) and err.endswith("\n") and err.count("\n") == 1, repr(err)
@@ -247,7 +370,7 @@ def test_cli_refuses_with_one_sentence_and_writes_nothing(case, tmp_path, prior_
     argv = case.setup(tmp_path, prior_run)
     before = snapshot(tmp_path)
     capsys.readouterr()
-    assert main(argv) == 2
+    assert exit_code(argv) == 2
     one_sentence(capsys.readouterr().err, argv[0], case.says)
     assert snapshot(tmp_path) == before
 
@@ -301,6 +424,61 @@ def test_a_fresh_interpreter_sees_only_our_sentence_on_stderr(tmp_path, prior_ru
         assert snapshot(tmp_path / f"case{i}") == befores[i], case.id
 
 
+def test_a_held_folder_is_refused_and_released(tmp_path):
+    """One holder at a time, in one process too; the folder is free again when its holder ends, and a body
+    that fails leaves no folder the hold created."""
+    from octopus_audio.errors import UsageError
+    from octopus_audio.outdir import hold_folder
+
+    with hold_folder(tmp_path / "a"):
+        with pytest.raises(UsageError, match=r"--out .*a is in use: another octopus-audio run is writing"):
+            with hold_folder(tmp_path / "a"):
+                pass
+    with hold_folder(tmp_path / "a"):
+        pass
+    with pytest.raises(UsageError, match="refused"):
+        with hold_folder(tmp_path / "b" / "c"):
+            raise UsageError("refused")
+    assert not (tmp_path / "b").exists() and (tmp_path / "a").is_dir()
+
+
+def test_a_second_run_into_a_busy_folder_is_refused_and_a_killed_run_holds_nothing(tmp_path, prior_run):
+    """Two real processes: the first eval holds its --out (stopped with SIGSTOP while it works), the same
+    command started beside it exits 2 with one sentence and changes nothing; the first is then SIGKILLed,
+    and a third run goes ahead, finishing the work without a duplicate row."""
+    import signal
+    import time
+
+    root = copy_prior(prior_run, tmp_path)
+    tone(root / "clips" / "tone2.wav", 550.0)
+    out = tmp_path / "busy"
+    command = [sys.executable, "-m", "octopus_audio", *eval_argv(root, out=out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    with open(tmp_path / "first.err", "w") as err:
+        first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "settings.json").exists():  # written once the run holds the folder
+            assert first.poll() is None, (tmp_path / "first.err").read_text()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(first.pid, signal.SIGSTOP)
+        before = snapshot(out)
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        one_sentence(second.stderr, "eval", f"--out {out} is in use: another octopus-audio run is writing")
+        assert snapshot(out) == before
+    finally:
+        first.kill()  # SIGKILL, stopped or not: the operating system drops its hold
+        first.wait()
+    third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert sorted(r["clip"] for r in rows) == ["tone", "tone2"] and all(r["status"] == "ok" for r in rows)
+    logged = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
+    assert len({(r["clip"], r["codec"]) for r in logged}) == len(logged)  # nothing written twice
+
+
 def test_the_limits_themselves_are_accepted(tmp_path):
     """The edges of each documented range pass the checks that refuse what lies beyond them."""
     from octopus_audio.aar_patch.generation import COND_ABS_MAX, SamplingConfig, condition_problem
@@ -314,6 +492,14 @@ def test_the_limits_themselves_are_accepted(tmp_path):
     assert condition_problem(np.zeros((1, 512))) is None
     assert bits_problem("octopus", 7) is None and bits_problem("turboquant-mse", 8) is None
     assert get_codec("octopus", 8, 64, dir_bits=8).bits == 8  # 8 with an explicit split
+    from octopus_audio.aar_patch.generation import CFG_ABS_MAX
+    from octopus_audio.eval.cli import check_threads, check_v_group, usable_cores
+
+    assert SamplingConfig(cfg=CFG_ABS_MAX).cfg == SamplingConfig(cfg=-CFG_ABS_MAX).cfg * -1 == 1e6
+    assert EvalConfig(codecs=("none",), window=0, v_group=64, cfg=1e6).window == 0
+    check_threads(usable_cores())
+    check_v_group(64, 64)
+    check_v_group(1, 64)
 
 
 # ---- the library's checks ---------------------------------------------------------------------------------
@@ -360,6 +546,21 @@ def _sampling(seed):
     from octopus_audio.aar_patch.generation import SamplingConfig
 
     return SamplingConfig(seed=seed)
+
+
+def _sampling_cfg(cfg):
+    from octopus_audio.aar_patch.generation import SamplingConfig
+
+    return SamplingConfig(cfg=cfg)
+
+
+def _deferred(v: torch.Tensor):
+    """A cache whose checks are deferred (as on CUDA), after one unit with values `v`."""
+    from octopus_audio import CompressedKVCache
+
+    cache = CompressedKVCache("octopus", 2, 64, window=0, defer_checks=True)
+    cache.append(torch.zeros_like(v), v)
+    return cache
 
 
 def _get_codec(name: str, bits: int):
@@ -410,6 +611,51 @@ LIBRARY = [
     ("sampling-seed-2**64", lambda: _sampling(SEED_MAX + 1),
      r"seed must be an integer from 0 to 2\*\*64 - 1"),
     ("sampling-seed-negative", lambda: _sampling(-1), r"seed must be an integer from 0 to 2\*\*64 - 1"),
+    ("sampling-cfg-1e308", lambda: _sampling_cfg(1e308), r"cfg must be a finite number within \+-1e\+06"),
+    ("sampling-cfg-nan", lambda: _sampling_cfg(float("nan")), "cfg must be a finite number"),
+    # values: finite ones beyond fp16 are named as such (they used to be called non-finite)
+    ("append-values-beyond-fp16",
+     lambda: _cache().append(torch.zeros(1, 2, 3, 64), torch.full((1, 2, 3, 64), 1e6)),
+     r"append got values beyond the fp16 range \(max \|v\| = 1e\+06\): .*\|v\| <= 65504"),
+    ("append-values-nan",
+     lambda: _cache().append(torch.zeros(1, 2, 3, 64), torch.full((1, 2, 3, 64), float("nan"))),
+     r"append got non-finite values \(NaN or Inf\)"),
+    ("append-keys-inf",
+     lambda: _cache().append(torch.full((1, 2, 3, 64), float("inf")), torch.zeros(1, 2, 3, 64)),
+     r"append got non-finite keys \(NaN or Inf\)"),
+    ("append-values-beyond-fp16-deferred",
+     lambda: _deferred(torch.full((1, 2, 3, 64), 7e4)).check(),
+     r"append got values beyond the fp16 range \(max \|v\| = 7e\+04\)"),
+    # queries: NaN refused where the checks are immediate; batch, head_dim and heads named apart
+    ("attend-nan-query", lambda: _cache(units=2).attend(_q().fill_(float("nan")), 0.125),
+     r"attend got non-finite queries \(NaN or Inf\)"),
+    ("attend-reference-inf-query",
+     lambda: _cache(units=2).attend_reference(_q().fill_(float("inf")), 0.125), "non-finite queries"),
+    ("attend-none-nan-query", lambda: _cache("none", units=2).attend(_q().fill_(float("nan")), 0.125),
+     "non-finite queries"),
+    ("attend-wrong-batch", lambda: _cache(units=2).attend(torch.zeros(2, 2, 5, 64), 0.125),
+     r"q's batch is 2, the cache's 1 \(got \(2, 2, 5, 64\)\)"),
+    ("attend-wrong-head-dim", lambda: _cache(units=2).attend(torch.zeros(1, 2, 5, 32), 0.125),
+     "q's head_dim is 32, the cache's 64"),
+    ("attend-wrong-heads", lambda: _cache(units=2).attend(torch.zeros(1, 3, 5, 64), 0.125),
+     "q's 3 heads are not a multiple of the cache's H=2 KV heads"),
+    ("attend-3-dims", lambda: _cache(units=2).attend(torch.zeros(2, 5, 64), 0.125), "q has 3 dims"),
+    # numpy arrays: refused with the conversion to use (they used to raise AttributeError)
+    ("append-numpy", lambda: _cache().append(np.zeros((1, 2, 3, 64), np.float32), np.zeros((1, 2, 3, 64))),
+     "append's k must be a torch.Tensor, got a numpy.ndarray; convert it with torch.from_numpy"),
+    ("append-numpy-values", lambda: _cache().append(torch.zeros(1, 2, 3, 64), np.zeros((1, 2, 3, 64))),
+     "append's v must be a torch.Tensor, got a numpy.ndarray"),
+    ("append-numpy-after-a-unit",
+     lambda: _cache(units=1).append(np.zeros((1, 2, 3, 64), np.float32), np.zeros((1, 2, 3, 64), np.float32)),
+     "append's k must be a torch.Tensor"),
+    ("attend-numpy", lambda: _cache(units=2).attend(_q().numpy(), 0.125),
+     "attend's q must be a torch.Tensor, got a numpy.ndarray; convert it with torch.from_numpy"),
+    ("attend-list", lambda: _cache(units=2).attend([[0.0]], 0.125),
+     "attend's q must be a torch.Tensor, got a list"),
+    ("encode-numpy", lambda: _get_codec("octopus", 2).encode(np.zeros((1, 2, 3, 64), np.float32)),
+     "keys must be a torch.Tensor, got a numpy.ndarray"),
+    ("scores-numpy", lambda: _get_codec("turboquant-mse", 2).scores(_q().numpy(), _encode("turboquant-mse")),
+     "queries must be a torch.Tensor, got a numpy.ndarray"),
 ]
 
 

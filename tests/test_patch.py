@@ -337,7 +337,7 @@ def test_deferred_checks_read_the_device_once_per_generation():
     with patch_aar(model, "none") as handle:
         with _HostReads() as reads:
             immediate = model.generate()
-        assert reads.count == 2 * len(PATCH_NUMS)  # one sync per appended unit
+        assert reads.count == 2 * 2 * len(PATCH_NUMS)  # one per appended unit, one per query (NaN check)
         _defer(handle)
         with _HostReads() as reads:
             deferred = model.generate()
@@ -355,8 +355,9 @@ def test_nan_key_mid_generation_raises_before_any_result(defer):
         with pytest.raises(ValueError) as err:
             model.generate()
         hook.remove()
-        assert str(err.value) == ("append got non-finite keys: keys and values must be finite "
-                                  "(values within the fp16 range, |v| <= 65504)")
+        assert str(err.value) == ("append got non-finite keys (NaN or Inf): keys must be finite; values "
+                                  "finite and within the fp16 range, |v| <= 65504 (the quantizer stores "
+                                  "each group's scale and minimum in fp16)")
         # the failed generation is gone from every layer; the next one runs and is unchanged
         assert not handle.generating and not any(b.attn.caching for b in model.blocks)
         assert _equal_lists(model.generate(), clean)

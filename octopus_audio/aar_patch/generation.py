@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,11 @@ SEED_MAX = 2**64 - 1
 # stays far below where float32 arithmetic breaks (a value beyond about 1.8e19 overflows when squared, as a
 # layer norm does; 1e30 used to pass the finiteness check and fail inside the model).
 COND_ABS_MAX = 100.0
+# Guidance: finite, within +-CFG_ABS_MAX. The guided logits `(1+t) cond - t uncond` (t up to cfg) are float32;
+# 1e308 turned into inf there and sampling failed, while 1e20 still sampled (one token took all the mass, as
+# it does from a few tens up: the release uses 4). The bound keeps (1+t) * logit finite for any logit below
+# 3e32.
+CFG_ABS_MAX = 1e6
 
 
 def seed_problem(seed, what: str = "seed") -> str | None:
@@ -47,6 +53,14 @@ def seed_problem(seed, what: str = "seed") -> str | None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         return (f"{what} must be an integer from 0 to 2**64 - 1 = {SEED_MAX} (what torch's generator "
                 f"takes), got {seed!r}")
+    return None
+
+
+def cfg_problem(cfg, what: str = "cfg") -> str | None:
+    """The sentence for a guidance scale that is not a finite number within +-CFG_ABS_MAX, else None."""
+    if isinstance(cfg, bool) or not isinstance(cfg, numbers.Real) or not abs(float(cfg)) <= CFG_ABS_MAX:
+        return (f"{what} must be a finite number within +-{CFG_ABS_MAX:g} (the release uses 4), "
+                f"got {cfg!r}")
     return None
 
 
@@ -87,8 +101,9 @@ class SamplingConfig:
                              f"got {self.top_k!r}")
         if not 0.0 <= float(self.top_p) <= 1.0:
             raise UsageError(f"top_p must be in [0, 1] (0 turns nucleus filtering off), got {self.top_p!r}")
-        if not math.isfinite(float(self.cfg)):
-            raise UsageError(f"cfg must be a finite number (the release uses 4), got {self.cfg!r}")
+        problem = cfg_problem(self.cfg)
+        if problem:
+            raise UsageError(problem)
         problem = seed_problem(self.seed)
         if problem:
             raise UsageError(problem)

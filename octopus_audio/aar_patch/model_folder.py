@@ -87,15 +87,27 @@ def read_folder(path: str | PathLike) -> ModelFolder:
             fields = ", ".join(f.name for f in dataclasses.fields(cls))
             raise UsageError(f"{config_path}: the {key} config is invalid ({e}); its fields are "
                              f"{fields}") from e
-        file = root / entry["file"]
+        file = _inside(root, entry["file"], f"the {key} weights", config_path)
         if not file.is_file():
             raise UsageError(f"{config_path} names the {key} weights {entry['file']}, which do not exist")
         parts[key] = (file, config)
     cond = doc.get("default_condition")
     if cond is not None and not (isinstance(cond, dict) and isinstance(cond.get("file"), str)):
         raise UsageError(f"{config_path}: \"default_condition\" must be {{\"file\": ..., ...}}")
+    if cond is not None:
+        _inside(root, cond["file"], "the default condition", config_path)
     return ModelFolder(root, parts["transformer"][0], parts["tokenizer"][0], parts["transformer"][1],
                        parts["tokenizer"][1], cond)
+
+
+def _inside(root: Path, name: str, what: str, config_path: Path) -> Path:
+    """`root / name`, refused (UsageError) unless it lies inside the folder: a model folder is self-contained,
+    so its config never reaches files elsewhere (an absolute path, `..`, a link out of the folder)."""
+    path = root / name
+    if root.resolve() not in path.resolve().parents:
+        raise UsageError(f"{config_path} names {what} {name!r}, outside the folder; a model folder's files "
+                         f"lie inside it, named relative to it (such as {AAR_FILE})")
+    return path
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

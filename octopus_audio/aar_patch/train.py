@@ -82,8 +82,8 @@ class StageConfig:
         if self.steps < 1 or self.batch < 1 or self.ckpt_every < 1 or self.log_every < 1:
             raise UsageError(f"steps, batch, ckpt-every and log-every must be >= 1 (got {self.steps}, "
                              f"{self.batch}, {self.ckpt_every}, {self.log_every})")
-        if not self.lr > 0:
-            raise UsageError(f"the learning rate must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UsageError(f"the learning rate must be a finite number > 0, got {self.lr}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise UsageError(f"a stage's time budget must be > 0 minutes, got {self.max_seconds / 60:g}")
 
@@ -201,7 +201,8 @@ def export_release(model: torch.nn.Module, path: Path, wrapper_key: str) -> int:
 
 # --- the stages ---------------------------------------------------------------------------------------------
 
-def _device(spec: str) -> torch.device:
+def train_device(spec: str) -> torch.device:
+    """The device `--device` names: auto (cuda when present), cpu or cuda (UsageError when not here)."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec not in ("cpu", "cuda") or (spec == "cuda" and not torch.cuda.is_available()):
@@ -325,7 +326,7 @@ def train_aar_stage(args: argparse.Namespace, data, sat, device: torch.device, o
 def train(args: argparse.Namespace, data) -> None:
     """Train the stages `args.stage` asks for (the `train` command's flags) on `data`, a
     `train_data.PackedAudio`, into `args.out`; a stage checkpointed there before resumes."""
-    device = _device(args.device)
+    device = train_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -168,7 +168,8 @@ class KeyCodec(abc.ABC):
                              f"heads {tuple(lead)} in front; got queries {tuple(q.shape)}")
 
     def check_keys(self, x: torch.Tensor, what: str = "keys") -> None:
-        """Shape and dtype checks shared by encode and scores (no data-dependent checks, no host sync)."""
+        """Type, shape and dtype checks shared by encode and scores (nothing data-dependent: no host sync)."""
+        require_tensor(x, what)
         if x.ndim < 2 or x.shape[-1] != self.head_dim:
             raise ValueError(
                 f"{what} must have shape [..., H, T, {self.head_dim}] (or [T, {self.head_dim}]), "
@@ -176,6 +177,14 @@ class KeyCodec(abc.ABC):
             )
         if x.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"{what} dtype {x.dtype} not supported: use float32, float16 or bfloat16")
+
+
+def require_tensor(x, what: str) -> None:
+    """ValueError unless `x` is a torch.Tensor (a numpy array, say, is named with the conversion to use)."""
+    if not isinstance(x, torch.Tensor):
+        kind = f"{type(x).__module__}.{type(x).__qualname__}".removeprefix("builtins.")
+        hint = "; convert it with torch.from_numpy" if type(x).__module__ == "numpy" else ""
+        raise ValueError(f"{what} must be a torch.Tensor, got a {kind}{hint}")
 
 
 def check_finite_keys(k: torch.Tensor) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from octopus_audio.errors import UsageError
-from octopus_audio.outdir import check_out_path
+from octopus_audio.outdir import check_out_path, nonempty
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ def default_clips_dir() -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clips", default=None,
+    p.add_argument("--clips", default=None, type=nonempty,
                    help="a folder of audio files (wav, flac, ogg, mp3 where libsndfile reads it) or "
                         "`audioset-20k` (default: the shipped clips/ folder)")
     p.add_argument("--n", "--n-clips", dest="n", type=int, default=100,
@@ -42,10 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
                         "else spectral)")
-    p.add_argument("--aar", default=None,
+    p.add_argument("--aar", default=None, type=nonempty,
                    help="AAR transformer checkpoint, or a model folder (config.json and its weights) alone "
                         "(default: the embedded model)")
-    p.add_argument("--sat", default=None, help="SAT tokenizer checkpoint (with an --aar checkpoint file)")
+    p.add_argument("--sat", default=None, type=nonempty,
+                   help="SAT tokenizer checkpoint (with an --aar checkpoint file)")
     p.add_argument("--seed", type=int, default=42,
                    help="sampling seed and clip-choice seed, 0 .. 2**64 - 2 (the floor row samples with "
                         "--seed + 1; default 42)")
@@ -58,15 +60,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto, cpu, cuda or cuda:N (default auto: a GPU when one is visible); under torchrun "
                         "auto and cuda give each process its local rank's GPU, and cuda:N is refused")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads per process (default: torch's own, from OMP_NUM_THREADS or "
-                        "the core count); 1 can be faster on CPU when other processes share the cores")
-    p.add_argument("--out", required=True,
+                   help="torch intra-op threads per process, 1 .. the cores it may run on (default: torch's "
+                        "own, from OMP_NUM_THREADS or the core count); 1 can be faster on CPU when other "
+                        "processes share the cores")
+    p.add_argument("--out", required=True, type=nonempty,
                    help="output folder: new, empty, or an earlier eval's, which a rerun with the same model, "
                         "conditioner and settings resumes")
     p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in a folder holding another run (its settings, rows, references and "
-                        "WAVs are deleted) or write into one holding other files")
-    p.add_argument("--cache-dir", default=None,
+                   help="start afresh in a folder holding another run (every file that run wrote is deleted; "
+                        "other files stay) or write into one holding other files")
+    p.add_argument("--cache-dir", default=None, type=nonempty,
                    help="embedding cache (default: $XDG_CACHE_HOME/octopus-audio/conditioning, "
                         "XDG_CACHE_HOME defaulting to ~/.cache)")
     p.add_argument("--dataset", default="agkphysics/AudioSet",
@@ -120,12 +123,23 @@ def parse_batch_size(text: str | None, device: str) -> int:
     return value
 
 
+def comma_list(text: str, flag: str, example: str) -> list[str]:
+    """The items of a comma list flag, stripped; an empty list or an empty item is a UsageError."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise UsageError(f"{flag} is empty; pass a comma list such as {example}")
+    if not all(items):
+        raise UsageError(f"{flag} {text!r} has an empty item; pass a comma list such as {example}, each "
+                         f"item once")
+    return items
+
+
 def parse_codecs(text: str) -> tuple[str, ...]:
     from octopus_audio.codecs import compressed_codecs
 
     if text.strip() == "all":
         return compressed_codecs()
-    return tuple(c.strip() for c in text.split(",") if c.strip())
+    return tuple(comma_list(text, "--codecs", "octopus,polarquant"))
 
 
 DEFAULT_BITS = "2,3,4"
@@ -134,8 +148,9 @@ DEFAULT_BITS = "2,3,4"
 def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None:
     if text is None:
         return None
+    items = comma_list(text, flag, DEFAULT_BITS)
     try:
-        return tuple(int(b) for b in text.split(",") if b.strip())
+        return tuple(int(b) for b in items)
     except ValueError as e:
         raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {text!r}") from e
 
@@ -167,13 +182,41 @@ def load_model(aar: str | None, sat: str | None, device: str):
     return load_aar(aar, sat).to(device).eval()
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads: None or 1 .. `usable_cores()`. More intra-op threads than cores only contend for them, and
+    a count past about 32,000 crashes the process: at torch's first parallel region (at the latest when it
+    exits) the OpenMP runtime starts one thread per count, each stack takes two of the 65,530 memory mappings
+    Linux allows a process (vm.max_map_count), and the runtime segfaults when thread creation fails."""
+    if threads is None:
+        return
+    cores = usable_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cores:
+        raise UsageError(f"--threads must be an integer >= 1 and at most the {cores} CPU cores this process "
+                         f"may run on, got {threads!r}")
+
+
+def check_v_group(v_group: int, head_dim: int) -> None:
+    """--v-group must divide the model's head dim (the value quantizer's groups tile each head)."""
+    from octopus_audio.values import ValueQuantizer
+
+    try:
+        ValueQuantizer(2, head_dim, v_group)
+    except ValueError as e:
+        raise UsageError(f"--v-group {v_group}: {e}") from e
+
+
 def set_threads(threads: int | None) -> None:
-    """`torch.set_num_threads(threads)` when given; either way, log the count this process will use."""
+    """`torch.set_num_threads(threads)` when given (`check_threads` first); either way, log the count this
+    process will use."""
     import torch
 
+    check_threads(threads)
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise UsageError(f"--threads must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
     log.info("torch intra-op threads: %d (%s)", torch.get_num_threads(),
              "--threads" if threads is not None else "torch's default; pass --threads N to choose")
@@ -187,19 +230,22 @@ def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.runner import EvalConfig, evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
+    check_threads(args.threads)  # first: torch takes the count only once every other check has passed
     check_out_path(args.out)
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    check_out_path(cache_dir, "--cache-dir")
     codecs = parse_codecs(args.codecs)
-    from octopus_audio.codecs import DEFAULT_CODEC, compressed_codecs
+    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, compressed_codecs
 
     given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
                                                      ("--v-bits", args.v_bits)) if value is not None]
-    if given and codecs and not set(codecs) & set(compressed_codecs()):
+    if given and set(codecs) <= set(CODECS) and not set(codecs) & set(compressed_codecs()):
         listed = ",".join(codecs)
         raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits, --k-bits "
                          f"or --v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
                          f"--codecs {listed},{DEFAULT_CODEC})")
-    config = EvalConfig(codecs=codecs, bits=parse_bits(args.bits or DEFAULT_BITS), seed=args.seed,
-                        cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
+    config = EvalConfig(codecs=codecs, bits=parse_bits(DEFAULT_BITS if args.bits is None else args.bits),
+                        seed=args.seed, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
                         k_bits=parse_bits(args.k_bits, "--k-bits"),
                         v_bits=parse_bits(args.v_bits, "--v-bits"))
@@ -213,11 +259,12 @@ def run(args: argparse.Namespace) -> int:
     if args.clips is None and not default_clips_dir().is_dir():
         raise UsageError("this installation has no clips/ folder; pass --clips DIR or --clips audioset-20k")
     dataset = DatasetSpec(path=args.dataset, name=args.dataset_config or None, split=args.dataset_split)
-    refs = list_clips(clips, args.n, args.seed, dataset)
-    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    refs = list_clips(clips, args.n, args.seed, dataset, out=Path(args.out))
     conditioner = CachedConditioner(make_conditioner(args.clap, device), cache_dir)
     name = model_name(args.aar, args.sat)
-
+    # the model loads here, so a checkpoint `generate` would refuse is refused before any file is written
+    pipe = load_model(args.aar, args.sat, device)
+    check_v_group(args.v_group, pipe.aar.config.head_dim)
     identity = model_identity(args.aar, args.sat)
     batch_size = parse_batch_size(args.batch_size, device)
     log.info("eval batch size %d", batch_size)
@@ -226,8 +273,9 @@ def run(args: argparse.Namespace) -> int:
         def build() -> AARBackend:
             from octopus_audio.aar_patch.compile_ahead import stderr_progress
 
-            pipe = load_model(args.aar, args.sat, dev)  # the runner's batch sizes compile ahead on CUDA
-            return AARBackend(pipe, config, name, dev, identity=identity, compile_progress=stderr_progress())
+            # the runner's batch sizes compile ahead on CUDA
+            return AARBackend(pipe.to(dev), config, name, dev, identity=identity,
+                              compile_progress=stderr_progress())
 
         return LazyBackend(build, name, identity=identity)
 

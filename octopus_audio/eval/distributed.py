@@ -115,10 +115,12 @@ class ProcessGroup:
         _, fingerprint0, clips0 = views[0]
         for rank, (_, fp, listed) in enumerate(views[1:], 1):
             if fp != fingerprint0:
+                from octopus_audio.eval.run_folder import differ
+
                 diff = sorted(k for k in set(fp) | set(fingerprint0) if fp.get(k) != fingerprint0.get(k))
                 raise UsageError(f"torchrun process {rank} computes another run fingerprint than process 0 "
-                                 f"({', '.join(diff)} differ); every process must load the same model, "
-                                 f"conditioner and settings")
+                                 f"({differ(diff)}); every process must load the same model, conditioner "
+                                 f"and settings")
             if listed != clips0:
                 first = next(i for i, (a, b) in enumerate(zip_longest(listed, clips0)) if a != b)
                 raise UsageError(f"torchrun process {rank} lists {len(listed)} clips and process 0 "

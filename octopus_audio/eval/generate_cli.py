@@ -13,6 +13,8 @@ from octopus_audio.outdir import (
     add_to_manifest,
     check_out_file,
     check_out_path,
+    hold_folder,
+    path_arg,
     read_manifest,
     refuse_foreign,
 )
@@ -33,11 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k-bits", type=int, default=None, help="the keys' bits (default: --bits)")
     parser.add_argument("--v-bits", type=int, default=None,
                         help="the values' bits, 1..8 (default: --bits; b-bit groups of 16 channels)")
-    parser.add_argument("--aar", type=Path, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
-    parser.add_argument("--sat", type=Path, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
+    parser.add_argument("--aar", type=path_arg, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
+    parser.add_argument("--sat", type=path_arg, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--clip", type=Path, default=None, help="audio clip to condition on (through CLAP)")
-    source.add_argument("--cond", type=Path, default=None, help="condition array FILE.npy of shape (B, 512)")
+    source.add_argument("--clip", type=path_arg, default=None,
+                        help="audio clip to condition on (through CLAP)")
+    source.add_argument("--cond", type=path_arg, default=None,
+                        help="condition array FILE.npy of shape (B, 512)")
     parser.epilog = ("With neither --clip nor --cond the default condition is used: the `spectral` embedding "
                      "of a shipped clip (named in the output), the kind of condition the embedded default "
                      "model was trained on.")
@@ -50,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=None, help="repeat a single condition N times")
     parser.add_argument("--compare", action="store_true",
                         help="also generate the uncompressed reference and print one metrics line")
-    parser.add_argument("--save-latents", type=Path, default=None, metavar="FILE.pt",
+    parser.add_argument("--save-latents", type=path_arg, default=None, metavar="FILE.pt",
                         help='write {"tokens": [16 tensors], "fhat": tensor, "audio": tensor}')
-    parser.add_argument("--out", type=Path, required=True,
+    parser.add_argument("--out", type=path_arg, required=True,
                         help="output folder for the WAV files: new, empty, or one `generate` wrote before")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace existing output files, and write into a folder holding other files")
@@ -63,8 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from octopus_audio.aar_patch.loading import load_aar
 
     _check_args(args)
@@ -77,9 +79,18 @@ def run(args: argparse.Namespace) -> int:
     ref_wavs = ([w.with_name(w.name.replace(f"_{tag}.wav", f"_{UNCOMPRESSED}.wav")) for w in wavs]
                 if args.compare else [])
     outputs = wavs + ref_wavs + ([args.save_latents] if args.save_latents else [])
-    _refuse_existing(outputs, args.overwrite)
 
     pipe = load_aar(args.aar, args.sat, device=device)
+    with hold_folder(args.out):  # no other run writes into --out until this one ends
+        _refuse_existing(wavs + ref_wavs, args.save_latents, args.overwrite)
+        return _run(args, pipe, cond_BE, wavs, ref_wavs, outputs)
+
+
+def _run(args: argparse.Namespace, pipe, cond_BE: np.ndarray, wavs: list[Path], ref_wavs: list[Path],
+         outputs: list[Path]) -> int:
+    """Generate under the codec and write the files (every argument checked, --out held)."""
+    import torch
+
     handle = _apply_codec(pipe, args)
     fast = {"auto": None, "fp32": False, "bf16": True}[args.precision]
     from octopus_audio.aar_patch.compile_ahead import stderr_progress
@@ -120,7 +131,7 @@ def _generate(pipe, cond_BE, args: argparse.Namespace, fast: bool | None):
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument check that needs no model and no audio decoding, before any work."""
-    from octopus_audio.aar_patch.generation import SamplingConfig, seed_problem
+    from octopus_audio.aar_patch.generation import SamplingConfig, cfg_problem, seed_problem
     from octopus_audio.codecs import CODECS, DEFAULT_CODEC, bits_problem, codec_class
     from octopus_audio.values import VALUE_BITS
 
@@ -156,7 +167,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.compare and not compressed:
         raise UsageError(f"--compare compares a compressed cache with the uncompressed reference; pass a "
                          f"--codec other than {args.codec} (for example --codec {DEFAULT_CODEC} --bits 2)")
-    problem = seed_problem(args.seed, "--seed")
+    problem = seed_problem(args.seed, "--seed") or cfg_problem(args.cfg, "--cfg")
     if problem:
         raise UsageError(problem)
     SamplingConfig(cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -305,9 +316,13 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
     print(f"compare {args.codec} {bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
-def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
-    existing = [p for p in paths if p.exists()]
+def _refuse_existing(wavs: list[Path], latents: Path | None, overwrite: bool) -> None:
+    """UsageError naming the first output file that exists already (unless `overwrite`), and the flags that
+    choose other names."""
+    existing = [p for p in [*wavs, latents] if p is not None and p.exists()]
     if existing and not overwrite:
         more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-        raise UsageError(f"{existing[0]} already exists{more}; pass --overwrite to replace it or choose "
-                         f"another --out")
+        flags = [flag for flag, named in (("--out", any(p in wavs for p in existing)),
+                                          ("--save-latents", latents in existing)) if named]
+        raise UsageError(f"{existing[0]} already exists{more}; pass --overwrite to replace "
+                         f"{'it' if len(existing) == 1 else 'them'} or choose another {' and '.join(flags)}")

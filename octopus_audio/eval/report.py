@@ -278,6 +278,10 @@ def _y_range(values: list[float], log: bool) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
+def _plot_name(metric: str) -> str:
+    return f"{metric}.png"
+
+
 def plot_metrics(groups: list[dict], rows: Sequence[dict], plots_dir: Path) -> list[str]:
     """One PNG per metric (its rate-distortion view, module docstring) and `rate_distortion.json`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -315,7 +319,7 @@ def plot_metrics(groups: list[dict], rows: Sequence[dict], plots_dir: Path) -> l
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         fig.tight_layout()
-        name = f"{m.key}.png"
+        name = _plot_name(m.key)
         fig.savefig(plots_dir / name, metadata={"Software": None})
         names.append(name)
     (plots_dir / "rate_distortion.json").write_text(json.dumps(curves, indent=1) + "\n")
@@ -499,6 +503,15 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+PAGES = ("results.json", "table.md", "table.csv", "index.html")
+
+
+def report_files() -> list[str]:
+    """Every file `write_report` writes, relative to the run folder, but the spectrograms (listed with their
+    WAVs, run_files.wav_files): what the run's manifest lists before the report is written."""
+    return [*PAGES, *(f"plots/{_plot_name(m.key)}" for m in METRICS), "plots/rate_distortion.json"]
 
 
 def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],

@@ -1,6 +1,7 @@
-"""What an eval run writes per clip besides its rows: WAV names (`wav_name`, sorting a clip's files together)
-and the saved reference (`refs/<clip>.npz` with the reference WAV), read back only for the same audio, run
-and condition."""
+"""What an eval run writes per clip besides its rows: WAV names (`wav_name`, sorting a clip's files together),
+each WAV's spectrogram (`spectrogram_name`), and the saved reference (`refs/<clip>.npz` with the reference
+WAV), read back only for the same audio, run and condition. Each is listed in the run's manifest
+(outdir.Manifest) before it is written (`wav_files`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval.backends import Generated
+from octopus_audio.outdir import Manifest
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,17 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
     if bits is None:
         return f"{clip_id}__{codec}.wav"
     return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}.wav"
+
+
+def spectrogram_name(wav: str) -> str:
+    """The report's spectrogram of WAV `wav` (a name under wav/): the same name as a PNG, under spec/."""
+    return wav[:-4] + ".png"
+
+
+def wav_files(wav: str) -> list[str]:
+    """What writing WAV `wav` puts in the run folder, for its manifest: the WAV and its spectrogram (the
+    report draws one for every WAV of the run)."""
+    return [f"wav/{wav}", f"spec/{spectrogram_name(wav)}"]
 
 
 def bits_tag(bits: int, v_bits: int | None) -> str:
@@ -62,10 +75,11 @@ def load_reference(path: Path, cond_D: np.ndarray, identity: str) -> Generated |
 
 
 def save_reference(out_dir: Path, clip_id: str, cond_D: np.ndarray, out: Generated, identity: str,
-                   sample_rate: int) -> None:
+                   sample_rate: int, files: Manifest) -> None:
     """`refs/<clip>.npz` (audio, fhat, the condition, the tokens of all scales concatenated with
-    `token_sizes`, the row identity as JSON) and the reference WAV."""
+    `token_sizes`, the row identity as JSON) and the reference WAV, both listed in `files` first."""
     path = out_dir / "refs" / f"{clip_id}.npz"
+    files.add([f"refs/{clip_id}.npz", *wav_files(wav_name(clip_id, "reference", None))])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, audio=out.audio, fhat=out.fhat, cond=cond_D, tokens=np.concatenate(out.tokens),

@@ -35,9 +35,12 @@ Row identity: every row carries `clip_sha256` (the hash of its clip's decoded au
 `run` (a digest of the run's fingerprint: the model's and conditioner's weights by sha256, every EvalConfig
 field that changes a number, precision, library version); a rerun reuses a row only when both match, so a
 clip replaced under the same name gets new rows. `settings.json` holds the fingerprint and the clips' hashes;
-a rerun into the same folder with another fingerprint is refused (UsageError, one sentence naming what
-differs) unless `overwrite`, which starts afresh. A folder without our `settings.json` that holds any file is
-refused too (unless `overwrite`): eval never writes beside files it did not write.
+a clip whose audio differs from the audio its files were made from loses its rows and files and runs again
+(eval/run_folder.py), so every WAV, spectrogram and saved reference is its clip's. A rerun into the same
+folder with another fingerprint is refused (UsageError, one sentence naming what differs) unless
+`overwrite`, which removes every file the manifest lists and starts afresh. A folder without our
+`settings.json` that holds any file is refused too (unless `overwrite`): eval never writes beside files it
+did not write. Rank 0 holds the folder while the run works (outdir.hold_folder); a second run is refused.
 
 The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
 tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can inject a fake;
@@ -47,6 +50,7 @@ tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -82,10 +86,12 @@ from octopus_audio.eval.run_files import (
     as_generated,
     load_reference,
     save_reference,
+    wav_files,
     wav_name,
 )
-from octopus_audio.eval.run_folder import claim_out_dir, run_fingerprint, warn_thread_change
+from octopus_audio.eval.run_folder import EVAL, claimed, run_fingerprint, warn_thread_change
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
+from octopus_audio.outdir import Manifest
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
@@ -185,8 +191,15 @@ class EvalConfig:
         for name in ("floor", "bf16_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not math.isfinite(self.cfg):
-            raise UsageError(f"--cfg must be a finite number, got {self.cfg!r}")
+        from octopus_audio.aar_patch.generation import cfg_problem
+
+        problem = cfg_problem(self.cfg, "--cfg")
+        if problem:
+            raise UsageError(problem)
+        for name, low in (("window", 0), ("v_group", 1)):  # v_group must also divide the model's head dim
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise UsageError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
         if not 0.0 <= self.top_p <= 1.0:
@@ -287,7 +300,7 @@ def _stack(clips: Sequence[Clip]) -> np.ndarray:
     return np.stack([c.cond_D for c in clips])
 
 
-def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -> list:
+def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int, files: Manifest) -> list:
     """Each clip's uncompressed output (or the exception that stopped it): from `refs/<clip>.npz` when an
     earlier run saved it for the same row identity (the clip's audio hash and the run's fingerprint digest),
     else generated, all missing ones in one batch."""
@@ -303,6 +316,7 @@ def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -
             missing.append((i, identity))
             continue
         if not wav.is_file():
+            files.add(wav_files(wav.name))
             write_wav(wav, saved.audio, backend.sample_rate)
         results[i] = saved
 
@@ -314,7 +328,7 @@ def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -
         if not isinstance(out, Exception):
             try:
                 save_reference(out_dir, clips[i].ref.clip_id, clips[i].cond_D, out, identity,
-                               backend.sample_rate)
+                               backend.sample_rate, files)
             except Exception as e:
                 out = e
         results[i] = out
@@ -350,6 +364,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     from octopus_audio.eval.fidelity import fidelity_rows
 
     emit_lock = threading.Lock()
+    files = Manifest(out_dir, EVAL)  # every file is listed here before it is written
 
     def emit_row(row: dict) -> None:
         with emit_lock:
@@ -372,7 +387,9 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
         return backend.teacher_forced(_stack(cs), [c.reference.tokens for c in cs])
 
     def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
-        write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
+        name = wav_name(clip.ref.clip_id, *job)
+        files.add(wav_files(name))
+        write_wav(out_dir / "wav" / name, out.audio, backend.sample_rate)
         emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
                   "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None,
                   "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
@@ -381,9 +398,9 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     clips = []
     for ref, todo in batch:
         clip = Clip(ref, todo, run_id)
-        if _prepare(clip, out_dir, backend, conditioner, fail):
+        if _prepare(clip, out_dir, backend, conditioner, fail, files):
             clips.append(clip)
-    for clip, out in zip(clips, _references(out_dir, clips, backend, config.seed), strict=True):
+    for clip, out in zip(clips, _references(out_dir, clips, backend, config.seed, files), strict=True):
         if isinstance(out, Exception):
             fail(clip, clip.todo, "reference", out)
         else:
@@ -456,7 +473,8 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             beside.submit(finish, these, job, outs, forced_of, kv, (time.perf_counter() - start) / len(these))
 
 
-def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable) -> bool:
+def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable,
+             files: Manifest) -> bool:
     """Load the clip, write its input WAV and embed its condition (`clip.cond_D`); False (after its error
     rows) when it fails to load or condition. A conditioner that cannot load at all (a UsageError: --clap)
     stops the run: the user's to fix, not this clip's failure."""
@@ -470,8 +488,10 @@ def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Cal
     except Exception as e:
         fail(clip, clip.todo, "load", e)
         return False
+    name = wav_name(clip.ref.clip_id, "input", None)
+    files.add(wav_files(name))
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
-    write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, "input", None), input_audio, backend.sample_rate)
+    write_wav(out_dir / "wav" / name, input_audio, backend.sample_rate)
     try:
         clip.cond_D = np.asarray(conditioner.embed(cond_audio), dtype=np.float32)
     except UsageError:
@@ -504,15 +524,16 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
     out_dir = Path(out_dir)
     info = DistInfo.from_env()
     group = ProcessGroup(info, device)
+    held = contextlib.ExitStack()  # rank 0 holds the folder until the run ends
     try:
         backend = make_backend(device)
         fingerprint = run_fingerprint(config, backend, conditioner, device)
         run_id = digest(fingerprint)
         clip_hashes = {r.clip_id: clip_sha256(r) for r in refs}
         problem = None
-        if info.rank == 0:
+        if info.rank == 0:  # the ranks of one torchrun share the folder: rank 0 holds it for them all
             try:
-                claim_out_dir(out_dir, fingerprint, clip_hashes, overwrite)
+                held.enter_context(claimed(out_dir, fingerprint, clip_hashes, overwrite))
             except UsageError as e:  # every rank raises it (start_together), none waits for rank 0
                 problem = str(e)
         group.start_together(problem, fingerprint, [(r.clip_id, clip_hashes[r.clip_id]) for r in refs])
@@ -525,6 +546,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         finished = sum((r.clip_id, *job) in done for r in mine for job in jobs)
         if finished < total:
             warn_thread_change(earlier, info.rank)
+        Manifest(out_dir, EVAL).add([f"{ROWS_DIR}/rank{info.rank}.jsonl"])
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
         bar = tqdm(total=total, initial=finished, desc=f"eval rank {info.rank}/{info.world}", unit="row",
                    position=info.rank, disable=not progress, dynamic_ncols=True)
@@ -559,6 +581,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         group.barrier()
         return results
     finally:
+        held.close()
         group.close()
 
 
@@ -575,6 +598,7 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: 
         raise RuntimeError(f"{len(missing)} rows are missing after every rank finished (first: {missing[0]})")
     origin = {r.clip_id: r.origin for r in refs}
     rows = [{**merged[k], "origin": origin[k[0]]} for k in wanted]
+    Manifest(out_dir, EVAL).add([MERGED_ROWS, *report.report_files()])
     tmp = out_dir / f".{MERGED_ROWS}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for row in rows:

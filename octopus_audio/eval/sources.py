@@ -119,14 +119,24 @@ def seeded_choice(count: int, n: int, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(range(count), n))
 
 
-def list_folder(folder: str | Path, n: int, seed: int) -> list[ClipRef]:
-    """Audio files under `folder` (recursive, sorted by relative path), a seeded choice of n of them."""
+def list_folder(folder: str | Path, n: int, seed: int, out: Path | None = None) -> list[ClipRef]:
+    """Audio files under `folder` (recursive, sorted by relative path), a seeded choice of n of them. The
+    output folder `out` is never read as input: a `folder` inside it is refused, and when it lies inside
+    `folder` its files are not listed."""
     root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--clips {root} is a file; --clips takes a folder of audio files or "
+                         f"{AUDIOSET_NAME} (for one clip: octopus-audio generate --clip FILE)")
     if not root.is_dir():
         raise UsageError(f"clips folder {str(root)!r} does not exist; pass a folder of audio files or "
                          f"{AUDIOSET_NAME!r}")
+    skip = None if out is None else out.resolve()
+    if skip is not None and (root.resolve() == skip or skip in root.resolve().parents):
+        raise UsageError(f"--clips {root} lies inside --out {out}: eval never reads its output folder as "
+                         f"input; pass a folder of clips outside it")
     exts = audio_extensions()
-    files = sorted((p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts),
+    files = sorted((p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts
+                    and (skip is None or skip not in p.resolve().parents)),
                    key=lambda p: p.relative_to(root).as_posix())
     if not files:
         raise UsageError(f"no audio files in {str(root)!r}; readable suffixes here: "
@@ -212,12 +222,14 @@ def choose_rows(stream, spec: DatasetSpec, n: int, seed: int) -> list[ClipRef]:
     return [ClipRef(clip_id=i, origin=o, path=p, data=d) for i, (o, p, d) in zip(ids, refs, strict=True)]
 
 
-def list_clips(source: str, n: int, seed: int, dataset: DatasetSpec | None = None) -> list[ClipRef]:
-    """`audioset-20k` (streamed per `dataset`) or a folder of audio files; a seeded choice of n clips."""
+def list_clips(source: str, n: int, seed: int, dataset: DatasetSpec | None = None,
+               out: Path | None = None) -> list[ClipRef]:
+    """`audioset-20k` (streamed per `dataset`) or a folder of audio files (never those of the output folder
+    `out`); a seeded choice of n clips."""
     if source == AUDIOSET_NAME:
         spec = dataset or DatasetSpec()
         return choose_rows(load_stream(spec), spec, n, seed)
-    return list_folder(source, n, seed)
+    return list_folder(source, n, seed, out)
 
 
 def decode(ref: ClipRef) -> Clip:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from octopus_audio.eval.run_files import wav_name
+from octopus_audio.eval.run_files import spectrogram_name, wav_name
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def _submit_spectrograms(pool: Executor, out_dir: Path, clips: Sequence[dict],
     _magma_palette()  # built here, so the workers never touch matplotlib
 
     def draw(name: str, ref: Future | None = None) -> float:
-        return spectrogram_png(wav / name, spec / (name[:-4] + ".png"), None if ref is None else ref.result())
+        level = None if ref is None else ref.result()
+        return spectrogram_png(wav / name, spec / spectrogram_name(name), level)
 
     futures, refs = [], {}  # refs: clip id -> its reference's future
     for clip in clips:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import sys
 import tempfile
 from pathlib import Path
 
 from octopus_audio.aar_patch.train import SIZES, STAGES
-from octopus_audio.errors import UsageError
+from octopus_audio.errors import UsageError, error_prefix
+from octopus_audio.outdir import check_out_path, nonempty
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--sonic-pi", action="store_true",
                       help="add the CC0 files of Debian's sonic-pi-samples (fetched with apt-get download "
                            "when not installed), selected by the package's copyright file")
-    data.add_argument("--packed", metavar="DIR", required=True,
+    data.add_argument("--packed", metavar="DIR", required=True, type=nonempty,
                       help="packed training arrays (.npy): written here from --data/--sonic-pi, else read "
                            "from here")
     data.add_argument("--prepare-only", action="store_true", help="pack the data and stop")
     data.add_argument("--conditioner", default=CONDITIONER,
                       help=f"condition embedding of each file (default {CONDITIONER}, the offline stand-in)")
     train = parser.add_argument_group("training")
-    train.add_argument("--out", metavar="DIR", help="checkpoints, logs and exported sat.pth / aar.pth")
+    train.add_argument("--out", metavar="DIR", type=nonempty,
+                       help="checkpoints, logs and exported sat.pth / aar.pth")
     train.add_argument("--stage", choices=STAGES, default="all", help="which model to train (default all)")
     train.add_argument("--size", choices=SIZES, default="default",
                        help="model sizes (default: the shipped one)")
@@ -115,10 +119,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+# flag -> the least value it takes (integers); learning rates and time budgets are finite numbers > 0
+AT_LEAST = {"--sat-steps": 1, "--aar-steps": 1, "--sat-batch": 1, "--aar-batch": 1, "--ckpt-every": 1,
+            "--log-every": 1, "--stop-after": 1, "--aar-precompute": 0}
+POSITIVE = ("--sat-lr", "--aar-lr", "--sat-minutes", "--aar-minutes")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every number and path of the command, before any data is read or any file written."""
+    from octopus_audio.aar_patch.generation import seed_problem
+    from octopus_audio.aar_patch.train import train_device
+
+    def value(flag: str):
+        return getattr(args, flag[2:].replace("-", "_"))
+
+    for flag, low in AT_LEAST.items():
+        v = value(flag)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+            raise UsageError(f"{flag} must be an integer >= {low}, got {v!r}")
+    for flag in POSITIVE:
+        v = value(flag)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UsageError(f"{flag} must be a finite number > 0, got {v!r}")
+    problem = seed_problem(args.seed, "--seed")
+    if problem:
+        raise UsageError(problem)
+    train_device(args.device)
+    packed = Path(args.packed)
+    if args.data or args.sonic_pi:
+        check_out_path(packed, "--packed")  # written
+    elif packed.exists() and not packed.is_dir():
+        raise UsageError(f"--packed {packed} is a file; --packed takes the folder `train --prepare-only` "
+                         f"packs the data into")
+    if args.out is not None and not args.prepare_only:
+        check_out_path(args.out)
+
+
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.aar_patch.train import train
     from octopus_audio.aar_patch.train_data import load_packed
 
+    check_args(args)
     packed = Path(args.packed)
     if args.data or args.sonic_pi:
         prepare(args, packed)
@@ -150,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except UsageError as e:
-        print(f"octopus-audio train: error: {e}", flush=True)
+        print(f"{error_prefix('train')}{e}", file=sys.stderr, flush=True)
         return 2
 
 
