@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from octopus_audio import compile_ahead as ahead
+from octopus_audio.aar_patch import compile_variants as ahead
 
 _GENERATION_VS_ENUMERATION = """
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from triton.backends.compiler import GPUTarget
-from octopus_audio import compile_ahead as ahead
+from octopus_audio.aar_patch import compile_variants as ahead
 from octopus_audio.cache import CompressedKVCache
 from octopus_audio.aar_patch import generate, load_aar, patch_aar
 from octopus_audio.aar_patch.compile_ahead import generation_shapes
@@ -150,7 +150,7 @@ from triton import knobs
 from triton.compiler import ASTSource
 from triton.runtime.jit import create_function_from_signature
 from triton.backends.compiler import GPUTarget
-from octopus_audio import compile_ahead as ahead
+from octopus_audio.aar_patch import compile_variants as ahead
 from octopus_audio.kernels import flash
 target, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))
 opart, lse, out = torch.zeros(3, 40, 64), torch.zeros(3, 40), torch.zeros(40, 64)

@@ -17,7 +17,7 @@ AAR_ROWS = ("AAR B=64 ", "AAR B=512 ")
 
 
 def main() -> int:
-    from octopus_audio import bench
+    from octopus_audio.apps import bench
     from octopus_audio.cli import main as cli
     from octopus_audio.kernels import gluon_flash
     from octopus_audio.kernels.gluon_scope import codec_id

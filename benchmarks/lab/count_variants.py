@@ -1,7 +1,7 @@
 """How many Triton kernel variants does one generation compile? Counted on the CPU with the launchers'
 CUDA decisions (an H200's 132 SMs, CUDA device checks, deferred data checks, 16-bit operands): a cache is
-driven over one sequence by `octopus_audio.compile_ahead.cache_launches` with every launch recorded, and
-each launch's variant derived for sm_90 as Triton derives it.
+driven over one sequence by `octopus_audio.aar_patch.compile_variants.cache_launches` with every launch
+recorded, and each launch's variant derived for sm_90 as Triton derives it.
 
     python benchmarks/lab/count_variants.py [--codecs all] [--bits 2,3,4] [--by-kernel]
 
@@ -48,7 +48,7 @@ def _imitate_cuda() -> None:
 def main() -> None:
     from triton.backends.compiler import GPUTarget
 
-    from octopus_audio import compile_ahead
+    from octopus_audio.aar_patch import compile_variants as compile_ahead
     from octopus_audio.codecs import kernel_codecs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -26,14 +26,14 @@ HEADS, WIN, D = 16, 75, 64
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import AttnShape, _random_store
+    from octopus_audio.apps.bench import AttnShape, _random_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues
     from octopus_audio.kernels.flash import attention

@@ -27,7 +27,7 @@ import triton
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
     from octopus_audio.cache_store import empty_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues, encode

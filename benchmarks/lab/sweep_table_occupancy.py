@@ -30,14 +30,14 @@ SHAPES = {64: 16, 128: 32}  # head dim: heads
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import AttnShape, _random_store
+    from octopus_audio.apps.bench import AttnShape, _random_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, attention
 

@@ -1,4 +1,4 @@
-"""The triplet section's search tables: the local3x3 candidates that can win in each region of the octahedral
+"""The triplet kind's search tables: the local3x3 candidates that can win in each region of the octahedral
 grid, and the lookup table that places a folded coordinate in its region (built on the host, read by the key
 encode).
 
