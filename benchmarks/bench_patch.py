@@ -269,7 +269,7 @@ def count_launches(codec: str, bits: int) -> dict:
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
+    os.environ["OCTOPUS_AUDIO_KERNELS"] = "kernels"
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import InterpretedFunction
 

@@ -27,7 +27,7 @@ SHAPES = [AttnShape("small", 2, 2, 5, 37, 4, 64), AttnShape("one query", 1, 2, 1
 @pytest.fixture(autouse=True)
 def _triton(monkeypatch):
     kernel_ops(DEVICE)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
 
 
 def _decode_sdpa(inputs, d):

@@ -44,13 +44,13 @@ def spy_attend(self, q, scale):
 # a real generation of the default model (the reference backend: fast on the CPU), its caches' calls kept
 CompressedKVCache.append, CompressedKVCache.attend = spy_append, spy_attend
 pipe = load_aar()
-os.environ["OCTOPUS_AUDIO_BACKEND"] = "reference"
+os.environ["OCTOPUS_AUDIO_KERNELS"] = "reference"
 with patch_aar(pipe, codec, bits, v_bits=v_bits):
     generate(pipe, torch.randn(1, 512, generator=torch.Generator().manual_seed(0)) * 0.05, seed=3)
 CompressedKVCache.append, CompressedKVCache.attend = append, attend
 
 # the same calls, with the same tensors, into caches that run the kernels: the launches that generation makes
-os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
+os.environ["OCTOPUS_AUDIO_KERNELS"] = "kernels"
 fresh = {}
 with ahead.recording() as launched:
     for cache, op, a, b in calls:
@@ -287,11 +287,11 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     calls, encode = [], CompressedKVCache._encode_sequence
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence",
                         lambda self, k, v: calls.append((self, k, v)) or encode(self, k, v))
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     with patch_aar(pipe, codec, bits, v_bits=v_bits):
         teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence", encode)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
     with ahead.recording() as launched:
         for cache, k, v in calls:

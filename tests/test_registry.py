@@ -116,7 +116,7 @@ def _decoded_attention(cache, q, scale):
 
 
 def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, caplog):
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")  # asked for, but the codec has no kernel decode
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")  # asked for, but the codec has no kernel decode
     monkeypatch.setattr(backend_mod, "_announced", set())
     cache = octopus_audio.CompressedKVCache(toy, 3, 64, window=1)
     g = torch.Generator().manual_seed(1)
@@ -134,7 +134,7 @@ def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, c
 
 def test_a_codec_reusing_a_kernel_decode_section_runs_the_kernels(toy, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     kernel_ops("cpu")
     name = UniformScalarKernel.name
     g = torch.Generator().manual_seed(2)

@@ -55,7 +55,7 @@ def rotated_rows(xsg, had_ptr, D: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT:
 
 
 @triton.jit
-def _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D: tl.constexpr):
+def unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D: tl.constexpr):
     """u = RN(RN(y / sqrt(d)) / gmax) of the rotated rows y [BT, S] (gmax, inv_g = RN(1/gmax) [BT, 1]): where
     1/sqrt(d) is a power of two, y/sqrt(d) is exact and u = RN(y / (gmax sqrt(d))), one `_div_row`."""
     if LOG2D % 2 == 0:

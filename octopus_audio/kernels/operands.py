@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _mm_nt(a, b, acc, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+def mm_nt(a, b, acc, USE_DOT: tl.constexpr, PREC: tl.constexpr):
     """acc + a [M, K] @ b [N, K]^T -> [M, N] fp32: tensor cores for M >= 16, else (M == 1) FMAs and a row
     sum."""
     if USE_DOT:
@@ -17,7 +17,7 @@ def _mm_nt(a, b, acc, USE_DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
+def mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
     """a [M, N] @ b [N, D] -> [M, D] fp32 (M == 1 without tensor cores: a column sum)."""
     if USE_DOT:
         return tl.dot(a, b, input_precision=PREC)
@@ -26,7 +26,7 @@ def _mm_nn(a, b, USE_DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
     """x as a matmul operand of dtype OPD. RNE_BY_HAND (the CPU interpreter, whose fp32 -> bf16 cast
     truncates): round to nearest even on the fp32 bits first, as the GPU's cast does."""
     if OPD == tl.bfloat16 and RNE_BY_HAND:  # bits.bf16_value inlined (a jit call costs in the interpreter)
@@ -36,9 +36,9 @@ def _operand(x, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
 
 
 @triton.jit
-def _project(q_pro, qmap, cols, scale, USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr,
+def project(q_pro, qmap, cols, scale, USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr,
              RNE_BY_HAND: tl.constexpr):
     """Columns `cols` [1, C] of the query rows' projection q @ M_h (qmap: the head's map rows), times
     `scale`, as a matmul operand [M, C] of dtype OPD."""
-    return _operand(_mm_nn(q_pro, tl.load(qmap + cols), USE_DOT, PREC_Q) * scale, OPD, RNE_BY_HAND)
+    return operand(mm_nn(q_pro, tl.load(qmap + cols), USE_DOT, PREC_Q) * scale, OPD, RNE_BY_HAND)
 

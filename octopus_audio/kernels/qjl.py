@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .bits import row_codes
-from .operands import _mm_nt, _operand
+from .operands import mm_nt, operand
 
 
 # ---------------------------------------------------------------- the QJL side-car (the -qjl codecs)
@@ -33,12 +33,12 @@ def qjl_scores(s, qj, qj2, krow, n_ok, gamma, ks_ptr, kr_ptr, D: tl.constexpr, S
     if HALVES:
         SW2: tl.constexpr = D // 64
         sigma = qjl_signs(s_rows, n_ok[:, None], D // 2, SW2, SW2, TILE)
-        s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qj, operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         sigma = qjl_signs(s_rows + SW2, n_ok[:, None], D // 2, SW2, SW2, TILE)
-        s = _mm_nt(qj2, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qj2, operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     else:
         sigma = qjl_signs(s_rows, n_ok[:, None], D, s_words, S_WP, TILE)
-        s = _mm_nt(qj, _operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qj, operand(sigma * (gamma * g_r), OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     return s
 
 

@@ -1,6 +1,6 @@
 """Building blocks of the one-row score-table attention (impls/score_tables.py) shared by the decode kinds:
 the layout of a kind's table codes (`TableLayout`), what a table-building program starts from (the rotated
-query row, `_table_program`), and the attention loop's reads of a step of keys (code words, norms) with the
+query row, `table_program`), and the attention loop's reads of a step of keys (code words, norms) with the
 generic score step `sum_step`: one table entry a code, summed (the scalar and triplet kinds).
 
 A score table turns a key's decode into lookups (asymmetric distance computation, as in product
@@ -44,14 +44,14 @@ class TableLayout:
 
 
 @triton.jit
-def _rotated(qs, had_ptr, k, col, D: tl.constexpr):
+def rotated_query(qs, had_ptr, k, col, D: tl.constexpr):
     """q_rot[col] for the columns col [N] (zero where col >= d): H_d qs with qs = s_h * q / sqrt(d) [D]."""
     hk = tl.load(had_ptr + k[:, None] * D + col[None, :], mask=(col < D)[None, :], other=0.0)
     return tl.sum(qs[:, None] * hk, axis=0)
 
 
 @triton.jit
-def _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D: tl.constexpr, L: tl.constexpr, TP: tl.constexpr):
+def table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D: tl.constexpr, L: tl.constexpr, TP: tl.constexpr):
     """A table program's (query row r, KV head h, columns k [D], qs = s_h * q_r / sqrt(d) [D], its table
     codes i [TP], i < L): program (r, block of TP table codes)."""
     r = tl.program_id(0)

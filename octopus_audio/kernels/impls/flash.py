@@ -26,7 +26,7 @@ from ..launch import (
     split_buffers,
     split_chunk,
 )
-from ..operands import _mm_nn, _mm_nt, _operand, _project
+from ..operands import mm_nn, mm_nt, operand, project
 from ..qjl import qjl_scores
 from ..spec import KernelCodec, PackedKeys, PackedValues
 from ..value_decode import value_tile
@@ -46,7 +46,7 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _mm_nn(_operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
+    acc = acc * alpha[:, None] + mm_nn(operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
     return m_new, l_i, acc
 
 
@@ -87,7 +87,7 @@ def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
     # warp per tile against 932 with one gathered load per code, octopus b=2, 128 rows, 8 warps)
     v_tile: tl.constexpr = TILE or (32 % V_BITS == 0)
     v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
-    return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
+    return _online_update(m_i, l_i, acc, s, operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
 # the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
 # serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
@@ -149,7 +149,7 @@ def _attn_fwd_kernel(
     dcol = tl.arange(0, D)[None, :]
     q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
     q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
-    qn = _operand(q, OPD, RNE_BY_HAND)
+    qn = operand(q, OPD, RNE_BY_HAND)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -162,11 +162,11 @@ def _attn_fwd_kernel(
     for n0 in tl.range(0, w_end, BLOCK_W):
         n = n0 + tl.arange(0, BLOCK_W)
         n_ok = n < t_win
-        k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+        k = operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
-        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
+        s = mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
-        v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+        v = operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
 
@@ -180,11 +180,11 @@ def _attn_fwd_kernel(
         QJL_COL: tl.constexpr = NP - D
         if HALVES:
             hcol = tl.arange(0, D // 2)[None, :]
-            qj = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
+            qj = project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj2 = project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
                            RNE_BY_HAND)
         else:
-            qj = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj = project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk

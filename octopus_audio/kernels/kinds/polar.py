@@ -19,17 +19,17 @@ import triton.language as tl
 
 from ..bits import cut_codes, load_words, pack_tile, unpack_codes
 from ..encode_math import _table, rotated_rows
-from ..operands import _mm_nt, _operand, _project
+from ..operands import mm_nt, operand, project
 from ..tables import (
     SCALAR_GROUP_BITS,
     TableLayout,
     _field,
     _keep_scores,
     _key_words,
-    _rotated,
-    _table_program,
+    rotated_query,
     table_grid,
     table_options,
+    table_program,
 )
 from .kind import DecodeKind, KindEncode, KindTables, register_kind
 
@@ -122,10 +122,10 @@ def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVE
     if HALVES:
         hcol = tl.arange(0, D // 2)[None, :]
         c0 = 2 * hcol
-        qa = _project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = _project(q_pro, qmap, c0 + 1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qa = project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qb = project(q_pro, qmap, c0 + 1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
     else:
-        qa = _project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qa = project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         qb = qa
     return qa, qb, qn
 
@@ -141,12 +141,12 @@ def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cos_ptr, sin_ptr, BLOCK_N: tl.con
     if HALVES:
         ue, uo = polar_halves(k_rows, n_ok[:, None], cos_ptr, sin_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
                               K_WP, TILE)
-        s = _mm_nt(qa, _operand(ue * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        s = _mm_nt(qb, _operand(uo * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qa, operand(ue * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qb, operand(uo * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     else:
         u = polar_unit(k_rows, n_ok[:, None], cos_ptr, sin_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS, K_WP,
                        TILE)
-        s = _mm_nt(qa, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     return s
 
 
@@ -268,10 +268,10 @@ def _polar_tables_kernel(q_ptr, rs_ptr, had_ptr, cs_ptr, lut_ptr, H, inv_sqrt_d,
     T[r, m, e] = qk_scale * sum_t q_rot[2^G m + t] * prod_lv cs[lv, code_lv(e, t >> (lv+1)), bit lv of t]
     with cs the interleaved cos | sin of the level's angle centroids (`polar_cos_sin`).
     """
-    r, h, k, qs, i, live = _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
+    r, h, k, qs, i, live = table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
     q_t = ()
     for t in tl.static_range(1 << G):
-        q_t = q_t + (_rotated(qs, had_ptr, k, (i << G) + t, D) * qk_scale,)
+        q_t = q_t + (rotated_query(qs, had_ptr, k, (i << G) + t, D) * qk_scale,)
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
         e = e0 + tl.arange(0, CHUNK)

@@ -15,17 +15,17 @@ import triton
 import triton.language as tl
 
 from ..bits import pack_tile, row_codes
-from ..encode_math import _dot_pm1, _index, _table, _unit_coords, rotated_rows
-from ..operands import _mm_nt, _operand, _project
+from ..encode_math import _dot_pm1, _index, _table, rotated_rows, unit_coords
+from ..operands import mm_nt, operand, project
 from ..qjl import qjl_table
 from ..tables import (
     SCALAR_GROUP_BITS,
     TableLayout,
-    _rotated,
-    _table_program,
+    rotated_query,
     sum_step,
     table_grid,
     table_options,
+    table_program,
 )
 from .kind import DecodeKind, KindEncode, KindTables, register_kind
 
@@ -60,10 +60,10 @@ def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVE
     operand the kind does not use)."""
     if HALVES:
         hcol = tl.arange(0, D // 2)[None, :]
-        qa = _project(q_pro, qmap, hcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = _project(q_pro, qmap, hcol + D // 2, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qa = project(q_pro, qmap, hcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qb = project(q_pro, qmap, hcol + D // 2, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
     else:
-        qa = _project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+        qa = project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
         qb = qa
     return qa, qb, qn
 
@@ -81,12 +81,12 @@ def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cent_ptr, tab_b_ptr, BLOCK_N: tl.
         if HALVES:  # half a key's codes is d/2 * K_BITS bits: whole words for d >= 64
             KW2: tl.constexpr = D * K_BITS // 64
             u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            s = _mm_nt(qa, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
             u = turbo_unit(k_rows + KW2, n_ok[:, None], cent_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            s = _mm_nt(qb, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = mm_nt(qb, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
         else:
             u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-            s = _mm_nt(qa, _operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     return s
 
 
@@ -102,7 +102,7 @@ def _scalar_encode(y, gmax, inv_g, inv_sqrt_d, hoff, had_ptr, qs_ptr, cent_ptr, 
     wmap = gmax
     proj = gmax
     gamma_r = gmax
-    u = _unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
+    u = unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
     if K_BITS > 0:
         i_u = _index(u, bnd_ptr, K_BITS, SPLIT, True)
         words, wmap = pack_tile(i_u, K_CODES, K_BITS, WP, KP)
@@ -148,10 +148,10 @@ def _scalar_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, cent_ptr, lut_ptr, qlu
     side in the key's bit stream (formats.md): one (G B)-bit code e, coordinate G i + j's code at bits
     B j .. B j + B - 1. T[r, i, e] = qk_scale * sum_j q_rot[G i + j] * C_coord[(e >> B j) & (2^B - 1)].
     """
-    r, h, k, qs, i, live = _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
+    r, h, k, qs, i, live = table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
     q_g = ()
     for j in tl.static_range(G):
-        q_g = q_g + (_rotated(qs, had_ptr, k, G * i + j, D) * qk_scale,)
+        q_g = q_g + (rotated_query(qs, had_ptr, k, G * i + j, D) * qk_scale,)
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
         e = e0 + tl.arange(0, CHUNK)

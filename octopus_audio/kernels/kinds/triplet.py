@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from ..bits import row_codes
-from ..operands import _mm_nt, _operand, _project
+from ..operands import mm_nt, operand, project
 from ..qjl import qjl_table
-from ..tables import TableLayout, _rotated, _table_program, sum_step, table_grid, table_options
+from ..tables import TableLayout, rotated_query, sum_step, table_grid, table_options, table_program
 from .kind import DecodeKind, KindEncode, KindTables, register_kind
 from .triplet_rounding import NEAR_ROWS, encode_codes
 from .triplet_search import TripletSearchTables, search_tables
@@ -129,9 +129,9 @@ def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVE
             USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
     """The triplet components of R q, x | y | z, as three operands [M, LP] (zero past d)."""
     lcol = tl.arange(0, LP)[None, :]
-    qx = _project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    qy = _project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    qz = _project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    qx = project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    qy = project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    qz = project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
     return qx, qy, qz
 
 
@@ -145,9 +145,9 @@ def scores(s, qx, qy, qz, k_rows, n_ok, gamma, tab_ptr, rho_ptr, BLOCK_N: tl.con
     tables at tab_ptr, rho_ptr: `attention_tables`)."""
     kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_ptr, rho_ptr, LP, K_CODES, K_BITS, B_DIR,
                                   B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
-    s = _mm_nt(qx, _operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    s = _mm_nt(qy, _operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    s = _mm_nt(qz, _operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    s = mm_nt(qx, operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    s = mm_nt(qy, operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    s = mm_nt(qz, operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
     return s
 
 
@@ -170,10 +170,10 @@ def _octopus_tables_kernel(q_ptr, rs_ptr, qs_ptr, had_ptr, dir_ptr, rho_ptr, lut
     T[r, i, e] = qk_scale * (q_rot,i . D[e]) (e < 4^b_dir; rho is looked up in the attention loop).
     HAS_QJL: q_j = R' q_rot, S[r, p, e] = qk_scale * sum_t q_j[8p + t] * (2 ((e >> t) & 1) - 1).
     """
-    r, h, k, qs, i, live = _table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
-    qx = _rotated(qs, had_ptr, k, 3 * i, D)
-    qy = _rotated(qs, had_ptr, k, 3 * i + 1, D)
-    qz = _rotated(qs, had_ptr, k, 3 * i + 2, D)
+    r, h, k, qs, i, live = table_program(q_ptr, rs_ptr, H, inv_sqrt_d, D, L, TP)
+    qx = rotated_query(qs, had_ptr, k, 3 * i, D)
+    qy = rotated_query(qs, had_ptr, k, 3 * i + 1, D)
+    qz = rotated_query(qs, had_ptr, k, 3 * i + 2, D)
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     for e0 in tl.static_range(0, N_ENTRIES, CHUNK):
         e = e0 + tl.arange(0, CHUNK)

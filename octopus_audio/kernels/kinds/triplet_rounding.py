@@ -20,7 +20,7 @@ from ..encode_math import (
     _table,
     _table_vec,
     _table_word,
-    _unit_coords,
+    unit_coords,
 )
 
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
@@ -194,11 +194,11 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
     hrow = tl.arange(0, D)[:, None]
     lcol = tl.arange(0, W)[None, :]
     cols = hrow * LP + J0 + lcol
-    tx = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), DOT_NATIVE, SPLIT), gmax, inv_g, inv_sqrt_d,
+    tx = unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), DOT_NATIVE, SPLIT), gmax, inv_g, inv_sqrt_d,
                       LOG2D)
-    ty = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
+    ty = unit_coords(_rotate(xsg, tl.load(hadt_ptr + D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
                       inv_sqrt_d, LOG2D)
-    tz = _unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
+    tz = unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
                       inv_sqrt_d, LOG2D)
     j = J0 + lcol
     code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
