@@ -30,12 +30,13 @@ def _imitate_cuda() -> None:
     """The launchers' CUDA-only decisions on CPU tensors: the kernels as the backend (never run here), the
     SM count and the encode's device check."""
     from octopus_audio import backend
-    from octopus_audio.kernels import encode, flash, launch, score_tables
+    from octopus_audio.kernels import launch, select
+    from octopus_audio.kernels.impls import encode, flash, score_tables
 
     backend.attention_backend = lambda device=None, codec=None: (
         "triton" if codec is None or (codec.compressed and codec.kernel_decode is not None) else "reference")
 
-    for module in (launch, flash, encode, score_tables):
+    for module in (launch, flash, encode, score_tables, select):
         module._sm_count = lambda device: H200_SMS
     inner = encode._encode_launch
 
