@@ -126,7 +126,6 @@ def _index_sym(x, bnd_ptr, N_BITS: tl.constexpr, ASM: tl.constexpr):
     return tl.where(pos, H + cnt, (H - 1) - cnt)
 
 
-# ---------------------------------------------------------------- section "triplet"
 @triton.jit
 def _rcp(x, ASM: tl.constexpr):
     """1 / x to about an ulp (ASM: one MUFU.RCP, denormals flushed), for decisions that tolerate it."""

@@ -253,7 +253,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
                   fp32: bool = False) -> tuple[int, int, int, bool, int, int]:
     """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
     covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
-    window_split, when there is room for more programs). folded: the section gathers codes (folded rows).
+    window_split, when there is room for more programs). folded: the kind gathers codes (folded rows).
     fp32: fp32 queries, whose dots run at IEEE precision on the CUDA cores (unrolled FMAs): at most 32 rows
     a block, because the unrolled code grows with the tile and ptxas's time with it (sm_90, Triton 3.6,
     octopus b=2, 64 keys a step: 8 / 11 / 23 s to compile at 16 / 32 / 64 rows, over 120 s at 128).

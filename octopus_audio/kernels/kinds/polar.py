@@ -54,7 +54,7 @@ def _polar_attention_tables(kc) -> tuple[torch.Tensor, torch.Tensor]:
 
 def polar_cos_sin(kc) -> torch.Tensor:
     """[levels * 2^n * 2] fp32: cos and sin of each angle centroid side by side, level-major (the score
-    tables' polar section reads both of an angle in one cache line), cached."""
+    tables' polar steps read both of an angle in one cache line), cached."""
     return _cached(kc, "_cos_sin_pairs",
                    lambda: torch.stack(_polar_attention_tables(kc), -1).reshape(-1).contiguous())
 

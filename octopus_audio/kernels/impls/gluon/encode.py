@@ -51,7 +51,7 @@ def _rows_layout():
 @gluon.jit
 def _count(o, e, c_ptr, s_ptr, NBITS: gl.constexpr):
     """#{k < 2^NBITS - 1 : o c_k - e s_k > 0} for boundaries whose test holds on a prefix of k
-    (codec_encode._cross_count: its fma and product; compares up to 3 bits, a binary search beyond)."""
+    (kinds/polar._cross_count: its fma and product; compares up to 3 bits, a binary search beyond)."""
     if NBITS <= 3:
         acc = (gl.fma(o, gl.load(c_ptr), -(e * gl.load(s_ptr))) > 0).to(gl.int32)
         for k in gl.static_range(1, (1 << NBITS) - 1):
@@ -85,7 +85,7 @@ def _unstack(t):
 
 @gluon.jit
 def _level1(a, b, trig_ptr, N_BITS: gl.constexpr):
-    """Level-1 angle codes of the pairs (a, b) (codec_encode._polar_codes)."""
+    """Level-1 angle codes of the pairs (a, b) (kinds/polar._polar_codes)."""
     NB: gl.constexpr = (1 << N_BITS) - 1
     H: gl.constexpr = 1 << (N_BITS - 1)
     c_ptr = trig_ptr
