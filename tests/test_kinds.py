@@ -23,10 +23,11 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from helpers import decoded_attention, kernel_ops  # noqa: E402
+from test_registry import UniformScalar  # noqa: E402  (the toy codec's layout)
 
 from octopus_audio import backend  # noqa: E402
 from octopus_audio.cache import CompressedKVCache  # noqa: E402
-from octopus_audio.codecs import RotationCodec, get_codec, register, unregister  # noqa: E402
+from octopus_audio.codecs import get_codec, register, unregister  # noqa: E402
 from octopus_audio.kernels import bits, encode_math, operands, tables  # noqa: E402
 from octopus_audio.packing import pack, unpack  # noqa: E402
 
@@ -43,20 +44,12 @@ def affine(bits_: int, d: int) -> torch.Tensor:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Uniform(RotationCodec):
-    """The made-up codec: one b-bit code per rotated coordinate, decoded as c * step + lowest."""
+class Uniform(UniformScalar):
+    """The made-up codec: test_registry's toy layout (one b-bit code per rotated coordinate), its codes
+    decoded as c * step + lowest by the made-up kind."""
 
     name = "test-uniform-codec"
-    supported_bits = (2, 3, 4)
     kernel_decode = KIND_NAME
-
-    @property
-    def num_codes(self) -> int:
-        return self.head_dim
-
-    @property
-    def code_bits(self) -> int:
-        return self.bits
 
     def _quantize(self, u):
         step, _, edge = affine(self.bits, self.head_dim).to(u.device)
