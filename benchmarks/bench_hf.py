@@ -12,7 +12,7 @@ ms a step, the cache's GPU memory after the fill (what `memory_allocated` grew b
 decode (weights and the prefill's source K/V left out), or OOM. Rows are appended to `rows.jsonl` as they
 finish; a rerun into the same folder skips them; `--budget-s` stops starting cells after that many seconds.
 `table.md` is written from all rows at the end. Our kernels are compiled ahead, in parallel, before the first
-cell (`octopus_audio.compile_ahead`).
+cell (`octopus_audio.aar_patch.compile_variants`).
 
 `accuracy` (CPU or GPU): a small random Llama (width 512, 4 layers, head dim 64 with 4 query heads a KV head,
 and head dim 128), a prompt of random tokens, then teacher forcing of the uncompressed model's greedy
@@ -177,7 +177,12 @@ def compile_ahead(specs, cells, heads: int, head_dim: int, device: torch.device)
     """Compile, in parallel, the kernel variants OctopusCache's decode launches for these cells."""
     if device.type != "cuda":
         return "no GPU: nothing compiled ahead"
-    from octopus_audio.compile_ahead import ParallelCompiler, UnitShapes, cache_launches, target_backend
+    from octopus_audio.aar_patch.compile_variants import (
+        ParallelCompiler,
+        UnitShapes,
+        cache_launches,
+        target_backend,
+    )
 
     target, backend = target_backend()
     launches = {}

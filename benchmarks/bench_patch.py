@@ -234,17 +234,17 @@ COPY_KERNELS = ("copy_kernel", "direct_copy")
 
 @functools.cache
 def package_kernels() -> frozenset[str]:
-    """The names of every kernel octopus_audio.kernels launches (its module-level Triton and Gluon JIT
-    functions named *_kernel, compiled or interpreted: each wraps its Python function as `fn`): the names a
-    profiler shows for them."""
+    """The names of every kernel octopus_audio.kernels launches (the module-level Triton and Gluon JIT
+    functions named *_kernel of its modules and subpackages, compiled or interpreted: each wraps its Python
+    function as `fn`): the names a profiler shows for them."""
     import importlib
     import pkgutil
 
     from octopus_audio import kernels
 
     names = set()
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(kernels.__path__, f"{kernels.__name__}."):  # kinds/, impls/ included
+        module = importlib.import_module(info.name)
         names.update(v.fn.__name__ for k, v in vars(module).items()
                      if k.endswith("_kernel") and callable(getattr(v, "fn", None)))
     return frozenset(names)
@@ -269,7 +269,7 @@ def count_launches(codec: str, bits: int) -> dict:
     import os
 
     os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
+    os.environ["OCTOPUS_AUDIO_KERNELS"] = "kernels"
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import InterpretedFunction
 

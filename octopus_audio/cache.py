@@ -513,4 +513,5 @@ class CompressedKVCache:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "
                 f"head_dim={self.head_dim}, "
                 f"window={self.window}, v_group={self.v_group}, seed={self.seed}, backend={self.backend!r}, "
+                f"kernels={self._plan.kernels_used() if self._plan else None!r}, "
                 f"tokens={self.num_tokens}, compressed={self.length}, nbytes={self.nbytes})")

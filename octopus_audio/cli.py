@@ -17,9 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "1 s of audio under a KV-cache codec (default: the embedded model and condition)"),
     "eval": ("octopus_audio.eval.cli",
              "every codec at every width against the uncompressed output: tables, plots, a listening page"),
-    "probe": ("octopus_audio.probe",
+    "probe": ("octopus_audio.apps.probe",
               "synthetic codec tables: MSE, inner products, needle, equal-rate comparison"),
-    "bench": ("octopus_audio.bench", "(CUDA GPU) time the fused attention and encode kernels against SDPA"),
+    "bench": ("octopus_audio.apps.bench",
+              "(CUDA GPU) time the fused attention and encode kernels against SDPA"),
     "codebooks": ("octopus_audio.codebooks", "list, verify or regenerate the shipped Lloyd-Max codebooks"),
     "train": ("octopus_audio.eval.train_cli", "train a small AAR-architecture model on a folder of audio"),
 }

@@ -73,26 +73,20 @@ def kernel_ops(device: str):
     """octopus_audio.kernels (the public entry points); on the CPU with interpreted kernels (re-decorated if
     they were imported before TRITON_INTERPRET=1 was set, which the kernel test modules set at import)."""
     import octopus_audio.kernels as pkg
-    from octopus_audio.kernels import flash
+    from octopus_audio.kernels.impls import flash
 
     if device == "cpu":
         _blas_interpreter_dot()
         if type(flash._attn_fwd_kernel).__name__ != "InterpretedFunction":
-            from octopus_audio.kernels import (
-                bits,
-                codec_decode,
-                codec_encode,
-                encode,
-                launch,
-                query_tables,
-                score_tables,
-                spec,
-                value_decode,
-                value_encode,
-            )
-
-            modules = (bits, launch, spec, codec_decode, value_decode, codec_encode, query_tables,
-                       score_tables, flash, value_encode, encode, pkg)
-            for module in modules:
-                importlib.reload(module)
+            for name in KERNEL_MODULES:  # in dependency order; the kinds re-register (kinds/kind.py)
+                importlib.reload(importlib.import_module(name))
+            importlib.reload(pkg)
     return pkg
+
+
+# the modules of octopus_audio.kernels with @triton.jit code or what holds it, lowest first (not the kinds
+# registry, octopus_audio.kernels.kinds.kind, which keeps the kinds registered across the reload)
+KERNEL_MODULES = tuple(f"octopus_audio.kernels.{m}" for m in (
+    "bits", "launch", "operands", "encode_math", "qjl", "tables", "kinds.scalar", "kinds.polar",
+    "kinds.triplet_rounding", "kinds.triplet", "kinds", "spec", "value_decode", "value_encode", "impls.flash",
+    "impls.score_tables", "impls.encode", "impls.gluon.scope", "select"))

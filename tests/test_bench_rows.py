@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from helpers import kernel_ops  # noqa: E402
 
 from octopus_audio import CompressedKVCache  # noqa: E402
-from octopus_audio.bench import AttnShape, Job, _attention_inputs, _ours_attention, plan  # noqa: E402
+from octopus_audio.apps.bench import AttnShape, Job, _attention_inputs, _ours_attention, plan  # noqa: E402
 
 # 2 rows x 2 heads, 5 queries against 37 compressed + 4 window keys (odd sizes), and one query
 SHAPES = [AttnShape("small", 2, 2, 5, 37, 4, 64), AttnShape("one query", 1, 2, 1, 29, 1, 64)]
@@ -27,7 +27,7 @@ SHAPES = [AttnShape("small", 2, 2, 5, 37, 4, 64), AttnShape("one query", 1, 2, 1
 @pytest.fixture(autouse=True)
 def _triton(monkeypatch):
     kernel_ops(DEVICE)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
 
 
 def _decode_sdpa(inputs, d):
@@ -73,7 +73,7 @@ def test_the_plan_times_every_attention_row_publicly_and_adds_tuned_rows():
 def test_a_row_that_breaks_the_gpu_is_recorded_and_named(tmp_path, monkeypatch):
     """A row whose error leaves the GPU unusable (empty_cache raising afterwards) is written to the partial
     file with its error before the run stops, and the stop names it."""
-    from octopus_audio import bench
+    from octopus_audio.apps import bench
 
     def broken(job, rep_ms, sdpa_ms):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -206,29 +206,44 @@ def test_bad_shapes_and_arguments():
 
 
 def test_backend_selection(monkeypatch):
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     assert attention_backend("cpu") == "reference"
     cache = CompressedKVCache("turboquant-mse", 2, D)
-    assert "backend='reference'" in repr(cache)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "fastest")
-    with pytest.raises(ValueError, match="auto, reference, triton"):
+    assert "backend='reference'" in repr(cache) and "kernels=None" in repr(cache)
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="auto, reference, kernels, triton"):
         attention_backend("cpu")
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "auto")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "auto")
     assert attention_backend("cpu") == "reference"  # auto never picks triton for CPU tensors
     assert attention_backend("cpu", get_codec("none", 2, D)) == "reference"
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(RuntimeError, match="OCTOPUS_AUDIO_BACKEND=triton"):
-        attention_backend("cpu")
+    for forced in ("kernels", "triton"):
+        monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", forced)
+        with pytest.raises(RuntimeError, match=f"OCTOPUS_AUDIO_KERNELS={forced} but the tensors are on cpu"):
+            attention_backend("cpu")
     monkeypatch.setattr(backend_mod, "_kernel_ops", lambda: (None, "kernels not built"))
     with pytest.raises(RuntimeError, match="kernels not built"):
         attention_backend("cuda")
 
 
+@pytest.mark.parametrize("old,value,now", [
+    ("OCTOPUS_AUDIO_BACKEND", "triton", "OCTOPUS_AUDIO_KERNELS=kernels"),
+    ("OCTOPUS_AUDIO_BACKEND", "Reference", "OCTOPUS_AUDIO_KERNELS=reference"),
+    ("OCTOPUS_AUDIO_ATTENTION_KERNEL", "triton", "OCTOPUS_AUDIO_KERNELS=triton"),
+    ("OCTOPUS_AUDIO_ATTENTION_KERNEL", "gluon", "OCTOPUS_AUDIO_KERNELS \\(one of auto, reference, kernels"),
+], ids=["backend-triton", "backend-reference", "attention-kernel-triton", "attention-kernel-unknown"])
+def test_a_replaced_variable_is_an_error_naming_the_new_setting(monkeypatch, old, value, now):
+    monkeypatch.delenv("OCTOPUS_AUDIO_KERNELS", raising=False)
+    monkeypatch.setenv(old, value)
+    with pytest.raises(ValueError, match=f"{old} is replaced by OCTOPUS_AUDIO_KERNELS: unset it and set "
+                       f"{now}"):
+        attention_backend("cpu", get_codec("octopus", 2, D))
+
+
 def test_reference_backend_overrides_a_forced_triton_for_sequences_started_inside(monkeypatch):
     """reference_backend (the eval's teacher forcing): a sequence that starts inside runs the reference even
     where the environment forces triton (the interpreter here); one started outside runs triton."""
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     codec = get_codec("octopus", 2, D)
     assert attention_backend("cpu", codec) == "triton"

@@ -25,7 +25,7 @@ SIZES = (1, 3, 5, 2, 4)  # five units of uneven size (scales)
 @pytest.fixture(autouse=True)
 def _triton(monkeypatch):
     kernel_ops(DEVICE)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
 
 
 def _units(seed=0, dtype=torch.bfloat16, sizes=SIZES):

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from octopus_audio import compile_ahead as ahead
+from octopus_audio.aar_patch import compile_variants as ahead
 
 _GENERATION_VS_ENUMERATION = """
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from triton.backends.compiler import GPUTarget
-from octopus_audio import compile_ahead as ahead
+from octopus_audio.aar_patch import compile_variants as ahead
 from octopus_audio.cache import CompressedKVCache
 from octopus_audio.aar_patch import generate, load_aar, patch_aar
 from octopus_audio.aar_patch.compile_ahead import generation_shapes
@@ -44,13 +44,13 @@ def spy_attend(self, q, scale):
 # a real generation of the default model (the reference backend: fast on the CPU), its caches' calls kept
 CompressedKVCache.append, CompressedKVCache.attend = spy_append, spy_attend
 pipe = load_aar()
-os.environ["OCTOPUS_AUDIO_BACKEND"] = "reference"
+os.environ["OCTOPUS_AUDIO_KERNELS"] = "reference"
 with patch_aar(pipe, codec, bits, v_bits=v_bits):
     generate(pipe, torch.randn(1, 512, generator=torch.Generator().manual_seed(0)) * 0.05, seed=3)
 CompressedKVCache.append, CompressedKVCache.attend = append, attend
 
 # the same calls, with the same tensors, into caches that run the kernels: the launches that generation makes
-os.environ["OCTOPUS_AUDIO_BACKEND"] = "triton"
+os.environ["OCTOPUS_AUDIO_KERNELS"] = "kernels"
 fresh = {}
 with ahead.recording() as launched:
     for cache, op, a, b in calls:
@@ -150,8 +150,8 @@ from triton import knobs
 from triton.compiler import ASTSource
 from triton.runtime.jit import create_function_from_signature
 from triton.backends.compiler import GPUTarget
-from octopus_audio import compile_ahead as ahead
-from octopus_audio.kernels import flash
+from octopus_audio.aar_patch import compile_variants as ahead
+from octopus_audio.kernels.impls import flash
 target, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))
 opart, lse, out = torch.zeros(3, 40, 64), torch.zeros(3, 40), torch.zeros(40, 64)
 with ahead.recording() as calls:
@@ -168,17 +168,42 @@ same_source = ahead._source(pickle.loads(pickle.dumps(launch))).hash() == ASTSou
     fn, signature, constexprs, attrs).hash()
 before = ahead.is_cached(launch, target)
 error = ahead.compile_launch((launch, target))
+# an attention launch: its decode kind's helpers are compile-time arguments, carried by name (JitRef)
+from octopus_audio import backend as octo_backend, get_codec
+from octopus_audio.kernels import PackedKeys, PackedValues, attention
+kc = octo_backend.kernel_codec(get_codec("octopus", 2, 64), 2, "cpu")
+keys = PackedKeys(torch.zeros(1, 2, 9, kc.code_words, dtype=torch.int32), torch.ones(1, 2, 9).bfloat16())
+values = PackedValues(torch.zeros(1, 2, 9, 4, dtype=torch.int32), torch.ones(1, 2, 9, 4).half(),
+                      torch.zeros(1, 2, 9, 4).half(), 2)
+with ahead.recording() as calls:
+    attention(torch.randn(1, 2, 5, 64).bfloat16(), keys, values, 9, None, None, kc)
+(kind_launch,) = ahead.launches_of(calls, backend)
+fn, args, kwargs = calls[0]
+kwargs = {**kwargs, "debug": False, "instrumentation_mode": knobs.compilation.instrumentation_mode}
+if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+refs = sorted(str(v) for v in kind_launch.constexprs.values() if isinstance(v, ahead.JitRef))
+kind_source = ahead._source(pickle.loads(pickle.dumps(kind_launch))).hash() == ASTSource(
+    fn, signature, constexprs, attrs).hash()
 print(json.dumps({"before": before, "error": error, "after": ahead.is_cached(launch, target),
-                  "dir": ahead.cache_dir(), "same_source": same_source}))
+                  "dir": ahead.cache_dir(), "same_source": same_source, "kind_refs": refs,
+                  "kind_source": kind_source, "kind_label": kind_launch.label()}))
 """
 
 
 @pytest.mark.slow
 def test_a_recorded_launch_compiles_for_sm90_into_the_triton_cache(tmp_path):
-    """The worker's real job (no GPU needed): the variant is not cached, compiles, then is."""
+    """The worker's real job (no GPU needed): the variant is not cached, compiles, then is. An attention
+    launch's decode-kind helpers (compile-time @triton.jit functions) travel pickled by name and rebuild the
+    source Triton's own launch would hash."""
     found = _compiled_kernels_run(_REAL_COMPILE, tmp_path / "cache")
+    label = found.pop("kind_label")
     assert found == {"before": False, "error": None, "after": True, "dir": str(tmp_path / "cache"),
-                     "same_source": True}
+                     "same_source": True, "kind_refs": ["triplet.queries", "triplet.scores"],
+                     "kind_source": True}
+    assert label.startswith("_attn_fwd_kernel(SCORES=triplet.scores, K_BITS=7"), label
 
 
 def test_progress_line_names_the_configuration_and_the_cache():
@@ -287,11 +312,11 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     calls, encode = [], CompressedKVCache._encode_sequence
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence",
                         lambda self, k, v: calls.append((self, k, v)) or encode(self, k, v))
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     with patch_aar(pipe, codec, bits, v_bits=v_bits):
         teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence", encode)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
     with ahead.recording() as launched:
         for cache, k, v in calls:

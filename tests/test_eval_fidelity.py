@@ -131,7 +131,7 @@ def test_which_backend_teacher_forcing_runs(pipe_cond_ref, monkeypatch, scale_lo
     from octopus_audio.eval import fidelity as fidelity_module
 
     pipe, cond, ref = pipe_cond_ref
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seen = []
 

@@ -140,11 +140,11 @@ def test_grouped_query_heads_and_head_dims(head_dim, heads, kv_heads):
 
 
 def test_decode_steps_run_the_kernels_and_match_the_reference(model, monkeypatch):
-    """Under the Triton interpreter (OCTOPUS_AUDIO_BACKEND=triton) decode steps run the fused attention and
+    """Under the Triton interpreter (OCTOPUS_AUDIO_KERNELS=kernels) decode steps run the fused attention and
     encode kernels through CompressedKVCache.attend; their logits equal the reference path's."""
     ids = prompt(length=7)
     ref = generate(model, ids, OctopusCache(model.config, codec="octopus", bits=2), max_new_tokens=3)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     cache = OctopusCache(model.config, codec="octopus", bits=2)
     out = generate(model, ids, cache, max_new_tokens=3)
     assert cache.layers[0].first.backend == "triton"

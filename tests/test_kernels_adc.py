@@ -1,5 +1,5 @@
-"""The single-query table-lookup attention (kernels/adc_*.py) against the float64 decode-then-softmax
-reference.
+"""The single-query table-lookup attention (kernels/impls/score_tables.py) against the float64
+decode-then-softmax reference.
 
 Interpreted on the CPU (TRITON_INTERPRET=1 set at import); OCTOPUS_AUDIO_TEST_DEVICE=cuda runs it compiled.
 Random packed codes cover every code of the tables (any bit pattern is a valid code).
@@ -27,7 +27,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-3}
 
 def tables():
     kernel_ops(DEVICE)
-    return importlib.import_module("octopus_audio.kernels.score_tables")
+    return importlib.import_module("octopus_audio.kernels.impls.score_tables")
 
 
 def make_store(name, bits, *, batch, heads, length, window, d, dtype, seed=0):
@@ -89,7 +89,7 @@ CASES = [
     ("octopus", 1, 128, 97, 2, None, torch.float32),  # one norm: b_rho = 0
     ("octopus-qjl", 2, 64, 257, 1, 2, torch.float32),
     ("octopus-qjl", 3, 128, 140, 1, None, torch.bfloat16),
-    # scalar section: groups of 6 // b coordinates a table code (b=2: 3, the last group of d=64 and 128
+    # scalar kind: groups of 6 // b coordinates a table code (b=2: 3, the last group of d=64 and 128
     # short), one coordinate a code from b=4 on; turboquant-qjl at b keeps b-1 bits a coordinate (b=2: 6)
     ("turboquant-mse", 2, 64, 455, 1, None, torch.float32),
     ("turboquant-mse", 2, 128, 300, 0, 3, torch.bfloat16),
@@ -102,7 +102,7 @@ CASES = [
     ("turboquant-qjl", 2, 128, 140, 1, None, torch.bfloat16),
     ("turboquant-qjl", 3, 128, 33, 3, None, torch.float32),
     ("turboquant-qjl", 4, 64, 0, 2, None, torch.float32),
-    # polar section: tables over the bottom two levels (b <= 2: 3 angles, 6 bits) or one (b >= 3), the levels
+    # polar kind: tables over the bottom two levels (b <= 2: 3 angles, 6 bits) or one (b >= 3), the levels
     # above folded in the key loop; 127 and 63 codes a key straddle words
     ("polarquant", 2, 64, 455, 1, None, torch.float32),
     ("polarquant", 2, 128, 300, 0, 3, torch.bfloat16),
@@ -143,7 +143,7 @@ GROUP_CASES = [
 @pytest.mark.parametrize("name,bits,d,group", GROUP_CASES,
                          ids=[f"{c[0]}-b{c[1]}-d{c[2]}-g{c[3]}" for c in GROUP_CASES])
 def test_scalar_groups_match_reference(name, bits, d, group):
-    """The scalar section's table codes at group sizes other than the default."""
+    """The scalar kind's table codes at group sizes other than the default."""
     lib, codec, q, keys, values, k_win, v_win = make_store(
         name, bits, batch=1, heads=2, length=150, window=1, d=d, dtype=torch.float32, seed=41)
     want = reference(lib, q, keys, values, 150, k_win, v_win)
@@ -173,8 +173,8 @@ def test_table_layouts():
     subtrees of the most bottom levels whose angle codes fit in 6 bits."""
     got = {}
     for name, bits, d in LAYOUTS:
-        lay = tables().table_layout(make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
-                                               dtype=torch.float32)[1])
+        kc = make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d, dtype=torch.float32)[1]
+        lay = kc.kind.score_tables.layout(kc)
         got[name, bits, d] = (lay.codes, lay.bits, lay.entries, lay.fold_rho, lay.group, lay.levels)
     assert got == LAYOUTS
 
@@ -201,14 +201,14 @@ def test_register_cap():
     for name, bits, d in CAPS:
         _, kc, _, _, values, _, _ = make_store(name, bits, batch=1, heads=1, length=1, window=0, d=d,
                                                dtype=torch.float32)
-        _, options = st.attention_constants(kc, st.table_layout(kc), values, 1, 256, 64, 8)
+        _, options = st.attention_constants(kc, kc.kind.score_tables.layout(kc), values, 1, 256, 64, 8)
         got[name, bits, d] = options.get("maxnreg") == st.MAX_REGISTERS
     assert got == CAPS
 
 
 def test_refuses_codes_it_cannot_look_up():
-    """turboquant-qjl at b=1 has no codes (the flash kernel serves it); group sizes are the scalar section's
-    and keep a table code's entries within MAX_ENTRIES."""
+    """turboquant-qjl at b=1 has no codes (the flash kernel serves it); group sizes are the scalar kind's and
+    keep a table code's entries within MAX_ENTRIES."""
     st = tables()
     _, qjl1, *_ = make_store("turboquant-qjl", 1, batch=1, heads=1, length=1, window=0, d=64,
                              dtype=torch.float32)
@@ -220,7 +220,7 @@ def test_refuses_codes_it_cannot_look_up():
     assert "positive" in st.adc_limit(mse2, 1, group=0)
     _, oct2, q, keys, values, k_win, v_win = make_store("octopus", 2, batch=1, heads=1, length=8, window=1,
                                                         d=64, dtype=torch.float32)
-    with pytest.raises(ValueError, match="scalar section only"):
+    with pytest.raises(ValueError, match="a kind that groups them: scalar"):
         st.attention_adc(q, keys, values, 8, k_win, v_win, oct2, group=2)
 
 

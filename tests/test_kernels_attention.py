@@ -142,7 +142,9 @@ def test_single_row_paths_agree(case):
     want = decoded_attention(codec, q, keys, values, 300, k_win, v_win, 1 / 8)
     kc = backend.kernel_codec(codec, 2, DEVICE)
     ops = kernel_ops(DEVICE)
-    assert (ops.flash.adc_limit(kc, 1, window) is None) == case.endswith("score-tables")
+    from octopus_audio.kernels.impls import score_tables
+
+    assert (score_tables.adc_limit(kc, 1, window) is None) == case.endswith("score-tables")
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     got = ops.attention(*_to(DEVICE, q), keys, values, 300, *_to(DEVICE, k_win, v_win), kc, scale=1 / 8)
@@ -255,13 +257,13 @@ def test_cache_attend_runs_the_kernels(monkeypatch):
     ref = CompressedKVCache("octopus", 2, 64, window=1, seed=4)
     units = [(torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64), torch.randn(1, 4, 3, 64))
              for n in (1, 2, 4)]
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     outs = []
     for k, v, q in units:
         cache.append(*_to(DEVICE, k, v))
         outs.append(cache.attend(q.to(DEVICE), 0.125))  # the first attends to the window only
     assert cache.backend == "triton"
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     for (k, v, q), out in zip(units, outs, strict=True):
         ref.append(k, v)
         assert_close(out, ref.attend(q, 0.125), 1e-5)
@@ -295,14 +297,14 @@ def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
     kernel_ops(DEVICE)
     torch.manual_seed(1)
     cache = CompressedKVCache("octopus", 2, 64, window=1, seed=5)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     for n in (2, 3):
         k, v = _to(DEVICE, torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64))
         cache.append(k.bfloat16(), v.bfloat16())
     q = torch.randn(1, 2, 17, 64).to(DEVICE).bfloat16()
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         out = cache.attend(q, 0.125)
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "reference")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     assert out.dtype == torch.bfloat16
     assert_close(out, cache.attend(q, 0.125), TOL[torch.bfloat16])
 
@@ -322,14 +324,14 @@ def test_fused_attention_runs_at_every_head_dim():
     ("octopus", 2, 64, True), ("octopus", 3, 128, True), ("octopus-qjl", 3, 64, True),
     ("octopus", 4, 64, False), ("octopus", 4, 128, False)])
 def test_directions_fold_codes_of_at_most_10_bits(name, bits, d, folded):
-    """The triplet section folds the direction rows where a key code has at most 10 bits (octopus b <= 3:
+    """The triplet kind folds the direction rows where a key code has at most 10 bits (octopus b <= 3:
     2**10 rows of 16 bytes) and unfolds in registers at b = 4 (13-bit codes)."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import codec_decode
+    from octopus_audio.kernels.kinds import triplet
 
     kc = backend.kernel_codec(get_codec(name, bits, d), 1, DEVICE)
-    assert codec_decode.dir_table(kc) == (codec_decode.DIR_FOLDED if folded else codec_decode.DIR_UNFOLD)
-    assert codec_decode.SECTIONS["triplet"].gathers(kc) is folded
+    assert triplet.dir_table(kc) == (triplet.DIR_FOLDED if folded else triplet.DIR_UNFOLD)
+    assert kc.kind is triplet.KIND and kc.kind.gathers(kc) is folded
 
 
 @pytest.mark.parametrize("folded,n_rows,want_tiles", [(True, 75, False), (False, 75, True), (True, 1, True)],
@@ -338,7 +340,7 @@ def test_default_code_loads(folded, n_rows, want_tiles):
     """Query blocks over folded octopus rows gather one load per code (fastest on the H200 sweep: 0.278 vs
     0.288 ms from word tiles at B=64); everything else cuts codes from word tiles."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import flash
+    from octopus_audio.kernels.impls import flash
 
     shape = flash._launch_shape(AttnConfig(), n_rows, 64, 380, 75, 32, torch.device(DEVICE), folded)
     assert shape[3] is want_tiles
@@ -352,7 +354,7 @@ def test_block_rows(fp32, n_rows, want):
     """fp32 queries (IEEE dots, unrolled on the CUDA cores) take at most 32 rows a block: larger tiles took
     minutes to compile for sm_90; 16-bit queries take up to 128 rows at d = 64."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import flash
+    from octopus_audio.kernels.impls import flash
 
     shape = flash._launch_shape(AttnConfig(), n_rows, 64, 380, 75, 32, torch.device(DEVICE), fp32=fp32)
     assert shape[0] == want

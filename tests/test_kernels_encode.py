@@ -21,8 +21,8 @@ from helpers import kernel_ops  # noqa: E402
 from octopus_audio import backend  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.kernels import bits as kbits  # noqa: E402
+from octopus_audio.kernels.kinds.triplet_search import row_words  # noqa: E402
 from octopus_audio.kernels.launch import pack_shape  # noqa: E402
-from octopus_audio.kernels.triplet_tables import row_words  # noqa: E402
 from octopus_audio.packing import pack, unpack  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
 
@@ -84,9 +84,9 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
         assert got.signs is None and got.gamma_r is None
 
 
-# every codec at both head dims through the launch a long unit gets (KEY_LAUNCH's rows and warps, not halved
-# for a small launch): the GPU only, the interpreter always takes 128 rows. A launch table row that faults
-# (triplet d=128 at 64 rows x 4 warps did on the H200) or mis-encodes fails here.
+# every codec at both head dims through the launch a long unit gets (its kind's launch table rows and warps,
+# not halved for a small launch): the GPU only, the interpreter always takes 128 rows. A launch table row that
+# faults (triplet d=128 at 64 rows x 4 warps did on the H200) or mis-encodes fails here.
 FULL_CASES = [(name, bits, d) for name in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus",
                                             "octopus-qjl") for d in (64, 128) for bits in (2, 3, 4)]
 
@@ -94,7 +94,7 @@ FULL_CASES = [(name, bits, d) for name in ("turboquant-mse", "turboquant-qjl", "
 @pytest.mark.skipif(DEVICE == "cpu", reason="compiled launches: set OCTOPUS_AUDIO_TEST_DEVICE=cuda")
 @pytest.mark.parametrize("name,bits,d", FULL_CASES, ids=[f"{n}-b{b}-d{d}" for n, b, d in FULL_CASES])
 def test_full_size_launches_match_codec(name, bits, d):
-    from octopus_audio.kernels.encode import _encode_launch
+    from octopus_audio.kernels.impls.encode import _encode_launch
     from octopus_audio.kernels.launch import _sm_count
 
     ops = kernel_ops(DEVICE)
@@ -172,7 +172,7 @@ def test_encode_keys_aligned_blocks_match_codec(name, bits, d, dtype):
 
 
 def test_padded_tokens():
-    from octopus_audio.kernels.encode import PAD_MIN_BLOCKS, padded_tokens
+    from octopus_audio.kernels.impls.encode import PAD_MIN_BLOCKS, padded_tokens
 
     assert padded_tokens(128, 64) == 128 and padded_tokens(0, 64) == 0
     assert padded_tokens(PAD_MIN_BLOCKS * 64 - 1, 64) is None  # too few blocks: rows without gaps
@@ -182,19 +182,19 @@ def test_padded_tokens():
 @pytest.mark.parametrize("name,bits,d,key_cap,unit_cap", [
     ("turboquant-mse", 4, 64, None, None),  # no cap anywhere
     ("turboquant-qjl", 2, 64, 96, 96),  # the key launch's cap, the unit encode takes it
-    ("octopus", 2, 64, None, 112),  # the unit encode's own cap (UNIT_CAPS), the key launch runs uncapped
+    ("octopus", 2, 64, None, 112),  # the unit encode's own cap (unit_caps), the key launch runs uncapped
     ("polarquant", 3, 128, 128, 128),  # d=128 takes its own rows
     ("turboquant-qjl", 3, 128, 168, 168),  # ... and its own width entries
     ("turboquant-qjl", 5, 128, None, None),  # a width without one keeps the row's launch
     ("octopus-qjl", 2, 128, None, None),
 ], ids=["uncapped", "key-cap", "unit-cap", "d128-cap", "d128-width-cap", "d128-row", "d128-uncapped"])
 def test_register_caps_per_launch(name, bits, d, key_cap, unit_cap):
-    """encode_keys' launch takes KEY_LAUNCH_BITS' cap, encode_unit's its UNIT_CAPS entry where it has one
-    (else the key launch's); a caller's EncodeConfig that sets rows or warps drops both (they would not fit
-    the cap), one that sets neither keeps them."""
+    """encode_keys' launch takes its kind's `launch_bits` cap, encode_unit's its `unit_caps` entry where it
+    has one (else the key launch's); a caller's EncodeConfig that sets rows or warps drops both (they would
+    not fit the cap), one that sets neither keeps them."""
     kernel_ops(DEVICE)
     from octopus_audio.kernels import EncodeConfig
-    from octopus_audio.kernels.encode import _encode_launch, _unit_constants
+    from octopus_audio.kernels.impls.encode import _encode_launch, _unit_constants
 
     kc = backend.kernel_codec(get_codec(name, bits, d), 2, "cpu")
     assert _encode_launch(d, None, kc)[1].get("maxnreg") == key_cap
@@ -208,7 +208,7 @@ def test_register_caps_per_launch(name, bits, d, key_cap, unit_cap):
 
 
 # T not a multiple of any block (131): each head's tokens padded to whole blocks (PAD_MIN_BLOCKS lowered so a
-# small T takes that path); every codec and section, both head dims
+# small T takes that path); every codec and kind, both head dims
 PADDED_CASES = [("octopus", 2, 64, torch.bfloat16), ("octopus-qjl", 3, 64, torch.float32),
                 ("polarquant", 2, 64, torch.float16), ("turboquant-qjl", 2, 64, torch.bfloat16),
                 ("turboquant-mse", 3, 128, torch.float32)]
@@ -218,7 +218,7 @@ def _pad_every_unit(monkeypatch):
     import sys
 
     kernel_ops(DEVICE)  # (re)loads the kernel modules first on the CPU
-    monkeypatch.setattr(sys.modules["octopus_audio.kernels.encode"], "PAD_MIN_BLOCKS", 1)
+    monkeypatch.setattr(sys.modules["octopus_audio.kernels.impls.encode"], "PAD_MIN_BLOCKS", 1)
 
 
 @pytest.mark.parametrize("name,bits,d,dtype", PADDED_CASES,
@@ -306,10 +306,10 @@ def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeyp
     launch skips keeps wrong codes; 46 groups of 16 rows: three programs of REDO_GROUPS, the last partly past
     the end."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import codec_encode, encode
+    from octopus_audio.kernels.kinds import triplet, triplet_rounding
 
-    monkeypatch.setattr(codec_encode, "NEAR", tl.constexpr(1.0))
-    search = encode._triplet_search
+    monkeypatch.setattr(triplet_rounding, "NEAR", tl.constexpr(1.0))
+    search = triplet.triplet_search
 
     def corrupted(codec):  # every region's candidates: direction 0 (zero words)
         tables = search(codec)
@@ -317,7 +317,7 @@ def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeyp
         table[: tables.regions**2 * row_words(tables.k, tables.b_dir)] = 0.0
         return dataclasses.replace(tables, table=table)
 
-    monkeypatch.setattr(encode, "_triplet_search", corrupted)
+    monkeypatch.setattr(triplet, "triplet_search", corrupted)
     heads, tokens = 2, 365
     codec = get_codec(name, bits, d, seed=2)
     k = _keys((1, heads, tokens, d), dtype, seed=bits + 200)
@@ -331,9 +331,9 @@ def test_fused_unit_near_tie_redecision_matches_codec(monkeypatch):
     """The fused unit kernel re-decides near ties inside its one launch (EXACT 0): with every score pair a
     near tie, its keys must still be the reference's."""
     kernel_ops(DEVICE)
-    from octopus_audio.kernels import codec_encode
+    from octopus_audio.kernels.kinds import triplet_rounding
 
-    monkeypatch.setattr(codec_encode, "NEAR", tl.constexpr(1.0))
+    monkeypatch.setattr(triplet_rounding, "NEAR", tl.constexpr(1.0))
     b, h, t, d = 1, 2, 9, 64
     kc = backend.kernel_codec(get_codec("octopus", 3, d, seed=8), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, torch.bfloat16, seed=9)

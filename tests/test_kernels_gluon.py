@@ -1,11 +1,13 @@
-"""The Gluon kernels (sm_90) and the dispatch that picks them: the attention kernel against
+"""The Gluon kernels (sm_90) and the selector that picks them: the attention kernel against
 decode-then-softmax with the codec library, the polarquant key encode against the library's encode and
-encode.py's Triton kernel. The decisions (pure functions) run on the CPU; the kernels only with
+the Triton key encode. The decisions (pure functions) run on the CPU; the kernels only with
 OCTOPUS_AUDIO_TEST_DEVICE=cuda on a compute capability 9.0 GPU (Gluon has no CPU interpreter)."""
 
 import logging
 import math
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -15,7 +17,11 @@ from octopus_audio import backend
 from octopus_audio.cache import CompressedKVCache
 from octopus_audio.codecs import get_codec
 from octopus_audio.codecs.base import KeyState
-from octopus_audio.kernels import PackedKeys, PackedValues, encode, flash, gluon_scope
+from octopus_audio.kernels import DecodeKind, EncodeConfig, PackedKeys, PackedValues, select
+from octopus_audio.kernels.impls import encode as triton_encode
+from octopus_audio.kernels.impls import score_tables
+from octopus_audio.kernels.impls.gluon import scope as gluon_scope
+from octopus_audio.kernels.kinds import kind_named
 from octopus_audio.packing import unpack
 from octopus_audio.values import ValueState
 
@@ -26,22 +32,25 @@ needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the Gluon kernel runs only 
                                 "GPU (set OCTOPUS_AUDIO_TEST_DEVICE=cuda on an H100/H200)")
 TOL = 2e-3  # bf16 output, beyond the rounding floor (as test_kernels_attention.py)
 
-# the key bits each codec's Gluon decode takes at d=64, written out (not read from gluon_scope)
+# the key bits each codec's Gluon decode takes at d=64, written out (not read from gluon/scope.py)
 IN_SCOPE = {"turboquant-mse": (1, 2, 3, 4), "turboquant-qjl": (2, 3, 4, 5), "polarquant": (1, 2, 3, 4),
             "octopus": (1, 2, 3, 4), "octopus-qjl": (1, 2, 3, 4)}
 OUT_OF_SCOPE = {"turboquant-mse": (5, 8), "turboquant-qjl": (1, 6), "polarquant": (5,), "octopus": (5,),
                 "octopus-qjl": (5,)}
 V_BITS = {1: 2, 2: 2, 3: 8, 4: 4, 5: 2}  # value bits tried with each key bit width: 2, 4 and 8 all run
-# the key encode's scope, written out: polarquant at these widths, every other codec and width on encode.py
+# the key encode's scope, written out: polarquant at these widths, every other codec and width on Triton
 ENCODE_IN_SCOPE = {"polarquant": (1, 2)}
 ENCODE_OUT_OF_SCOPE = {"polarquant": (3, 4, 5, 8), "turboquant-mse": (2,), "turboquant-qjl": (2,),
                        "octopus": (2,), "octopus-qjl": (2,)}
+SCALAR, POLAR, TRIPLET = (kind_named(n) for n in ("scalar", "polar", "triplet"))
+# a kind the Gluon kernels have no decode for (never registered: its helpers are never called here)
+OTHER = DecodeKind("made-up", lambda kc: {}, lambda kc: (None, None), None, None)
 
 
 def _limit(**change):
     """gluon_limit for an in-scope call (octopus b=2 at AAR shapes on an H200), with `change` applied."""
     args = dict(capability=(9, 0), api_error=None, interpreting=False, q_dtype=torch.bfloat16,
-                window_dtype=torch.bfloat16, decode="triplet", has_qjl=False, head_dim=64, code_bits=7,
+                window_dtype=torch.bfloat16, kind=TRIPLET, has_qjl=False, head_dim=64, code_bits=7,
                 v_bits=2, v_group=16, rows=75, programs=2048, sm_count=132)
     args.update(change)
     return gluon_scope.gluon_limit(**args)
@@ -60,7 +69,7 @@ def test_in_scope_at_aar_shapes():
     dict(api_error="the installed Triton lacks the Gluon API"), dict(q_dtype=torch.float16),
     dict(q_dtype=torch.float32), dict(window_dtype=torch.float16), dict(head_dim=128), dict(head_dim=32),
     dict(rows=1), dict(rows=81), dict(programs=263), dict(v_bits=3), dict(v_bits=1), dict(v_group=32),
-    dict(code_bits=16), dict(decode="polar", has_qjl=True), dict(decode="nope"),
+    dict(code_bits=16), dict(kind=POLAR, has_qjl=True), dict(kind=OTHER),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_out_of_scope_says_why(change):
     why = _limit(**change)
@@ -71,30 +80,35 @@ def test_out_of_scope_says_why(change):
 def test_codec_scope_per_bits(name):
     for bits, want in [(b, True) for b in IN_SCOPE[name]] + [(b, False) for b in OUT_OF_SCOPE[name]]:
         kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
-        why = gluon_scope.codec_limit(kc.decode, kc.has_qjl, kc.head_dim, kc.code_bits, 2, 16)
+        why = gluon_scope.codec_limit(kc.kind, kc.has_qjl, kc.head_dim, kc.code_bits, 2, 16)
         assert (why is None) == want, f"{name} b={bits}: {why}"
 
 
+def test_codec_ids_derive_from_the_kinds_registry():
+    """The attention kernel's CODEC constexpr: 2 x the kind's registry id, plus 1 with QJL; none for a kind
+    or side-car it has no decode for."""
+    ids = {(kind.name, qjl): gluon_scope.codec_id(kind, qjl) for kind in (SCALAR, POLAR, TRIPLET)
+           for qjl in (False, True)}
+    assert ids == {("scalar", False): 2 * SCALAR.id, ("scalar", True): 2 * SCALAR.id + 1,
+                   ("polar", False): 2 * POLAR.id, ("polar", True): None,
+                   ("triplet", False): 2 * TRIPLET.id, ("triplet", True): 2 * TRIPLET.id + 1}
+    assert len({v for v in ids.values() if v is not None}) == 5
+    assert gluon_scope.codec_id(OTHER, False) is None
+
+
 def test_announce_logs_once_per_reason(caplog):
-    gluon_scope._announced.clear()
-    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
+    select._announced.clear()
+    record = {}
+    with caplog.at_level(logging.INFO, logger=select.__name__):
         for _ in range(2):
-            gluon_scope.announce("gluon", "in scope", op="key encode")
-            gluon_scope.announce("triton", "75 query rows a KV head")
-        gluon_scope.announce("triton", "81 query rows a KV head")  # the same reason, other numbers
+            select.announce("key encode", "gluon", "in scope", record)
+            select.announce("attention", "split-k", "gluon: 75 query rows a KV head", record)
+        select.announce("attention", "split-k", "gluon: 81 query rows a KV head", record)  # other numbers
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["octopus-audio key encode kernel: gluon (in scope)",
-                    "octopus-audio attention kernel: triton (75 query rows a KV head)"], said
-
-
-def test_requested_kernel(monkeypatch):
-    monkeypatch.delenv(gluon_scope.ENV_VAR, raising=False)
-    assert gluon_scope.requested_kernel() == "auto"
-    monkeypatch.setenv(gluon_scope.ENV_VAR, "Triton")
-    assert gluon_scope.requested_kernel() == "triton"
-    monkeypatch.setenv(gluon_scope.ENV_VAR, "gluon")
-    with pytest.raises(ValueError, match="auto, triton"):
-        gluon_scope.requested_kernel()
+    assert said == ["octopus-audio key encode: gluon (in scope)",
+                    "octopus-audio attention: split-k (gluon: 75 query rows a KV head)"], said
+    assert record == {"key encode": {"gluon": "in scope"},
+                      "attention": {"split-k": "gluon: 75 query rows a KV head"}}
 
 
 def _tiny_call(bits=2, rows=2, heads=2):
@@ -112,34 +126,45 @@ class _ReachedTriton(Exception):
     pass
 
 
+def _fake_gluon_module(monkeypatch, name: str, function: str, calls: list) -> None:
+    """The Gluon module `name` replaced by one whose `function` records its calls (no sm_90 here): the
+    selector imports it only where the call is in scope."""
+    fake = types.ModuleType(name)
+    setattr(fake, function, lambda *a: calls.append(a) or "gluon")
+    monkeypatch.setitem(sys.modules, name, fake)
+
+
 def test_attention_runs_gluon_where_in_scope(monkeypatch):
-    """flash.attention hands an in-scope call to the Gluon launcher, and keeps the Triton kernel with
+    """select.attention hands an in-scope call to the Gluon launcher, and keeps the Triton kernels with
     gluon=False, an explicit config or split count (both launchers replaced: no sm_90 here)."""
     calls = []
-    monkeypatch.setattr(flash, "gluon_limit", lambda **kw: None)
-    monkeypatch.setattr(flash, "attention_gluon", lambda *a: calls.append(a) or "gluon")
+    monkeypatch.setattr(select, "attention_gluon_limit", lambda *a: None)
+    _fake_gluon_module(monkeypatch, "octopus_audio.kernels.impls.gluon.flash", "attention_gluon", calls)
 
     def triton_path(*args):
         raise _ReachedTriton
 
-    monkeypatch.setattr(flash, "adc_limit", triton_path)  # the Triton path's first step
+    monkeypatch.setattr(score_tables, "adc_limit", triton_path)  # the Triton implementations' first step
     q, keys, values, codec = _tiny_call()
-    assert flash.attention(q, keys, values, 4, None, None, codec) == "gluon" and len(calls) == 1
-    for kwargs in (dict(gluon=False), dict(config=flash.AttnConfig()), dict(num_splits=1)):
+    record = {}
+    assert select.attention(q, keys, values, 4, None, None, codec, record=record) == "gluon"
+    assert len(calls) == 1
+    assert record == {"attention": {"gluon": "in scope"}}
+    for kwargs in (dict(gluon=False), dict(config=select.AttnConfig()), dict(num_splits=1)):
         with pytest.raises(_ReachedTriton):
-            flash.attention(q, keys, values, 4, None, None, codec, **kwargs)
+            select.attention(q, keys, values, 4, None, None, codec, **kwargs)
     assert len(calls) == 1
 
 
 def test_cpu_tensors_run_triton():
     q, keys, values, codec = _tiny_call()
-    assert flash._gluon_limit(q, values, None, codec, 2, 2) == "not a CUDA device"
+    assert select.attention_gluon_limit(q, values, None, codec, 2, 2) == "not a CUDA device"
 
 
 def _encode_limit(**change):
     """encode_limit for an in-scope key encode (polarquant b=2, bf16, on an H200), with `change` applied."""
     args = dict(capability=(9, 0), api_error=None, interpreting=False, k_dtype=torch.bfloat16,
-                decode="polar", has_qjl=False, head_dim=64, code_bits=2)
+                kind=POLAR, has_qjl=False, head_dim=64, code_bits=2)
     args.update(change)
     return gluon_scope.encode_limit(**args)
 
@@ -152,8 +177,8 @@ def test_encode_in_scope():
 @pytest.mark.parametrize("change", [
     dict(capability=None), dict(capability=(8, 0)), dict(capability=(10, 0)), dict(interpreting=True),
     dict(api_error="the installed Triton lacks the Gluon API"), dict(k_dtype=torch.float32),
-    dict(head_dim=128), dict(head_dim=32), dict(code_bits=4), dict(decode="polar", has_qjl=True),
-    dict(decode="scalar"), dict(decode="triplet", code_bits=7), dict(decode="nope"),
+    dict(head_dim=128), dict(head_dim=32), dict(code_bits=4), dict(kind=POLAR, has_qjl=True),
+    dict(kind=SCALAR), dict(kind=TRIPLET, code_bits=7), dict(kind=OTHER),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_encode_out_of_scope_says_why(change):
     why = _encode_limit(**change)
@@ -166,33 +191,33 @@ def test_encode_scope_per_bits(name):
     cases += [(b, False) for b in ENCODE_OUT_OF_SCOPE[name]]
     for bits, want in cases:
         kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
-        why = _encode_limit(decode=kc.decode, has_qjl=kc.has_qjl, code_bits=kc.code_bits)
+        why = _encode_limit(kind=kc.kind, has_qjl=kc.has_qjl, code_bits=kc.code_bits)
         assert (why is None) == want, f"{name} b={bits}: {why}"
 
 
 def test_encode_keys_runs_gluon_where_in_scope(monkeypatch):
-    """encode_keys hands an in-scope call to the Gluon launcher and keeps the Triton kernel with gluon=False
-    or an explicit config (both replaced: no sm_90 here)."""
+    """select.encode_keys hands an in-scope call to the Gluon launcher and keeps the Triton kernel with
+    gluon=False or an explicit config (both replaced: no sm_90 here)."""
     calls = []
-    monkeypatch.setattr(encode, "gluon_encode_limit", lambda k, codec: None)
-    monkeypatch.setattr(encode, "_encode_keys_gluon", lambda *a: calls.append(a) or "gluon")
+    monkeypatch.setattr(select, "encode_gluon_limit", lambda k, codec: None)
+    _fake_gluon_module(monkeypatch, "octopus_audio.kernels.impls.gluon.encode", "encode_keys_gluon", calls)
 
     def triton_path(*args, **kwargs):
         raise _ReachedTriton
 
-    monkeypatch.setattr(encode, "_key_constants", triton_path)  # the Triton path's first step
+    monkeypatch.setattr(triton_encode, "encode_keys_triton", triton_path)
     kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
     k = torch.randn(1, 2, 5, 64).bfloat16()
-    assert encode.encode_keys(k, kc) == "gluon" and len(calls) == 1
-    for kwargs in (dict(gluon=False), dict(config=encode.EncodeConfig())):
+    assert select.encode_keys(k, kc) == "gluon" and len(calls) == 1
+    for kwargs in (dict(gluon=False), dict(config=EncodeConfig())):
         with pytest.raises(_ReachedTriton):
-            encode.encode_keys(k, kc, **kwargs)
+            select.encode_keys(k, kc, **kwargs)
     assert len(calls) == 1
 
 
 def test_cpu_keys_encode_on_triton():
     kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
-    assert encode.gluon_encode_limit(torch.zeros(1, 2, 3, 64).bfloat16(), kc) == "not a CUDA device"
+    assert select.encode_gluon_limit(torch.zeros(1, 2, 3, 64).bfloat16(), kc) == "not a CUDA device"
 
 
 # ---- the kernels, on an sm_90 GPU ----
@@ -239,7 +264,7 @@ CASES = [(name, bits) for name, bit_list in IN_SCOPE.items() for bits in bit_lis
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-b{b}" for n, b in CASES])
 def test_gluon_matches_library_decode(case, shape):
-    from octopus_audio.kernels.gluon_flash import attention_gluon
+    from octopus_audio.kernels.impls.gluon.flash import attention_gluon
 
     name, bits = case
     tq, length, window, batch, heads, groups = SHAPES[shape]
@@ -264,16 +289,17 @@ def test_gluon_matches_library_decode(case, shape):
 def test_cache_attend_runs_gluon(name, caplog):
     """The public CompressedKVCache.attend at an AAR-like shape in scope (18 rows x 16 heads: 288 programs
     on 132 SMs) runs the Gluon kernel and equals the cache's reference path (decode, then SDPA)."""
-    gluon_scope._announced.clear()
+    select._announced.clear()
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = CompressedKVCache(name, 2, 64, window=1)
     for n in (100, 155, 75):
         cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
                      torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
     q = (torch.randn(18, 16, 75, 64, generator=g, device="cuda") / 4).bfloat16()
-    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
+    with caplog.at_level(logging.INFO, logger=select.__name__):
         got = cache.attend(q, 0.125)
-    assert any("attention kernel: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    assert any("attention: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    assert "kernels='attention: gluon" in repr(cache), repr(cache)
     want = cache.attend_reference(q.float(), 0.125).double()
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double() - want).norm() / want.norm()).item()
@@ -292,7 +318,7 @@ MAX_MISMATCH = 1e-4  # as test_kernels_encode: inputs within fp32 rounding of a 
 @pytest.mark.parametrize("shape", list(ENCODE_SHAPES), ids=list(ENCODE_SHAPES))
 @pytest.mark.parametrize("bits,dtype", ENCODE_CASES, ids=[f"b{b}-{str(t)[6:]}" for b, t in ENCODE_CASES])
 def test_gluon_encode_matches_library_and_triton(bits, dtype, shape, caplog):
-    """encode_keys on the Gluon kernel: codes equal to encode.py's Triton kernel (the same arithmetic),
+    """encode_keys on the Gluon kernel: codes equal to the Triton kernel's (the same arithmetic),
     gamma (summed in another order) and codes within MAX_MISMATCH of the library's encode."""
     dims = ENCODE_SHAPES[shape]
     heads = dims[-2]
@@ -303,11 +329,11 @@ def test_gluon_encode_matches_library_and_triton(bits, dtype, shape, caplog):
     k = k.to(dtype)
     codec = get_codec("polarquant", bits, 64, seed=3)
     kc = backend.kernel_codec(codec, heads, "cuda")
-    gluon_scope._announced.clear()
-    with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
-        got = encode.encode_keys(k.cuda(), kc)
-    assert any("key encode kernel: gluon" in r.getMessage() for r in caplog.records), caplog.text
-    tri = encode.encode_keys(k.cuda(), kc, gluon=False)
+    select._announced.clear()
+    with caplog.at_level(logging.INFO, logger=select.__name__):
+        got = select.encode_keys(k.cuda(), kc)
+    assert any("key encode: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    tri = select.encode_keys(k.cuda(), kc, gluon=False)
     want = codec.encode(k)
     assert got.codes.shape == want.codes.shape and got.codes.dtype == torch.int32
     assert got.signs is None and got.gamma_r is None

@@ -279,8 +279,8 @@ from test_patch import TinyModel
 from octopus_audio.aar_patch.patch import patch_aar
 model = TinyModel(depth=1, embed_dim=128, num_heads=2)
 outs = {{}}
-for backend in ("triton", "reference"):
-    os.environ["OCTOPUS_AUDIO_BACKEND"] = backend
+for backend, setting in (("triton", "kernels"), ("reference", "reference")):
+    os.environ["OCTOPUS_AUDIO_KERNELS"] = setting
     with patch_aar(model, "octopus", 2) as handle:
         outs[backend] = model.generate(batch=2)
         assert "backend=" + backend in repr(handle), repr(handle)

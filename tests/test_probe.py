@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from octopus_audio.apps.probe import ProbeConfig, render_markdown, run_probe
 from octopus_audio.cli import main
-from octopus_audio.probe import ProbeConfig, render_markdown, run_probe
 from octopus_audio.rate_distortion import relative_difference, value_at_rate
 
 BITS = (2, 3, 4)

@@ -1,5 +1,5 @@
 """The codec registry: a toy codec declared and registered from this file alone runs through get_codec, the
-cache (reference and, reusing a kernel decode section, the Triton kernels), the patched model and an eval row;
+cache (reference and, reusing a kernel decode kind, the Triton kernels), the patched model and an eval row;
 codec names live in their codec files; product files stay short."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class UniformScalar(RotationCodec):
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class UniformScalarKernel(UniformScalar):
-    """The toy codec with the fused kernels: it reuses the scalar decode section (a centroid per coordinate)
-    by declaring it and handing over its levels and midpoints as that section's tables."""
+    """The toy codec with the fused kernels: it reuses the scalar decode kind (a centroid per coordinate)
+    by declaring it and handing over its levels and midpoints as that kind's tables."""
 
     name = "toy-uniform-kernel"
     kernel_decode = "scalar"
@@ -116,7 +116,7 @@ def _decoded_attention(cache, q, scale):
 
 
 def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, caplog):
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")  # asked for, but the codec has no kernel decode
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")  # asked for, but the codec has no kernel decode
     monkeypatch.setattr(backend_mod, "_announced", set())
     cache = octopus_audio.CompressedKVCache(toy, 3, 64, window=1)
     g = torch.Generator().manual_seed(1)
@@ -125,16 +125,16 @@ def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, c
             cache.append(torch.randn(1, 2, t, 64, generator=g), torch.randn(1, 2, t, 64, generator=g))
     assert cache.backend == "reference" and cache.length == 12 and cache.window_tokens == 3
     said = [r.getMessage() for r in caplog.records
-            if "toy-uniform has no kernel decode section" in r.getMessage()]
+            if "toy-uniform has no kernel decode kind" in r.getMessage()]
     assert len(said) == 1, said
     q = torch.randn(1, 4, 6, 64, generator=g)
     torch.testing.assert_close(cache.attend(q, 0.125), _decoded_attention(cache, q, 0.125))
     assert cache.nbytes < cache.native_nbytes
 
 
-def test_a_codec_reusing_a_kernel_decode_section_runs_the_kernels(toy, monkeypatch):
+def test_a_codec_reusing_a_kernel_decode_kind_runs_the_kernels(toy, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("OCTOPUS_AUDIO_BACKEND", "triton")
+    monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     kernel_ops("cpu")
     name = UniformScalarKernel.name
     g = torch.Generator().manual_seed(2)

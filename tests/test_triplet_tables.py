@@ -1,10 +1,10 @@
-"""The key encode's triplet search tables (kernels/triplet_tables.py) against the library's local3x3."""
+"""The key encode's triplet search tables (kernels/kinds/triplet_search.py) against the library's local3x3."""
 
 import pytest
 import torch
 
 from octopus_audio.codebooks import get_codebook
-from octopus_audio.kernels import triplet_tables as tt
+from octopus_audio.kernels.kinds import triplet_search as tt
 from octopus_audio.octahedral import direction_table, round_triplets
 
 

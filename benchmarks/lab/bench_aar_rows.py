@@ -17,10 +17,10 @@ AAR_ROWS = ("AAR B=64 ", "AAR B=512 ")
 
 
 def main() -> int:
-    from octopus_audio import bench
+    from octopus_audio.apps import bench
     from octopus_audio.cli import main as cli
-    from octopus_audio.kernels import gluon_flash
-    from octopus_audio.kernels.gluon_scope import codec_id
+    from octopus_audio.kernels.impls.gluon import flash as gluon_flash
+    from octopus_audio.kernels.impls.gluon.scope import codec_id
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -38,7 +38,7 @@ def main() -> int:
     from octopus_audio import backend, get_codec
 
     kc = backend.kernel_codec(get_codec(args.codecs, int(args.bits), 64), 16, "cpu")
-    cid = codec_id(kc.decode, kc.has_qjl)
+    cid = codec_id(kc.kind, kc.has_qjl)
     for regs in (int(r) for r in args.producer_regs.split(",")):
         gluon_flash.PRODUCER_REGS[cid] = regs  # the warm-up workers would not see it: compile in process
         cli(command + ["--workers", "0", "--out", f"{args.out}/p{regs}"])

@@ -1,7 +1,7 @@
-"""Lab (no GPU needed; a triton with ptxas): compile the score-table attention (kernels/score_tables.py) for
-sm_90 as attention_adc launches it at the H200 defaults of flash._table_attention, per codec, bits and head
-dim, and print registers, spills and SASS instructions per key of the attention kernel (and registers of the
-table kernel).
+"""Lab (no GPU needed; a triton with ptxas): compile the score-table attention (kernels/impls/score_tables.py)
+for sm_90 as attention_adc launches it at the H200 defaults of score_tables.table_attention, per codec, bits
+and head dim, and print registers, spills and SASS instructions per key of the attention kernel (and
+registers of the table kernel).
 
     PYTHONPATH=/tmp/t36only python benchmarks/lab/count_sass_adc.py   # the GPU image's Triton 3.6
     PYTHONPATH=/tmp/t36only python benchmarks/lab/count_sass_adc.py --codec turboquant-mse --group 1 3
@@ -18,7 +18,9 @@ import torch
 
 from octopus_audio import backend
 from octopus_audio.codecs import get_codec
-from octopus_audio.kernels import PackedValues, query_tables, score_tables
+from octopus_audio.kernels import PackedValues
+from octopus_audio.kernels.impls import score_tables
+from octopus_audio.kernels.kinds import polar, scalar, triplet
 
 _spec = importlib.util.spec_from_file_location(
     "count_sass_encode", os.path.join(os.path.dirname(os.path.abspath(__file__)), "count_sass_encode.py"))
@@ -41,13 +43,13 @@ TABLE_TYPES = {"q_ptr": "*bf16", "rs_ptr": "*fp32", "qs_ptr": "*fp32", "had_ptr"
 
 
 def launch_shape(d: int) -> tuple[int, int, int]:
-    """(block_k, block_v, num_warps) of flash._table_attention's defaults."""
+    """(block_k, block_v, num_warps) of score_tables.table_attention's defaults."""
     return (256, 64, 8) if d >= 128 else (128, 64, 4)
 
 
 def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None) -> dict:
     kc = backend.kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
-    lay = query_tables.table_layout(kc, group)
+    lay = kc.kind.score_tables.layout(kc, group)
     block_k, block_v, nw = launch_shape(d)
     values = PackedValues(torch.zeros(1, 1, 1, -(-d * bits // 32), dtype=torch.int32),
                           torch.zeros(1, 1, 1, d // 16), torch.zeros(1, 1, 1, d // 16), bits)
@@ -57,14 +59,14 @@ def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None =
     kernel = sass._compile(score_tables._adc_attn_kernel, ATTN_TYPES, consts, nw, cap)
     st = sass.sass_stats(kernel)
     tab_consts = dict(D=d, L=lay.codes, N_ENTRIES=lay.entries, CHUNK=min(lay.entries, 128), TP=16)
-    if kc.decode == "polar":  # no QJL side-car
-        tab_fn = query_tables._polar_tables_kernel
+    if kc.kind is polar.KIND:  # no QJL side-car
+        tab_fn = polar._polar_tables_kernel
         tab_consts = dict(tab_consts, A_BITS=kc.code_bits, G=lay.levels)
-    elif kc.decode == "scalar":
-        tab_fn = query_tables._scalar_tables_kernel
+    elif kc.kind is scalar.KIND:
+        tab_fn = scalar._scalar_tables_kernel
         tab_consts = dict(tab_consts, HAS_QJL=kc.has_qjl, B=kc.code_bits, G=lay.group)
     else:
-        tab_fn = query_tables._octopus_tables_kernel
+        tab_fn = triplet._octopus_tables_kernel
         tab_consts = dict(tab_consts, HAS_QJL=kc.has_qjl, B_RHO=kc.param("b_rho"), FOLD_RHO=lay.fold_rho)
     tab = sass.sass_stats(sass._compile(tab_fn, TABLE_TYPES, tab_consts, 4))
     st.update(codec=name, bits=bits, d=d, group=lay.group, table_codes=lay.codes, code_bits=lay.bits,

@@ -90,7 +90,8 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None,
     """(the kernel's constexprs, rows per program, launch options) exactly as encode_keys launches it."""
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import EncodeConfig, encode
+    from octopus_audio.kernels import EncodeConfig
+    from octopus_audio.kernels.impls import encode
 
     kc = backend.kernel_codec(get_codec(name, bits, d), 16, "cpu")
     cfg = EncodeConfig(block_t=block_t)
@@ -100,22 +101,21 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None,
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
           dump: str | None = None, aligned: bool = True,
           dtype: str = "bf16", exact: int = 1) -> dict:
-    from octopus_audio.kernels import encode
-    from octopus_audio.kernels.encode import _encode_keys_kernel
+    from octopus_audio.kernels.impls import encode
+    from octopus_audio.kernels.impls.encode import _encode_keys_kernel
+    from octopus_audio.kernels.kinds.triplet_rounding import NEAR_ROWS, encode_codes
 
     consts, rows, launch = key_constants(name, bits, d, block_t, native=dtype != "fp32")
     warps = num_warps or launch["num_warps"]
     types = {p: "*fp32" for p in ("qs_ptr", "cent_ptr", "bnd_ptr", "xib_ptr", "aux_ptr", "dir_ptr",
                                   "flag_ptr")}
-    # the Hadamard matrices and rotation signs come in the keys' dtype (encode._encode_tables)
+    # the Hadamard matrices and rotation signs come in the keys' dtype (impls/encode._encode_tables)
     types.update(had_ptr=f"*{dtype}", hadt_ptr=f"*{dtype}", rs_ptr=f"*{dtype}", k_ptr=f"*{dtype}",
                  codes_ptr="*i32", gamma_ptr="*i16", signs_ptr="*i32", gamma_r_ptr="*i16", near_ptr="*i32",
                  inv_sqrt_d="fp32")
-    from octopus_audio.kernels.codec_decode import SECTIONS
-
-    exact = exact if consts["DECODE"] == SECTIONS["triplet"].id else 0  # the triplet section's near-tie pass
+    exact = exact if consts["ENCODE"] is encode_codes else 0  # the triplet kind's near-tie pass
     if exact == 2 and block_t is None:  # encode_keys's redo launch: NEAR_ROWS rows a block, REDO_WARPS warps
-        rows, consts = encode.NEAR_ROWS.value, dict(consts, BLOCK_T=encode.NEAR_ROWS.value)
+        rows, consts = NEAR_ROWS.value, dict(consts, BLOCK_T=NEAR_ROWS.value)
         warps = num_warps or encode.REDO_WARPS
     redo = encode.REDO_GROUPS if exact == 2 else 1  # its programs take REDO_GROUPS groups
     kernel = _compile(_encode_keys_kernel, types,

@@ -1,7 +1,7 @@
 """How many Triton kernel variants does one generation compile? Counted on the CPU with the launchers'
 CUDA decisions (an H200's 132 SMs, CUDA device checks, deferred data checks, 16-bit operands): a cache is
-driven over one sequence by `octopus_audio.compile_ahead.cache_launches` with every launch recorded, and
-each launch's variant derived for sm_90 as Triton derives it.
+driven over one sequence by `octopus_audio.aar_patch.compile_variants.cache_launches` with every launch
+recorded, and each launch's variant derived for sm_90 as Triton derives it.
 
     python benchmarks/lab/count_variants.py [--codecs all] [--bits 2,3,4] [--by-kernel]
 
@@ -30,12 +30,13 @@ def _imitate_cuda() -> None:
     """The launchers' CUDA-only decisions on CPU tensors: the kernels as the backend (never run here), the
     SM count and the encode's device check."""
     from octopus_audio import backend
-    from octopus_audio.kernels import encode, flash, launch, score_tables
+    from octopus_audio.kernels import launch, select
+    from octopus_audio.kernels.impls import encode, flash, score_tables
 
     backend.attention_backend = lambda device=None, codec=None: (
         "triton" if codec is None or (codec.compressed and codec.kernel_decode is not None) else "reference")
 
-    for module in (launch, flash, encode, score_tables):
+    for module in (launch, flash, encode, score_tables, select):
         module._sm_count = lambda device: H200_SMS
     inner = encode._encode_launch
 
@@ -48,7 +49,7 @@ def _imitate_cuda() -> None:
 def main() -> None:
     from triton.backends.compiler import GPUTarget
 
-    from octopus_audio import compile_ahead
+    from octopus_audio.aar_patch import compile_variants as compile_ahead
     from octopus_audio.codecs import kernel_codecs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

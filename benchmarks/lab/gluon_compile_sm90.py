@@ -1,9 +1,9 @@
 """Lab (no GPU needed; a Triton with the Gluon API and ptxas): compile the product Gluon kernels for
 GPUTarget("cuda", 90, 32), so a GPU session starts from kernels known to compile: the attention kernel
-(kernels/gluon_flash.py) for every codec and key bits in its scope (gluon_scope.KEY_BITS) and every value bit
-width it takes (shared memory, registers per variant), and the polarquant key encode (kernels/gluon_encode.py)
-at every width in gluon_scope.ENCODE_BITS, both 16-bit dtypes, aligned and unaligned blocks (registers, SASS
-warp-instructions a key). Exit code 1 when any variant fails.
+(kernels/impls/gluon/flash.py) for every codec and key bits in its scope (gluon/scope.py's KEY_BITS) and
+every value bit width it takes (shared memory, registers per variant), and the polarquant key encode
+(gluon/encode.py) at every width in gluon/scope.py's ENCODE_BITS, both 16-bit dtypes, aligned and unaligned
+blocks (registers, SASS warp-instructions a key). Exit code 1 when any variant fails.
 
     PYTHONPATH=/tmp/t36only python benchmarks/lab/gluon_compile_sm90.py   # the GPU image's Triton 3.6
 """
@@ -21,7 +21,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from octopus_audio import CODECS, backend, get_codec
 from octopus_audio.codecs import SUPPORTED_BITS
-from octopus_audio.kernels import gluon_encode, gluon_flash, gluon_scope
+from octopus_audio.kernels import select
+from octopus_audio.kernels.impls.gluon import encode as gluon_encode
+from octopus_audio.kernels.impls.gluon import flash as gluon_flash
+from octopus_audio.kernels.impls.gluon import scope as gluon_scope
 from octopus_audio.kernels.launch import pack_shape
 
 HEADS = 16
@@ -45,7 +48,7 @@ def in_scope() -> list[tuple[str, int, int]]:
             except ValueError:  # no kernel view at these bits (e.g. octopus b >= 6: codes over 16 bits)
                 continue
             for v_bits in gluon_scope.VALUE_BITS:
-                if gluon_scope.codec_limit(kc.decode, kc.has_qjl, kc.head_dim, kc.code_bits, v_bits,
+                if gluon_scope.codec_limit(kc.kind, kc.has_qjl, kc.head_dim, kc.code_bits, v_bits,
                                            gluon_scope.VALUE_GROUP) is None:
                     out.append((name, bits, v_bits))
     return out
@@ -120,9 +123,9 @@ def main() -> int:
     args = parser.parse_args()
     only = {s for s in args.only.split(",") if s}
     kernels = {s for s in args.kernels.split(",") if s}
-    print(f"triton {triton.__version__}; Gluon API: {gluon_scope.gluon_api() or 'ok'}", flush=True)
+    print(f"triton {triton.__version__}; Gluon API: {select.gluon_api() or 'ok'}", flush=True)
     failed = 0
-    for bits in gluon_scope.ENCODE_BITS["polar"] if "encode" in kernels else ():
+    for bits in gluon_scope.ENCODE_BITS[gluon_scope.POLAR] if "encode" in kernels else ():
         for dtype in ("bf16", "fp16"):
             for aligned in (True, False):
                 what = f"polarquant encode b={bits} {dtype} aligned={aligned:d}"

@@ -2,7 +2,7 @@
 cost (query load and rotation, ring set-up, epilogue) from its cost a 64-key tile.
 
 2B rows x 16 heads, d=64, `--tq` queries (75: one AAR scale) against L compressed keys (random packed codes,
-as `octopus-audio bench` builds its stores) plus a 75-key native window, through `kernels.flash.attention`
+as `octopus-audio bench` builds its stores) plus a 75-key native window, through `kernels.attention`
 with its defaults (the Gluon kernel on sm_90 where in scope), for L in `--lengths`; bf16 SDPA (cuDNN) over
 L + 75 native keys beside it. Times: medians of `triton.testing.do_bench` replaying a CUDA graph of the call
 (GPU time, no host launch work). A line through (tiles, ms) gives the fixed cost (intercept) and the cost a
@@ -26,17 +26,16 @@ HEADS, WIN, D = 16, 75, 64
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import AttnShape, _random_store
+    from octopus_audio.apps.bench import AttnShape, _random_store
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import PackedKeys, PackedValues
-    from octopus_audio.kernels.flash import attention
+    from octopus_audio.kernels import PackedKeys, PackedValues, attention
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)

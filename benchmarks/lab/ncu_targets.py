@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 
 def _target(name: str):
-    from octopus_audio.bench import (
+    from octopus_audio.apps.bench import (
         AttnShape,
         Job,
         _attention_inputs,

@@ -14,7 +14,7 @@ import torch
 
 from octopus_audio.codebooks import get_codebook
 from octopus_audio.codecs import get_codec
-from octopus_audio.kernels import triplet_tables as tt
+from octopus_audio.kernels.kinds import triplet_search as tt
 from octopus_audio.octahedral import direction_table
 
 NEAR = 4e-7  # codec_encode.NEAR

@@ -33,7 +33,7 @@ ROWS_PER_B, HEADS, TQ, T_COMP, T_WIN, D = 2, 16, 75, 380, 75, 64
 
 def _inputs(codec_name: str, bits: int, batch: int, gen: torch.Generator):
     from octopus_audio import backend
-    from octopus_audio.bench import AttnShape, _random_store
+    from octopus_audio.apps.bench import AttnShape, _random_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues
 

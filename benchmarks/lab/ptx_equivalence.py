@@ -8,7 +8,9 @@ ptxas) and hashed by its PTX body (debug lines stripped).
 Run `capture` once per checkout (for an older one: PYTHONPATH at a copy of its checkout; one from before
 the layers moved into octopus_audio/ needs kernels/, aar_patch/, eval/ linked inside its octopus_audio/).
 Identical hashes for a launch mean the same machine code, hence the same numbers; `compare` lists the
-launches whose PTX differs.
+launches whose PTX differs. Launches are recorded by patching `JITFunction.run` (nothing runs), and a
+compile-time argument that is a @triton.jit function (a decode kind's helper) travels to the compiling
+process by its module and name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import importlib
 import inspect
 import json
 import os
-import pkgutil
 import re
 import sys
 
@@ -30,26 +31,30 @@ CAPTURED: list = []
 CODECS = ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
 
 
-class _Capture:
-    """Stands in for a kernel: `kernel[grid](...)` records the call instead of launching."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: CAPTURED.append((self.fn, args, kwargs))
-
-
 def _patch_kernels() -> None:
+    """Every Triton kernel launch records (kernel, args, kwargs) in CAPTURED instead of running."""
     from triton.runtime.jit import JITFunction
 
-    import octopus_audio.kernels as pkg
+    def record(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            CAPTURED.append((self, args, kwargs))
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        module = importlib.import_module(f"octopus_audio.kernels.{info.name}")
-        for name, value in list(vars(module).items()):
-            if isinstance(value, JITFunction) and name.endswith("_kernel"):
-                setattr(module, name, _Capture(value))
+    JITFunction.run = record
+
+
+def _portable(value):
+    """A compile-time argument as it can travel to another process: a @triton.jit function by name."""
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(value, JITFunction):
+        return ("jit", value.fn.__module__, value.fn.__qualname__)
+    return value
+
+
+def _local(value):
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "jit":
+        return getattr(importlib.import_module(value[1]), value[2])
+    return value
 
 
 def _cases() -> list[tuple]:
@@ -127,7 +132,7 @@ def _describe(fn, args, kwargs):
             values[p] = None if default is inspect.Parameter.empty else default
         v = values[p]
         if p in const_names or v is None or not isinstance(v, torch.Tensor | int | float):
-            sig[p], consts[(i,)] = "constexpr", v
+            sig[p], consts[(i,)] = "constexpr", _portable(v)
         elif isinstance(v, torch.Tensor):
             sig[p] = "*" + types[v.dtype]
             if v.data_ptr() % 16 == 0:
@@ -152,7 +157,7 @@ def _compile(item) -> tuple[str, int]:
 
     module, name, sig, consts, attrs, opts = item
     fn = getattr(importlib.import_module(module), name)
-    fn = fn.fn if isinstance(fn, _Capture) else fn
+    consts = {k: _local(v) for k, v in consts.items()}
     options = {"num_stages": 1, "enable_fp_fusion": True, **opts}
     ptx = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                          options=options).asm["ptx"]

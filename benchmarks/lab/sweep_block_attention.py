@@ -5,7 +5,7 @@ Run from the repository root on the device (no editable install there):
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_block_attention.py --out $OUT
 Shapes: 2B rows x 16 heads, 75 queries against 380 compressed + 75 native keys, d=64 (AAR), octopus b=2 at
 B = 1, 64, 512 and turboquant-mse b=2 at B = 64. The compressed stores are random packed codes built by
-octopus_audio.bench._random_store (the decode cost does not depend on the codes). Times: medians of
+octopus_audio.apps.bench._random_store (the decode cost does not depend on the codes). Times: medians of
 triton.testing.do_bench (L2 flushed); "host us": the launcher's CPU time per call (100 calls queued, no
 sync; B <= 64 only).
 """
@@ -67,7 +67,7 @@ CHECKS = [(c, b, batch, dt, _INDEX[label]) for c, b, batch, dt, label in [
 
 
 def _shape(batch: int):
-    from octopus_audio.bench import AttnShape
+    from octopus_audio.apps.bench import AttnShape
 
     return AttnShape(f"AAR B={batch}", 2 * batch, 16, 75, 380, 75, 64)
 
@@ -77,7 +77,7 @@ def _inputs(codec_name: str, bits: int, batch: int, dtype_name: str = "bfloat16"
     import torch
 
     from octopus_audio import backend
-    from octopus_audio.bench import _random_store
+    from octopus_audio.apps.bench import _random_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.values import ValueQuantizer
 

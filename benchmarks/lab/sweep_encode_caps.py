@@ -10,7 +10,7 @@ cache's default path), whose launch takes the key kernel's cap, is graph-timed b
     PYTHONPATH=$PWD python3 benchmarks/lab/sweep_encode_caps.py --out $OUT/caps.json \
         --jobs turboquant-qjl:2:64:4:0,turboquant-qjl:2:64:4:112 ...
 
-A job is codec:bits:rows:warps:cap[:unit_cap] (cap 0: none; unit_cap, encode.UNIT_CAPS' entry: the key
+A job is codec:bits:rows:warps:cap[:unit_cap] (cap 0: none; unit_cap, the kind's unit_caps entry: the key
 launch's cap when left out); a codec's first job runs its default launches (the numbers given are only labels)
 and gives the fields the others must match.
 """
@@ -27,10 +27,11 @@ import triton
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
     from octopus_audio.cache_store import empty_store
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import PackedKeys, PackedValues, encode
+    from octopus_audio.kernels import PackedKeys, PackedValues, encode_keys, encode_unit, kinds
+    from octopus_audio.kernels.impls import encode
     from octopus_audio.values import ValueQuantizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,12 +58,12 @@ def main() -> int:
         """The cache's own buffers (`empty_store`) for the codec's keys and 2-bit values, as the kernels'."""
         return empty_store(codec, quant, x, args.tokens).packed(PackedKeys, PackedValues, quant)
 
-    default_bits = dict(encode.KEY_LAUNCH_BITS)
-    default_unit = dict(encode.UNIT_CAPS)
+    defaults = [(kind.encode.launch_bits, dict(kind.encode.launch_bits)) for kind in kinds() if kind.encode]
+    defaults += [(kind.encode.unit_caps, dict(kind.encode.unit_caps)) for kind in kinds() if kind.encode]
 
     def restore_tables():
-        """The launch tables as the package has them."""
-        for table, default in ((encode.KEY_LAUNCH_BITS, default_bits), (encode.UNIT_CAPS, default_unit)):
+        """The kinds' launch tables as the package has them."""
+        for table, default in defaults:
             table.clear()
             table.update(default)
 
@@ -73,20 +74,21 @@ def main() -> int:
         unit_cap = int(unit_cap[0]) if unit_cap else None
         codec = get_codec(name, bits, args.dim)
         kc = backend.kernel_codec(codec, 16, x.device)
-        key = encode.launch_key(args.dim, kc.decode, kc.has_qjl, kc.code_bits)
+        key = encode.launch_key(kc)
+        launch_bits, unit_caps = kc.kind.encode.launch_bits, kc.kind.encode.unit_caps
         restore_tables()
         first = (name, bits) not in want  # a codec's first job runs its default launch: the fields to match
         if not first:
-            encode.KEY_LAUNCH_BITS[key] = (block, warps, cap)
+            launch_bits[key] = (block, warps, cap)
             if unit_cap is not None:
-                encode.UNIT_CAPS[key] = unit_cap
+                unit_caps[key] = unit_cap
             else:
-                encode.UNIT_CAPS.pop(key, None)
+                unit_caps.pop(key, None)
         kc.__dict__.pop("_key_constants", None)
         kc.__dict__.pop("_unit_constants", None)
-        fn = lambda kc=kc: encode.encode_keys(x, kc, gluon=False)  # noqa: E731
+        fn = lambda kc=kc: encode_keys(x, kc, gluon=False)  # noqa: E731
         keys_out, values_out = store(codec)
-        unit = lambda kc=kc, ko=keys_out, vo=values_out: encode.encode_unit(x, v, kc, ko, vo, 0)  # noqa: E731
+        unit = lambda kc=kc, ko=keys_out, vo=values_out: encode_unit(x, v, kc, ko, vo, 0)  # noqa: E731
         try:
             out = fn()
             fields = {f: getattr(out, f) for f in ("codes", "gamma", "signs", "gamma_r")
@@ -104,7 +106,7 @@ def main() -> int:
             ms = graph_ms = unit_ms = float("nan")
             differ, err = {}, f"{type(e).__name__}: {str(e)[:200]}"
         rows.append({"codec": name, "bits": bits, "rows": block, "warps": warps, "cap": cap,
-                     "unit_cap": encode.UNIT_CAPS.get(key, "key's"), "ms": ms,
+                     "unit_cap": unit_caps.get(key, "key's"), "ms": ms,
                      "graph_ms": graph_ms, "unit_graph_ms": unit_ms, "differ": differ, "error": err,
                      "launch": "default" if first else "set"})
         print(json.dumps(rows[-1]), flush=True)

@@ -18,9 +18,10 @@ SETTINGS = [(16, 1), (16, 2), (16, 4), (4, 4), (64, 4), (64, 1)]  # (groups a pr
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels import encode
+    from octopus_audio.kernels import encode_keys
+    from octopus_audio.kernels.impls import encode
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", default="2,3,4")
@@ -34,10 +35,10 @@ def main() -> int:
         base = None
         for groups, warps in SETTINGS:
             encode.REDO_GROUPS, encode.REDO_WARPS = groups, warps
-            out = encode.encode_keys(x, kc)
+            out = encode_keys(x, kc)
             base = out.codes if base is None else base
             same = torch.equal(out.codes, base)
-            call = _graphed(lambda kc=kc: encode.encode_keys(x, kc))
+            call = _graphed(lambda kc=kc: encode_keys(x, kc))
             ms = triton.testing.do_bench(call, warmup=10, rep=args.rep_ms, return_mode="median")
             print(f"{args.codec} b={bits} groups={groups} warps={warps} {ms:.4f} ms codes equal: {same}",
                   flush=True)

@@ -18,20 +18,22 @@ import math
 import torch
 import torch.nn.functional as F
 
-from octopus_audio import backend, bench
+from octopus_audio import backend
+from octopus_audio.apps import bench
 from octopus_audio.codecs import get_codec
-from octopus_audio.kernels import PackedKeys, PackedValues, flash, query_tables, score_tables
+from octopus_audio.kernels import PackedKeys, PackedValues, attention
+from octopus_audio.kernels.impls import score_tables
 from octopus_audio.values import ValueQuantizer
 
 
 def flash_row(*call, scale):
-    """flash.attention with the score tables refused: the flash kernel's single-row path."""
-    real = flash.adc_limit
-    flash.adc_limit = lambda *a, **k: "the sweep times the flash kernel"
+    """attention with the score tables refused: the split-K kernel's single-row path."""
+    real = score_tables.adc_limit
+    score_tables.adc_limit = lambda *a, **k: "the sweep times the split-K kernel"
     try:
-        return flash.attention(*call, scale=scale)
+        return attention(*call, scale=scale)
     finally:
-        flash.adc_limit = real
+        score_tables.adc_limit = real
 
 
 def uncapped(*call, **kw):
@@ -70,16 +72,16 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     launches = {f"tables g={g}": (g, functools.partial(
         score_tables.attention_adc, *call, scale=scale, block_k=256 if wide else 128, block_v=64,
         num_warps=8 if wide else 4, programs_per_sm=3 if wide else 4, group=g))
-        for g in groups if kc.decode == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
-    launches["tables default, no register cap"] = (query_tables.table_layout(kc).group, functools.partial(
+        for g in groups if kc.kind.name == "scalar" and score_tables.adc_limit(kc, 1, 1, g) is None}
+    launches["tables default, no register cap"] = (kc.kind.score_tables.layout(kc).group, functools.partial(
         uncapped, *call, scale=scale, block_k=256 if wide else 128, block_v=64, num_warps=8 if wide else 4,
         programs_per_sm=3 if wide else 4))
-    launches["default (flash.attention)"] = (None, functools.partial(flash.attention, *call, scale=scale))
+    launches["default (attention)"] = (None, functools.partial(attention, *call, scale=scale))
     launches["flash single row"] = (None, functools.partial(flash_row, *call, scale=scale))
     for label, (g, fn) in launches.items():
         err = ((fn().float() - ref).norm() / ref.norm()).item()
         ms = bench._bench(bench._graphed(fn), rep_ms)
-        lay = query_tables.table_layout(kc, g)
+        lay = kc.kind.score_tables.layout(kc, g)
         kib = f"{lay.codes * lay.entries * 4 / 1024:.1f}" if "tables" in label else ""
         print(f"| {name} | {bits} | {d} x {heads} | {label} | {kib} | {ms:.3f} | {sdpa_ms:.3f} | "
               f"{sdpa_ms / ms:.2f} | {err:.1e} |", flush=True)

@@ -30,14 +30,14 @@ SHAPES = {64: 16, 128: 32}  # head dim: heads
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.bench import _graphed
+    from octopus_audio.apps.bench import _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 
 
 def main() -> int:
     from octopus_audio import backend
-    from octopus_audio.bench import AttnShape, _random_store
+    from octopus_audio.apps.bench import AttnShape, _random_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, attention
 
@@ -52,12 +52,13 @@ def main() -> int:
                         "kernels (score_tables.MAX_REGISTERS; default the launcher's)")
     parser.add_argument("--variants", default="",
                         help="kernel settings to time each launch with: comma list of "
-                        "value_stages:stage_keys (the value loop's pipeline depth in flash.TABLE_LAUNCH, "
+                        "value_stages:stage_keys (the value loop's pipeline depth in "
+                        "score_tables.TABLE_LAUNCH, "
                         "score_tables.STAGE_KEYS; default the modules')")
     args = parser.parse_args()
-    from octopus_audio.kernels import flash, score_tables
+    from octopus_audio.kernels.impls import score_tables
 
-    launches = dict(flash.TABLE_LAUNCH)
+    launches = dict(score_tables.TABLE_LAUNCH)
     variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v] or [None]
     default_cap = score_tables.MAX_REGISTERS
     if args.configs:
@@ -84,7 +85,7 @@ def main() -> int:
             call = (q, keys, values, args.keys - 1, win, win, kc)
             for var, (bn, nw, pps, bv, *cap) in ((v, c) for v in variants for c in configs[d]):
                 if var is not None:
-                    flash.TABLE_LAUNCH = {k: (*v[:4], var[0]) for k, v in launches.items()}
+                    score_tables.TABLE_LAUNCH = {k: (*v[:4], var[0]) for k, v in launches.items()}
                     score_tables.STAGE_KEYS = var[1]
                 score_tables.MAX_REGISTERS = cap[0] if cap else default_cap
                 cfg = AttnConfig(block_n=bn, num_warps=nw, programs_per_sm=pps, block_v=bv)

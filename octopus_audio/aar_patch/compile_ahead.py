@@ -1,6 +1,6 @@
 """Compile ahead, on CUDA, the Triton kernels that generations of a patched AAR model launch (for one or
-several patch configurations at once, in parallel worker processes: `octopus_audio.compile_ahead`), and the
-CLIs' progress line."""
+several patch configurations at once, in parallel worker processes: `compile_variants.py`, which finds and
+compiles what one cache launches), and the CLIs' progress line."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from typing import TextIO
 
 import torch
 
-from octopus_audio import compile_ahead as ahead
-
-from .patch import PatchConfig, find_attention, model_patch_nums
+from . import compile_variants as ahead
+from .attention_modules import find_attention, model_patch_nums
 
 # progress(label, done, total): `total` variants of `label` (say "octopus b=2") are not in Triton's cache yet
 # and `done` of them are compiled; called with done 0 before the first
@@ -56,7 +55,7 @@ def generation_shapes(model: object, batch: int, dtype: torch.dtype) -> ahead.Un
     return ahead.UnitShapes(int(m.num_heads), int(m.head_dim), patch_nums, 2 * batch, dtype)
 
 
-def compile_ahead(model: object, configs: Iterable[PatchConfig], batch: int | Iterable[int],
+def compile_ahead(model: object, configs: Iterable, batch: int | Iterable[int],
                   dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,), workers: int | None = None,
                   progress: AheadProgress | None = None, teacher_forced: bool = False) -> list[AheadResult]:
     """Compile the kernel variants that generations of `batch` conditions (an int, or every batch size a run

@@ -54,11 +54,10 @@ from octopus_audio.cache_checks import check_caches, check_flags
 from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
 from octopus_audio.rotation import layer_seed
 
+from .attention_modules import ATTENTION_ATTRIBUTES, find_attention, model_patch_nums
+
 log = logging.getLogger(__name__)
 
-# attributes an attention module must have to be patched (the released code's names)
-ATTENTION_ATTRIBUTES = ("mat_qkv", "q_bias", "v_bias", "zero_k_bias", "proj", "num_heads", "head_dim",
-                        "caching", "cached_k", "cached_v", "kv_caching")
 _MARK = "_octopus_kv_patch"  # instance attribute on a patched attention module -> its _LayerPatch
 _FP16_BYTES = 2
 _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_mul (a float32 ln 100)
@@ -192,29 +191,6 @@ class CacheStats:
                 "layers": [row(s) for s in self.layers]}
 
 
-# 2. finding attention modules -----------------------------------------------------------------------------
-def _is_attention(m: object) -> bool:
-    return (isinstance(m, nn.Module) and all(hasattr(m, a) for a in ATTENTION_ATTRIBUTES)
-            and callable(m.kv_caching))
-
-
-def find_attention(model: object) -> list[nn.Module]:
-    """The attention modules of `model` (an nn.Module, or an object holding nn.Modules), in module order."""
-    if isinstance(model, nn.Module):
-        roots = [model]
-    else:
-        attrs = vars(model).values() if hasattr(model, "__dict__") else ()
-        roots = [v for v in attrs if isinstance(v, nn.Module)]
-    found: list[nn.Module] = []
-    seen: set[int] = set()
-    for root in roots:
-        for m in root.modules():
-            if id(m) not in seen and _is_attention(m):
-                seen.add(id(m))
-                found.append(m)
-    return found
-
-
 def _softmax_scale(m: nn.Module) -> float:
     if hasattr(m, "scale"):
         return float(m.scale)
@@ -228,7 +204,7 @@ def _is_cosine(m: nn.Module) -> bool:
     return bool(getattr(m, "attn_l2_norm", hasattr(m, "scale_mul_1H11")))
 
 
-# 3. the per-layer patch -----------------------------------------------------------------------------------
+# 2. the per-layer patch (the modules: attention_modules.py) -------------------------------------------------
 class _LayerPatch:
     """One patched attention module: its compressed cache, its original methods, its last accounting."""
 
@@ -354,7 +330,7 @@ class _Absent:
 _ABSENT = _Absent()
 
 
-# 4. the handle and the entry points -----------------------------------------------------------------------
+# 3. the handle and the entry points -----------------------------------------------------------------------
 class PatchHandle:
     """A model with a compressed KV cache under its attention. `unpatch()` or leaving `with` takes it off.
 
@@ -495,17 +471,6 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle
-
-
-def model_patch_nums(model: object) -> tuple[int, ...] | None:
-    """The model's scales, tokens per scale (`patch_nums` on the model, its `.aar`, or their `.config`); None
-    when it does not say."""
-    for owner in (model, getattr(model, "aar", None)):
-        for holder in (owner, getattr(owner, "config", None)):
-            patch_nums = getattr(holder, "patch_nums", None)
-            if patch_nums is not None:
-                return tuple(int(pn) for pn in patch_nums)
-    return None
 
 
 def _store_tokens(model: object, window: int) -> int | None:

@@ -102,8 +102,8 @@ class KeyCodec(abc.ABC):
     `octopus_audio.codecs.register`. What the rest of the package reads from a codec class (its declaration):
     `name` (as the CLI and reports spell it), `supported_bits` (the nominal bit widths it takes with its
     default options; empty: bits are ignored; every message about a codec's bits reads this), `compressed`
-    (False: keys and values stay native, no value quantizer) and `kernel_decode` (the section of
-    kernels/codec_decode.py that decodes its keys inside the fused attention; None: the cache runs the
+    (False: keys and values stay native, no value quantizer) and `kernel_decode` (the name of the decode kind
+    of octopus_audio/kernels/kinds/ that decodes its keys inside the fused kernels; None: the cache runs the
     PyTorch reference for it).
     """
 
@@ -199,7 +199,7 @@ class RotationCodec(KeyCodec):
 
     Subclasses implement `_quantize(u) -> codes` and `_dequantize(codes) -> u_hat` (both fp32, rotated frame),
     and declare the codes field: `num_codes` codes of `code_bits` bits per key; `qjl = True` adds the QJL
-    side-car on r = u - u_hat. A codec with a `kernel_decode` section also gives that section's tables
+    side-car on r = u - u_hat. A codec with a `kernel_decode` kind also gives that kind's tables
     (`kernel_tables`) and integer parameters (`kernel_params`). Fields: `bits`, `head_dim`, `seed` (a subclass
     adds its options after them, with defaults).
     """
@@ -247,11 +247,11 @@ class RotationCodec(KeyCodec):
 
     # ---- what the fused kernels read (octopus_audio.backend builds their KernelCodec from it) ----
     def kernel_tables(self, device) -> dict[str, torch.Tensor]:
-        """The tables the `kernel_decode` section reads, by name, on `device`."""
+        """The tables the `kernel_decode` kind reads, by name, on `device`."""
         return {}
 
     def kernel_params(self) -> dict[str, int]:
-        """Integer parameters of the `kernel_decode` section (e.g. octopus's direction and norm bits)."""
+        """Integer parameters of the `kernel_decode` kind (e.g. octopus's direction and norm bits)."""
         return {}
 
     def kernel_limit(self, encode: bool) -> str | None:

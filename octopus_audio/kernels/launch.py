@@ -1,5 +1,5 @@
 """What the launchers share: the autocast guard, power-of-two checks, split-K and packing shapes, device
-facts, the encode launch configuration."""
+facts, the attention and encode launch configurations."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+@functools.lru_cache(maxsize=16)
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of `device` (None: not a CUDA device)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 def _interpreting() -> bool:
@@ -90,6 +96,47 @@ def split_chunk(length: int, splits: int, step: int) -> tuple[int, int]:
     of `step` keys, and no split is left empty (at least one split, even for length 0)."""
     chunk = _cdiv(_cdiv(max(length, 1), max(1, splits)), step) * step
     return max(1, _cdiv(length, chunk)), chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnConfig:
+    """Launch configuration of the attention kernel; a None field takes the launcher's heuristic
+    (impls/flash.py, impls/score_tables.py).
+
+    block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
+    block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
+    keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
+    1: none); programs_per_sm: the split-K count aims at this many programs per multiprocessor;
+    split_min_keys: no split gets fewer compressed keys than this (default 4 * block_n); window_split: when
+    the store is split, the native window gets a split of its own instead of riding on the last one (default
+    True). One query row per KV head of a kind with score tables runs the score-table kernel: there block_n
+    is the keys per step of its score phase, block_v those of its value phase, num_warps and programs_per_sm
+    as here.
+    """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    programs_per_sm: int | None = None
+    split_min_keys: int | None = None
+    window_split: bool | None = None
+    block_v: int | None = None
+    block_w: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (None, 1):
+            _check_pow2("block_m", self.block_m, 16, 256)
+        _check_pow2("block_n", self.block_n, 16, 256)
+        _check_pow2("num_warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
+            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
+        _check_pow2("block_v", self.block_v, 8, 256)
+        _check_pow2("block_w", self.block_w, 16, 256)
+        if self.split_min_keys is not None and self.split_min_keys < 1:
+            raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""What the kernels know of a key codec (tables, rotations, bit layout), and the packed-state tensors."""
+"""What the kernels know of a key codec (its decode kind, tables, rotations, bit layout), and the packed-state
+tensors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
+from .kinds import DecodeKind, kind_named
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # the fused kernels' range (formats.md allows 8..1024 for the reference)
 MAX_CODE_BITS = 16  # the widest code the kernels unpack (a code spans at most two 32-bit words)
@@ -19,15 +22,15 @@ def _fp32(t: torch.Tensor) -> torch.Tensor:
 class KernelCodec:
     """A key codec as the kernels see it, built from the codec's declaration (octopus_audio.backend):
 
-    decode: the section of codec_decode.py that decodes its keys (its id is the kernels' tl.constexpr DECODE);
+    kind: the decode kind of its keys (a DecodeKind, or its registered name: a codec's `kernel_decode`);
     head_dim d; the `codes` field: num_codes codes of code_bits bits per key (little-endian int32 words);
     rotation_signs / qjl_signs: [H, d] +-1 vectors, one per KV head (formats.md, streams 0 and 1; qjl_signs
     None for codecs without the QJL side-car); hadamard: the Sylvester matrix H_d [d, d]; tables: the float32
-    tables the section reads, by name (codec_decode.SECTIONS says which, with their shapes); params: the
-    section's integer parameters (triplet: b_dir, b_rho); name: the library codec's, for messages.
+    tables the kind reads, by name (its `DecodeKind.tables` says which, with their shapes); params: the
+    kind's integer parameters (triplet: b_dir, b_rho); name: the library codec's, for messages.
     """
 
-    decode: str
+    kind: DecodeKind | str
     head_dim: int
     code_bits: int
     num_codes: int
@@ -39,12 +42,12 @@ class KernelCodec:
     name: str = ""
 
     def __post_init__(self) -> None:
-        from .codec_decode import SECTIONS
-
-        label = self.name or self.decode
-        if self.decode not in SECTIONS:
-            raise ValueError(f"{label}: no kernel decode section {self.decode!r}; "
-                             f"the kernels have {', '.join(SECTIONS)}")
+        if not isinstance(self.kind, DecodeKind):
+            try:
+                object.__setattr__(self, "kind", kind_named(self.kind))
+            except ValueError as e:
+                raise ValueError(f"{self.name or self.kind}: {e}") from None
+        label = self.name or self.kind.name
         d = self.head_dim
         if d & (d - 1) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise ValueError(f"the fused kernels take head_dim a power of two in "
@@ -58,7 +61,7 @@ class KernelCodec:
             raise ValueError(f"hadamard must be [{d}, {d}], got {tuple(self.hadamard.shape)}")
         if self.qjl_signs is not None and self.qjl_signs.shape != self.rotation_signs.shape:
             raise ValueError(f"{label}: qjl_signs must be shaped like rotation_signs")
-        for name, shape in SECTIONS[self.decode].tables(self).items():
+        for name, shape in self.kind.tables(self).items():
             t = self.tables.get(name)
             if t is None or tuple(t.shape) != shape:
                 got = None if t is None else tuple(t.shape)
@@ -72,12 +75,12 @@ class KernelCodec:
     def table(self, name: str) -> torch.Tensor:
         """The table `name` (ValueError naming the tables present when it is absent)."""
         if name not in self.tables:
-            raise ValueError(f"{self.name or self.decode} has no table {name!r}; it has "
+            raise ValueError(f"{self.name or self.kind.name} has no table {name!r}; it has "
                              f"{', '.join(self.tables) or 'no tables'}")
         return self.tables[name]
 
     def param(self, name: str) -> int:
-        """The section parameter `name`, 0 when the codec has none of that name."""
+        """The kind parameter `name`, 0 when the codec has none of that name."""
         return self.params.get(name, 0)
 
     @property
@@ -101,15 +104,13 @@ class KernelCodec:
     def query_map(self, dtype: torch.dtype) -> torch.Tensor:
         """[H, d, NP] integer matrices (exact in every float dtype) that take a query row q to the layouts
         the attention kernel scores with: q @ M_h = [sqrt(d) R q | d R' R q] (formats.md; the QJL block only
-        with the side-car), the R q block in the section's column layout (codec_decode.Section.query_block;
-        triplet: its components x | y | z). Built once per codec and dtype, cached."""
-        from .codec_decode import SECTIONS
-
+        with the side-car), the R q block in the kind's column layout (DecodeKind.query_block; triplet: its
+        components x | y | z). Built once per codec and dtype, cached."""
         maps = self.__dict__.setdefault("_query_maps", {})
         if dtype not in maps:
             had = self.hadamard
             rot = self.rotation_signs[:, :, None] * had  # q @ rot[h] = sqrt(d) R_h q (H_d symmetric)
-            blocks = [SECTIONS[self.decode].query_block(self, rot)]
+            blocks = [self.kind.query_block(self, rot)]
             if self.has_qjl:
                 blocks.append(rot @ (self.qjl_signs[:, :, None] * had))  # d R' R q
             maps[dtype] = torch.cat(blocks, 2).to(dtype).contiguous()
@@ -128,7 +129,7 @@ class KernelCodec:
         def move(t):
             return None if t is None else t.to(device)
 
-        return KernelCodec(self.decode, self.head_dim, self.code_bits, self.num_codes,
+        return KernelCodec(self.kind, self.head_dim, self.code_bits, self.num_codes,
                            move(self.rotation_signs), move(self.hadamard), move(self.qjl_signs),
                            {k: move(t) for k, t in self.tables.items()}, dict(self.params), self.name)
 

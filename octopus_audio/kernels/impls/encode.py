@@ -1,6 +1,12 @@
-"""Key encode: K of every codec with a kernel encode (scalar, polar, triplet sections) in any float dtype into
-the packed state of formats.md, and the fused unit encode (keys and values of one unit written into a store in
-one launch); the kernels and their launchers `encode_keys` and `encode_unit`."""
+"""The Triton key encode: K of a codec whose kind has a kernel encode, in any float dtype, into the packed
+state of formats.md (`encode_keys_triton`), and the fused unit encode (keys and values of one unit written
+into a store in one launch, `encode_unit`); their kernels and launchers.
+
+Supports every key encode of a kind with one (`DecodeKind.encode`): the implementation the selector
+(octopus_audio/kernels/select.py) falls back to. The kind's encode is a compile-time parameter: its
+`KindEncode.codes` helper is the kernel's ENCODE, its tables the kernel's hadt/xib/aux/dir arguments, its
+launch table the launch (`_encode_launch`).
+"""
 
 from __future__ import annotations
 
@@ -10,22 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import bf16_bits, pack_tile
-from .codec_decode import SECTIONS
-from .codec_encode import NEAR_ROWS, encode_codes
-from .encode_launches import KEY_LAUNCH, KEY_LAUNCH_BITS, UNIT_CAPS, launch_key
-from .gluon_scope import announce, device_capability, encode_limit, gluon_api
-from .launch import (
-    EncodeConfig,
-    _interpreting,
-    _outside_autocast,
-    _sm_count,
-    pack_shape,
-    unused_buffer,
-)
-from .spec import KernelCodec, PackedKeys, PackedValues
-from .triplet_tables import TripletSearchTables, search_tables
-from .value_encode import _CHUNK_DTYPES, encode_value_groups, mark_bad
+from ..bits import bf16_bits, pack_tile
+from ..kinds import ENCODE_PARAMS
+from ..launch import EncodeConfig, _interpreting, _sm_count, pack_shape, unused_buffer
+from ..spec import KernelCodec, PackedKeys, PackedValues
+from ..value_encode import _CHUNK_DTYPES, encode_value_groups, mark_bad
+
+NAME = "triton"
 
 
 @triton.jit
@@ -84,7 +81,7 @@ def _encode_keys_kernel(
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
-    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    ENCODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
     HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
@@ -98,25 +95,23 @@ def _encode_keys_kernel(
     plain [.., T, .] output). CHECK: a NaN or infinite key sets the flag (`mark_bad`).
 
     gamma = ||k|| (fp32, `key_norm`; stored bf16); u = (H_d (s_h * k)) / sqrt(d) / max(gamma, 1e-30), the
-    rotation a matmul with the +-1 Hadamard matrix (codec_encode: the signs s_h and the matrices had_ptr /
-    hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32). Then the section's codes
-    (codec_encode.encode_codes): codebook search against boundaries (scalar), recursive polar angles by cross
-    products against the boundaries' cos and sin (polar; `aux_ptr` the trig table), octahedral seeds and
-    local3x3 joint rounding (triplet: the triplet coordinates come straight out of three matmuls with the
-    Hadamard columns 3j, 3j+1, 3j+2, `hadt_ptr` [3, D, LP]; `xib_ptr` the seeds' region lookup and `aux_ptr`
-    the candidate rows and direction rows of triplet_tables; the direction table `dir_ptr` [3, 4^b_dir] for
-    near ties); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
+    rotation a matmul with the +-1 Hadamard matrix (encode_math: the signs s_h and the matrices had_ptr /
+    hadt_ptr are in the input's dtype when DOT_NATIVE, else fp32). Then the kind's codes (its ENCODE helper,
+    `KindEncode.codes`, with its tables hadt_ptr, xib_ptr, aux_ptr, dir_ptr): codebook search against
+    boundaries (scalar), recursive polar angles by cross products (polar), octahedral seeds and local3x3
+    joint rounding (triplet); the -qjl codecs add sigma = sign(R' (u - u_hat)) and gamma_r = ||u - u_hat||.
     ALIGNED: each head's tokens are numbered 0 .. T_PAD - 1, T_PAD (T, or T padded: `padded_tokens`) a
     multiple of BLOCK_T, so a block lies in one head (`_key_rows`); n_rows then counts B H T_PAD rows. Codes
     go out through `pack_tile`'s word map.
-    EXACT (the triplet section's near ties, `_octopus_tile`): 0 re-decides them inline (the fused unit
-    encode, which calls this kernel as a function for its key programs); `encode_keys` launches it twice: 1
-    writes a flag per group of NEAR_ROWS rows (the group holds a near tie), then 2, with NEAR_ROWS rows a
-    block, redoes just the flagged groups in the reference's arithmetic (a separate launch keeps that rare
-    path's registers out of the first; groups smaller than the first launch's blocks redo fewer rows: at 64
-    rows a block, b=4 flags about one block in seven). The second launch's programs take REDO_GROUPS groups
-    each: one vector load of their flags, then the flagged ones in turn (a program a group spent 51 us of
-    the 0.50 ms of octopus b=2 at 64k tokens x 16 heads on the H200 launching programs that found no flag).
+    EXACT (a kind's near ties, `KindEncode.near_rows`: the triplet kind's, `_octopus_tile`): 0 re-decides
+    them inline (the fused unit encode, which calls this kernel as a function for its key programs);
+    `encode_keys_triton` launches it twice: 1 writes a flag per group of near_rows rows (the group holds a
+    near tie), then 2, with near_rows rows a block, redoes just the flagged groups in the reference's
+    arithmetic (a separate launch keeps that rare path's registers out of the first; groups smaller than the
+    first launch's blocks redo fewer rows: at 64 rows a block, b=4 flags about one block in seven). The
+    second launch's programs take REDO_GROUPS groups each: one vector load of their flags, then the flagged
+    ones in turn (a program a group spent 51 us of the 0.50 ms of octopus b=2 at 64k tokens x 16 heads on
+    the H200 launching programs that found no flag).
     """
     pid = tl.program_id(0)
     if EXACT == 2:  # REDO_GROUPS groups a program: only those the first launch flagged
@@ -129,7 +124,7 @@ def _encode_keys_kernel(
                     _encode_key_block(
                         blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
                         gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr,
-                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D,
+                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, ENCODE, D,
                         LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
                         RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T,
                         ALIGNED, EXACT)
@@ -137,7 +132,7 @@ def _encode_keys_kernel(
         _encode_key_block(
             pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-            dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, DECODE, D, LOG2D, K_BITS, K_CODES,
+            dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, ENCODE, D, LOG2D, K_BITS, K_CODES,
             K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP,
             S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
 
@@ -148,7 +143,7 @@ def _encode_key_block(
     near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
-    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    ENCODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
     HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
@@ -174,9 +169,9 @@ def _encode_key_block(
         xsg = x * sgn  # +-1 in the input dtype: exact
     else:
         xsg = xf * sgn
-    words, wmap, proj, gamma_r = encode_codes(
+    words, wmap, proj, gamma_r = ENCODE(
         xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, blk, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, DECODE, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
+        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
         SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
         HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
     if K_WORDS > 0:
@@ -196,7 +191,7 @@ def _encode_unit_kernel(
     had_ptr, hadt_ptr, rs_ptr, qs_ptr,
     cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
     n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, key_programs, n_groups,
-    DECODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+    ENCODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
     B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
     HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
@@ -215,7 +210,7 @@ def _encode_unit_kernel(
             k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
             flag_ptr, flag_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
             dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
-            DECODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
+            ENCODE, D, LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
             RHO_SCALE, LP, HAS_QJL, S_WORDS,
             S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, 0)
     else:
@@ -224,73 +219,29 @@ def _encode_unit_kernel(
                              V_BITS, ROW_UNITS, BLOCK_G, CHECK)
 
 
-def _triplet_hadamard(codec: KernelCodec) -> torch.Tensor:
-    """[3, d, lp] fp32: slice c holds the Hadamard columns 3j + c (j < lp; zero where 3j + c >= d), so that
-    x @ slice c is coordinate c of every triplet of x @ H_d."""
-    had, d, lp, device = codec.hadamard, codec.head_dim, codec.triplet_lanes, codec.hadamard.device
-    out = torch.zeros(3, d, lp, device=device)
-    for c in range(3):
-        cols = torch.arange(c, d, 3, device=device)
-        out[c, :, : cols.numel()] = had[:, cols]
-    return out
-
-
-def _triplet_search(codec: KernelCodec) -> TripletSearchTables:
-    """The triplet section's search tables (`triplet_tables.search_tables`) on the codec's device, built once
-    per codec and device."""
-    cache = codec.__dict__.setdefault("_triplet_search", {})
-    dev = codec.table("directions").device
-    if dev not in cache:
-        cache[dev] = search_tables(codec.table("directions"), codec.table("xi_centroids"),
-                                   codec.table("xi_boundaries"), codec.table("boundaries"))
-    return cache[dev]
-
-
-def _polar_trig(codec: KernelCodec) -> torch.Tensor:
-    """fp32, flat: [2, levels, 2^b - 1] from the fp32 polarquant boundaries, in float64: level 1 (row 0) cos
-    and sin of its boundaries, levels >= 2 cos^2 and sin^2 (the kernel compares squared radii); then 9 level-1
-    codes as the reference computes them, in fp32 on the codec's device (its atan2 decides where the angle
-    lies exactly on a boundary), of the pairs (a, b) at angles k pi/4, k < 8, and (-1, -0)."""
-    boundaries = codec.table("boundaries")
-    beta = boundaries.double()
-    c, s = torch.cos(beta), torch.sin(beta)
-    c[1:], s[1:] = c[1:] ** 2, s[1:] ** 2
-    k = torch.arange(9, device=beta.device, dtype=torch.float64)
-    a = torch.where(k == 8, -1.0, torch.round(torch.cos(k * (math.pi / 4)))).float()
-    b = torch.round(torch.sin(k * (math.pi / 4))).float()
-    b = torch.where(k == 8, -torch.zeros_like(b), b)
-    psi = torch.atan2(b, a)
-    psi = torch.where(psi < 0, psi + 2 * math.pi, psi)
-    ties = torch.searchsorted(boundaries[0].contiguous(), psi.contiguous(), right=False)
-    return torch.cat([torch.stack([c, s]).float().reshape(-1), ties.float()])
-
-
 def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
                    dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """The key kernel's table arguments had_ptr .. dir_ptr (unused ones as `dummy`), cached on the codec per
     device and operand dtype: the Hadamard matrices and rotation signs in `dtype` (the input's for native
-    16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, the octopus direction
-    table as its three coordinate rows [3, 4^b_dir] and its search tables (`_triplet_search`: the region
-    lookup as xib_ptr, the candidate and direction rows as aux_ptr). Built from the codec's device tensors (no
-    host copy; the search tables once per codec on the host).
+    16-bit dots, exact as +-1; fp32 otherwise), the QJL signs and codebooks in fp32, and the kind's own
+    (`KindEncode.tables`: hadt, xib, aux, dir). Built from the codec's device tensors (no host copy).
     Not keyed on a tensor's version counter: inference tensors (a generation under torch.inference_mode)
     have none."""
     cache = codec.__dict__.setdefault("_encode_tables", {})
     key = (dev, dtype)
     if key not in cache:
-        octo = codec.decode == "triplet"
+        hadt, xib, aux, dir_rows = codec.kind.encode.tables(codec, dtype)
         boundaries = codec.tables.get("boundaries")
         cache[key] = (
             codec.hadamard.to(dtype),
-            _triplet_hadamard(codec).to(dtype) if octo else dummy,
+            dummy if hadt is None else hadt,
             codec.rotation_signs.to(dtype).contiguous(),
             codec.qjl_signs if codec.has_qjl else dummy,
             codec.tables.get("centroids", dummy),
             boundaries if boundaries is not None and boundaries.numel() else dummy,
-            _triplet_search(codec).lut if octo else dummy,
-            _triplet_search(codec).table if octo else _polar_trig(codec) if codec.decode == "polar"
-            else dummy,
-            codec.table("directions").t().contiguous() if octo else dummy)
+            dummy if xib is None else xib,
+            dummy if aux is None else aux,
+            dummy if dir_rows is None else dir_rows)
     return cache[key]
 
 
@@ -327,13 +278,15 @@ def _numbered_rows(n_rows: int, t: int, block_t: int) -> tuple[int | None, int]:
 
 def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_rows: int | None = None,
                    device: torch.device | None = None) -> tuple[int, dict]:
-    """(rows per program, launch options) of the key kernel for `codec`: KEY_LAUNCH (KEY_LAUNCH_BITS for the
-    codec's code width; its register cap only where the config leaves rows and warps to it), its rows halved
-    (to SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than two programs per SM (a decode
-    step's unit: B x H rows). The CPU interpreter pays per op, not per element, so it takes 128 rows."""
+    """(rows per program, launch options) of the key kernel for `codec`: its kind's launch table
+    (`KindEncode.launch`, `launch_bits` at the codec's code width; head dims up to 64 take the d=64 entries,
+    larger ones d=128's, d > 128 with half its rows; its register cap only where the config leaves rows and
+    warps to it), its rows halved (to SMALL_BLOCK at least, 4 warps at most) while the launch has fewer than
+    two programs per SM (a decode step's unit: B x H rows). The CPU interpreter pays per op, not per element,
+    so it takes 128 rows. test_kernels_encode's full-size launches run each entry unhalved on the GPU."""
     cfg = config or EncodeConfig()
-    key = launch_key(d, codec.decode, codec.has_qjl, codec.code_bits)
-    rows, warps, cap = KEY_LAUNCH_BITS.get(key, KEY_LAUNCH[key[0]][key[1:3]])
+    enc, key = codec.kind.encode, launch_key(codec)
+    rows, warps, cap = enc.launch_bits.get(key, enc.launch[key[:2]])
     if d > 128:
         rows = max(SMALL_BLOCK, rows // 2)
     if cfg.block_t is None and n_rows is not None and device is not None and device.type == "cuda":
@@ -348,8 +301,8 @@ def _encode_launch(d: int, config: EncodeConfig | None, codec: KernelCodec, n_ro
 
 
 def _table_cap_applies(config: EncodeConfig | None) -> bool:
-    """Whether a launch takes its table's register cap (KEY_LAUNCH_BITS, UNIT_CAPS): the cap goes with the
-    table's own rows and warps, so not where the config sets either."""
+    """Whether a launch takes its table's register cap (`KindEncode.launch_bits`, `unit_caps`): the cap goes
+    with the table's own rows and warps, so not where the config sets either."""
     return config is None or (config.block_t is None and config.num_warps is None)
 
 
@@ -374,56 +327,34 @@ def _make_key_constants(codec: KernelCodec, native: bool, split: bool, config: E
     n_bits, n_codes = codec.code_bits, codec.num_codes
     words, wp, kp = pack_shape(max(n_bits, 1), n_codes)
     s_words, s_wp, s_kp = pack_shape(1, d)
-    octo = codec.decode == "triplet"
-    search = _triplet_search(codec) if octo else None
     block_t, launch = _encode_launch(d, config, codec, n_rows, device)
-    consts = dict(DECODE=SECTIONS[codec.decode].id, D=d, LOG2D=int(math.log2(d)),
+    params = dict(ENCODE_PARAMS, B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"))
+    consts = dict(ENCODE=codec.kind.encode.codes, D=d, LOG2D=int(math.log2(d)),
                   K_BITS=n_bits, K_CODES=n_codes, K_WORDS=words if n_bits > 0 else 0, WP=wp, KP=kp,
-                  B_DIR=codec.param("b_dir"), B_RHO=codec.param("b_rho"),
-                  SEARCH_K=search.k if search else 0, LUT_SCALE=search.lut_scale if search else 0,
-                  HALF=int(search.half) if search else 0, RHO_SCALE=search.rho_scale if search else 0,
-                  LP=codec.triplet_lanes if octo else 16,
+                  **dict(params, **codec.kind.encode.constants(codec)),
                   HAS_QJL=codec.has_qjl, S_WORDS=s_words, S_WP=s_wp, S_KP=s_kp,
                   DOT_NATIVE=native, SPLIT=split, BLOCK_T=block_t)
     return consts, block_t, launch
 
 
-@_outside_autocast
-def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None,
-                gluon: bool = True) -> PackedKeys:
-    """K [..., H, T, d] (any float dtype) -> PackedKeys with `codes` [..., H, T, W] int32, `gamma` [..., H, T]
-    bf16 (and `signs`, `gamma_r` for the -qjl codecs), identical to the reference up to inputs within fp32
-    rounding of a decision boundary.
+def launch_key(codec: KernelCodec) -> tuple[int, bool, int]:
+    """The key of a kind's launch table at the codec's code width (head-dim class, QJL, code bits): head dims
+    up to 64 share the d=64 entries, larger ones d=128's."""
+    return (64 if codec.head_dim <= 64 else 128, codec.has_qjl, codec.code_bits)
 
-    `gluon` (default True): where `gluon_scope.encode_limit` finds the call in scope (an H200, 16-bit keys of
-    d = 64, polarquant at the widths where it is faster) and no `config` is given, the Gluon kernel
-    (gluon_encode.py) runs instead of the Triton kernel; the choice is logged once per reason.
 
-    >>> keys = encode_keys(torch.randn(1, 2, 455, 64, device="cuda"), codec)  # doctest: +SKIP
-    """
+def encode_keys_triton(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None = None) -> PackedKeys:
+    """K [..., H, T, d] -> PackedKeys by the Triton key kernel, for keys the selector has checked
+    (`select.encode_keys`: at least [H, T, d], the codec's heads and head dim, a float dtype; `codec` on k's
+    device, its kind with an encode). `config` overrides the launch (EncodeConfig)."""
     d = codec.head_dim
-    if k.shape[-1] != d or k.ndim < 2:
-        raise ValueError(f"keys must be [..., H, T, {d}], got {tuple(k.shape)}")
-    if k.ndim == 2:
-        k = k[None]
     h, t = k.shape[-3], k.shape[-2]
-    if h != codec.num_heads:
-        raise ValueError(f"keys have {h} heads, the codec was built for {codec.num_heads}")
-    if k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"keys must be float32, float16 or bfloat16, got {k.dtype}")
     dev = k.device
-    codec = codec.to(dev)
     kc = k.contiguous()
     lead = k.shape[:-1]
     n_rows = kc.numel() // d
     interpreting = _interpreting()
     native = k.dtype != torch.float32 and not interpreting
-    if gluon and config is None:
-        why = gluon_encode_limit(k, codec)
-        if why is None:
-            announce("gluon", "in scope", op="key encode")
-            return _encode_keys_gluon(kc, codec, dev)
-        announce("triton", why, op="key encode")
     consts, block_t, launch = _key_constants(codec, native, not interpreting, config, n_rows, dev)
     words = consts["K_WORDS"]
     codes = torch.empty(*lead, words, device=dev, dtype=torch.int32)
@@ -433,15 +364,16 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     dummy = unused_buffer(dev)
     t_pad, n_launch = _numbered_rows(n_rows, t, block_t)
     programs = triton.cdiv(n_launch, block_t)
-    octo = codec.decode == "triplet"
+    near_rows = codec.kind.encode.near_rows
     tables = _encode_tables(codec, dev, dummy, k.dtype if native else torch.float32)
     gamma_r16 = gamma_r.view(torch.int16) if gamma_r is not None else dummy
-    # octopus: a second launch (REDO_GROUPS groups of NEAR_ROWS rows a program, REDO_WARPS warps) redoes the
-    # row groups the first flags (near ties, codec_encode._octopus_tile)
-    group = min(NEAR_ROWS.value, block_t)
-    near = torch.empty(programs * (block_t // group), device=dev, dtype=torch.int32) if octo and programs \
-        else dummy
-    for exact in (1, 2) if octo else (0,):
+    # a kind with near ties (octopus): a second launch (REDO_GROUPS groups of its near_rows rows a program,
+    # REDO_WARPS warps) redoes the row groups the first flags (kinds/triplet_rounding._octopus_tile)
+    group = min(near_rows, block_t)
+    near = dummy
+    if near_rows and programs:
+        near = torch.empty(programs * (block_t // group), device=dev, dtype=torch.int32)
+    for exact in (1, 2) if near_rows else (0,):
         rows = group if exact == 2 else block_t
         grid = triton.cdiv(n_launch, rows)
         if exact == 2:
@@ -457,22 +389,10 @@ def encode_keys(k: torch.Tensor, codec: KernelCodec, config: EncodeConfig | None
     return PackedKeys(codes, gamma, signs, gamma_r)
 
 
-def gluon_encode_limit(k: torch.Tensor, codec: KernelCodec) -> str | None:
-    """gluon_scope.encode_limit for keys `k` of `codec` (None: `encode_keys` runs them on the Gluon kernel
-    unless told not to)."""
-    capability = device_capability(k.device)
-    return encode_limit(capability=capability, api_error=gluon_api() if capability is not None else None,
-                        interpreting=_interpreting(), k_dtype=k.dtype, decode=codec.decode,
-                        has_qjl=codec.has_qjl, head_dim=codec.head_dim, code_bits=codec.code_bits)
-
-
-def _encode_keys_gluon(k: torch.Tensor, codec: KernelCodec, dev: torch.device) -> PackedKeys:
-    """gluon_encode.encode_keys_gluon (imported at first use: a Triton without Gluon never imports it) with
-    this codec's cached tables in the keys' dtype."""
-    from .gluon_encode import encode_keys_gluon
-
-    tables = _encode_tables(codec, dev, unused_buffer(dev), k.dtype)
-    return encode_keys_gluon(k, codec, (tables[0], tables[2]), tables[7])
+def key_tables(codec: KernelCodec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The key kernel's table arguments (`_encode_tables`) on the codec's device, operands in `dtype`."""
+    dev = codec.hadamard.device
+    return _encode_tables(codec, dev, unused_buffer(dev), dtype)
 
 
 def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, config: EncodeConfig | None,
@@ -490,7 +410,7 @@ def _unit_constants(codec: KernelCodec, bits: int, group: int, native: bool, con
         # default) the value branch alone lifts the fused kernel to 142 registers, with 64 it stays at the
         # key branch's 114 (octopus b=2, sm_90, ptxas; the values kernel times 128 and 32 rows within 4%)
         block_g = max(1, (config.block_t if config and config.block_t else 64) * 64 // group)
-        cap = UNIT_CAPS.get(launch_key(d, codec.decode, codec.has_qjl, codec.code_bits))
+        cap = codec.kind.encode.unit_caps.get(launch_key(codec))
         if cap is not None and _table_cap_applies(config):
             launch = {k: v for k, v in launch.items() if k != "maxnreg"}
             if cap:

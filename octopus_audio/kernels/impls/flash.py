@@ -1,22 +1,24 @@
-"""Attention straight from the compressed cache: the split-K flash-decoding kernel over the store plus the
-native window, its log-sum-exp merge, and the launcher `attention` (one query row per KV head of a codec
-with score tables goes to score_tables.py)."""
+"""Split-K flash decoding: attention straight from the compressed cache by the split-K kernel over the store
+plus the native window, its log-sum-exp merge, and its launcher `attention_flash`.
+
+Supports every call (any kind, head dim, dtype, rows and window): the implementation the selector
+(octopus_audio/kernels/select.py) falls back to. The kind's decode is a compile-time parameter: its
+`queries` and `scores` helpers (kinds/kind.py) are the kernel's QUERIES and SCORES.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .bits import store_rounded
-from .codec_decode import SECTIONS, _mm_nn, _mm_nt, _operand, _project, key_scores, qjl_scores, query_operands
-from .gluon_scope import announce, device_capability, gluon_api, gluon_limit
-from .launch import (
+from ..bits import store_rounded
+from ..kinds import ATTENTION_PARAMS
+from ..launch import (
+    AttnConfig,
     _cdiv,
-    _check_pow2,
     _interpreter_16bit_dot,
     _interpreting,
     _pow2,
@@ -24,9 +26,12 @@ from .launch import (
     split_buffers,
     split_chunk,
 )
-from .score_tables import adc_limit, attention_adc
-from .spec import KernelCodec, PackedKeys, PackedValues
-from .value_decode import value_tile
+from ..operands import mm_nn, mm_nt, operand, project
+from ..qjl import qjl_scores
+from ..spec import KernelCodec, PackedKeys, PackedValues
+from ..value_decode import value_tile
+
+NAME = "split-k"
 
 LOG2E = 1.4426950408889634
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -41,14 +46,14 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _mm_nn(_operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
+    acc = acc * alpha[:, None] + mm_nn(operand(p, OPD, RNE_BY_HAND), v, USE_DOT, PREC)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
                      kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
-                     DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
+                     SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
                      K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
                      B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
                      S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
@@ -57,9 +62,9 @@ def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
                      K_WP2: tl.constexpr, MASKED: tl.constexpr):
     """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
     softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
-    key is valid and no mask is computed. The section's scores (codec_decode.key_scores against its query
-    operands qa, qb, qc), the QJL term (qj, qj2), then the values' group dequantization. HALVES: the d-wide
-    score dots run as two of d/2 (K_WP2: the word-tile width of half a key's codes)."""
+    key is valid and no mask is computed. The kind's scores (its SCORES helper against its query operands
+    qa, qb, qc), the QJL term (qj, qj2), then the values' group dequantization. HALVES: the d-wide score dots
+    run as two of d/2 (K_WP2: the word-tile width of half a key's codes)."""
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
@@ -70,9 +75,9 @@ def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
     k_rows = kc_ptr + krow[:, None] * K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    s = key_scores(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, DECODE, BLOCK_N, D, LP, LOG2D,
-                   K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT,
-                   PREC, OPD, RNE_BY_HAND)
+    s = SCORES(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, BLOCK_N, D, LP, LOG2D, K_BITS,
+               K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT, PREC, OPD,
+               RNE_BY_HAND)
     if HAS_QJL:
         s = qjl_scores(s, qj, qj2, krow, n_ok, gamma, ks_ptr, kr_ptr, D, S_WP, TILE, HALVES, USE_DOT, PREC,
                        OPD, RNE_BY_HAND)
@@ -82,7 +87,7 @@ def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
     # warp per tile against 932 with one gathered load per code, octopus b=2, 128 rows, 8 warps)
     v_tile: tl.constexpr = TILE or (32 % V_BITS == 0)
     v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
-    return _online_update(m_i, l_i, acc, s, _operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
+    return _online_update(m_i, l_i, acc, s, operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
 # the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
 # serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
@@ -100,7 +105,8 @@ def _attn_fwd_kernel(
     out_ptr, opart_ptr, lse_ptr,
     H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
     qk_scale, rot_scale, qjl_scale,
-    DECODE: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, LOG2D: tl.constexpr,
+    QUERIES: tl.constexpr, SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
+    LOG2D: tl.constexpr,
     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
     B_RHO: tl.constexpr,
     DIR_TABLE: tl.constexpr,
@@ -116,7 +122,7 @@ def _attn_fwd_kernel(
     Rows are (query head in the KV head's group, query token) pairs r = g * tq + t, G*Tq per KV head, so the
     group shares one pass over K/V. Prologue: the query rows are loaded once and projected in registers to
     the layouts the codec's score needs, q @ M_h with the per-head integer matrix at qmap (formats.md
-    rotation times sqrt(d): R q in the section's layout, `query_operands`, then the QJL query R' R q times
+    rotation times sqrt(d): R q in the kind's layout, its QUERIES helper, then the QJL query R' R q times
     d), scaled by rot_scale / qjl_scale, which also carry the softmax scale in log2 units.
     Compressed score of key n: q_rot' . (gamma_n u_hat_n) [+ q_j' . (gamma_n gamma_r_n sigma_n)]; window
     score: qk_scale * q . k_n. Softmax over both with one running max; values: group dequant in the original
@@ -124,7 +130,8 @@ def _attn_fwd_kernel(
     Split s covers compressed keys [s*chunk, (s+1)*chunk); the last split also covers the native window
     (alone when its chunk starts past the store).
     DIRECT: a single split writes the normalised output; otherwise o/l and the log2-sum-exp go to the
-    partial buffers. tab_a/tab_b: the section's attention tables (codec_decode.Section). HALVES (d >= 128):
+    partial buffers. tab_a/tab_b: the kind's attention tables (DecodeKind.attention_tables). HALVES
+    (d >= 128):
     the d-wide projections and score dots as two of d/2 each (see _compressed_tile). BLOCK_W: native window
     keys per step.
     """
@@ -142,7 +149,7 @@ def _attn_fwd_kernel(
     dcol = tl.arange(0, D)[None, :]
     q_rows = q_ptr + b * stride_qb + (h * grp + rows // tq)[:, None] * stride_qh
     q = tl.load(q_rows + (rows % tq)[:, None] * stride_qt + dcol, mask=row_ok[:, None], other=0.0)
-    qn = _operand(q, OPD, RNE_BY_HAND)
+    qn = operand(q, OPD, RNE_BY_HAND)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -155,30 +162,29 @@ def _attn_fwd_kernel(
     for n0 in tl.range(0, w_end, BLOCK_W):
         n = n0 + tl.arange(0, BLOCK_W)
         n_ok = n < t_win
-        k = _operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+        k = operand(tl.load(kw_base + n[:, None] * stride_kwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
-        s = _mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
+        s = mm_nt(qn, k, tl.zeros((BLOCK_M, BLOCK_W), tl.float32), USE_DOT, PREC)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
-        v = _operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
+        v = operand(tl.load(vw_base + n[:, None] * stride_vwt + dcol, mask=n_ok[:, None], other=0.0), OPD,
                      RNE_BY_HAND)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, USE_DOT, PREC, OPD, RNE_BY_HAND)
 
     # the query's projections for the compressed keys (after the window: q and these are not live together)
     q_pro = q.to(qmap_ptr.dtype.element_ty)
     qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
-    qa, qb, qc = query_operands(q_pro, qmap, qn, rot_scale, DECODE, D, LP, HALVES, USE_DOT, PREC_Q, OPD,
-                                RNE_BY_HAND)
+    qa, qb, qc = QUERIES(q_pro, qmap, qn, rot_scale, D, LP, HALVES, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
     qj = qn  # placeholders where there is no QJL term (never read)
     qj2 = qn
     if HAS_QJL:  # the QJL block: the map's last D columns
         QJL_COL: tl.constexpr = NP - D
         if HALVES:
             hcol = tl.arange(0, D // 2)[None, :]
-            qj = _project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-            qj2 = _project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
+            qj = project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj2 = project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
                            RNE_BY_HAND)
         else:
-            qj = _project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+            qj = project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk
@@ -187,13 +193,13 @@ def _attn_fwd_kernel(
     for n0 in tl.range(start, full_end, BLOCK_N):
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
-            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS, K_CODES,
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, D, LP, LOG2D, K_BITS, K_CODES,
             K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
             BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
     if full_end < end:
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qa, qb, qc, qj, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
-            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, DECODE, D, LP, LOG2D, K_BITS,
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, D, LP, LOG2D, K_BITS,
             K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
             TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
 
@@ -228,77 +234,18 @@ def _merge_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.const
     store_rounded(out_ptr + rows[:, None] * D + dcol, out, ok[:, None])
 
 
-@dataclasses.dataclass(frozen=True)
-class AttnConfig:
-    """Launch configuration of the attention kernel; a None field takes the heuristic of `attention`.
-
-    block_m: rows (query head x token pairs) per program, 1 (no tensor cores: FMAs and row sums) or 16..256;
-    block_n: keys per step; block_w: native window keys per step (default block_n; the AAR window of 75
-    keys pads to 128 at 64 a step, to 80 at 16); num_warps, num_stages (software pipelining of the loads;
-    1: none); programs_per_sm: the split-K count aims at this many programs per multiprocessor;
-    split_min_keys: no split gets fewer compressed keys than this (default 4 * block_n); window_split: when
-    the store is split, the native window gets a split of its own instead of riding on the last one (default
-    True). One query row per KV head with score tables (triplet, scalar sections) runs the score-table kernel:
-    there block_n is the keys per step of its score phase, block_v those of its value phase, num_warps and
-    programs_per_sm as here.
-    """
-
-    block_m: int | None = None
-    block_n: int | None = None
-    num_warps: int | None = None
-    num_stages: int | None = None
-    programs_per_sm: int | None = None
-    split_min_keys: int | None = None
-    window_split: bool | None = None
-    block_v: int | None = None
-    block_w: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.block_m not in (None, 1):
-            _check_pow2("block_m", self.block_m, 16, 256)
-        _check_pow2("block_n", self.block_n, 16, 256)
-        _check_pow2("num_warps", self.num_warps, 1, 16)
-        if self.num_stages is not None and not 1 <= self.num_stages <= 4:
-            raise ValueError(f"num_stages must be in 1..4, got {self.num_stages}")
-        if self.programs_per_sm is not None and self.programs_per_sm < 1:
-            raise ValueError(f"programs_per_sm must be >= 1, got {self.programs_per_sm}")
-        _check_pow2("block_v", self.block_v, 8, 256)
-        _check_pow2("block_w", self.block_w, 16, 256)
-        if self.split_min_keys is not None and self.split_min_keys < 1:
-            raise ValueError(f"split_min_keys must be >= 1, got {self.split_min_keys}")
-
-
 def _codec_constants(codec: KernelCodec) -> dict:
     """The kernel's compile-time constants that depend on the codec alone (cached on the codec)."""
     consts = codec.__dict__.get("_attn_constants")
     if consts is None:
-        section = SECTIONS[codec.decode]
+        kind = codec.kind
         d = codec.head_dim
-        consts = dict(DECODE=section.id, D=d, LOG2D=int(math.log2(d)), K_BITS=codec.code_bits,
-                      K_CODES=codec.num_codes, K_WORDS=codec.code_words, K_WP=_pow2(max(codec.code_words, 1)),
-                      HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)), **section.constants(codec))
+        consts = dict(QUERIES=kind.queries, SCORES=kind.scores, D=d, LOG2D=int(math.log2(d)),
+                      K_BITS=codec.code_bits, K_CODES=codec.num_codes, K_WORDS=codec.code_words,
+                      K_WP=_pow2(max(codec.code_words, 1)), HAS_QJL=codec.has_qjl, S_WP=_pow2(-(-d // 32)),
+                      **dict(ATTENTION_PARAMS, **kind.constants(codec)))
         codec.__dict__["_attn_constants"] = consts
     return consts
-
-
-def _check_packed(keys: PackedKeys, values: PackedValues, codec: KernelCodec, b: int, h: int) -> int:
-    t_cap = keys.codes.shape[2]
-    d = codec.head_dim
-    if values.group < 1 or values.group & (values.group - 1) or d % values.group:
-        raise ValueError(f"value group {values.group} must be a power of two dividing the head dim {d}")
-    expect = {"keys.codes": (keys.codes, (b, h, t_cap, codec.code_words), torch.int32),
-              "keys.gamma": (keys.gamma, (b, h, t_cap), torch.bfloat16),
-              "values.codes": (values.codes, (b, h, t_cap, -(-d * values.bits // 32)), torch.int32),
-              "values.scale": (values.scale, (b, h, t_cap, d // values.group), torch.float16),
-              "values.minimum": (values.minimum, (b, h, t_cap, d // values.group), torch.float16)}
-    if codec.has_qjl:
-        expect["keys.signs"] = (keys.signs, (b, h, t_cap, -(-d // 32)), torch.int32)
-        expect["keys.gamma_r"] = (keys.gamma_r, (b, h, t_cap), torch.bfloat16)
-    for name, (t, shape, dtype) in expect.items():
-        if t is None or tuple(t.shape) != shape or t.dtype != dtype:
-            got = None if t is None else (tuple(t.shape), t.dtype)
-            raise ValueError(f"{name} must be {dtype} of shape {shape} (formats.md), got {got}")
-    return t_cap
 
 
 def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int, programs_bh: int,
@@ -306,7 +253,7 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
                   fp32: bool = False) -> tuple[int, int, int, bool, int, int]:
     """(block_m, block_n, num_warps, tile_words, num_splits, chunk) for n_rows rows per KV head: split s
     covers the compressed keys [s * chunk, (s + 1) * chunk), the last split the window too (alone, with
-    window_split, when there is room for more programs). folded: the section gathers codes (folded rows).
+    window_split, when there is room for more programs). folded: the kind gathers codes (folded rows).
     fp32: fp32 queries, whose dots run at IEEE precision on the CUDA cores (unrolled FMAs): at most 32 rows
     a block, because the unrolled code grows with the tile and ptxas's time with it (sm_90, Triton 3.6,
     octopus b=2, 64 keys a step: 8 / 11 / 23 s to compile at 16 / 32 / 64 rows, over 120 s at 128).
@@ -344,98 +291,25 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
-# (keys a score step, keys a value step, warps, programs an SM, value-loop pipeline depth) of the one-row
-# score-table path, by head dim (and polarquant at d >= 128): the H200 sweep at 128k keys, graph-timed
-# (benchmarks/lab/sweep_table_occupancy.py; kernels.md, "Split counts of the one-row path"). d <= 64 at 16
-# heads: 6 programs an SM (what the 80-register cap keeps resident) against 4: octopus 0.0933 -> 0.0785 ms,
-# every table codec 14-19% faster; d >= 128 at 32 heads: 256 keys, 8 warps, 3 programs (one wave of 12
-# splits), within 1% of (128, 32, 4, 6) for octopus and the turboquants; polarquant, whose angle folds take
-# more registers, 0.3573 -> 0.2751 ms at (128, 32, 4, 5). The value loop software-pipelined 3 deep
-# (values_in_place) against its register double buffer: d=64 octopus 0.0750 -> 0.0732, turboquant-mse 0.0726
-# -> 0.0705; polarquant d=128 0.2539 -> 0.2503; octopus d=128 0.2202 -> 0.2261 (spills under the cap).
-TABLE_LAUNCH = {"narrow": (128, 64, 4, 6, 3), "wide": (256, 64, 8, 3, 0), "wide-polar": (128, 32, 4, 5, 3)}
-
-
-def _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits, cfg):
-    """The single-query score-table path (adc_ops), at TABLE_LAUNCH's launch where `cfg` leaves it open."""
-    kind = "narrow" if codec.head_dim < 128 else "wide-polar" if codec.decode == "polar" else "wide"
-    block_k, block_v, warps, per_sm, value_stages = TABLE_LAUNCH[kind]
-    return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
-                         num_splits=num_splits, block_k=cfg.block_n or block_k,
-                         block_v=cfg.block_v or block_v, num_warps=cfg.num_warps or warps,
-                         programs_per_sm=cfg.programs_per_sm or per_sm, value_stages=value_stages)
-
-
-def _gluon_limit(q_BHTD, values, k_window, codec, n_rows: int, programs: int) -> str | None:
-    """gluon_scope.gluon_limit for one call (None: the Gluon kernel runs it)."""
-    dev = q_BHTD.device
-    capability = device_capability(dev)
-    return gluon_limit(capability=capability, api_error=gluon_api() if capability is not None else None,
-                       interpreting=_interpreting(), q_dtype=q_BHTD.dtype,
-                       window_dtype=None if k_window is None or not k_window.shape[2] else k_window.dtype,
-                       decode=codec.decode, has_qjl=codec.has_qjl, head_dim=codec.head_dim,
-                       code_bits=codec.code_bits, v_bits=values.bits, v_group=values.group, rows=n_rows,
-                       programs=programs, sm_count=_sm_count(dev))
-
-
-def attention_gluon(*args):
-    """gluon_flash.attention_gluon, imported at first use (a Triton without Gluon never imports it)."""
-    from .gluon_flash import attention_gluon as run
-
-    return run(*args)
-
-
-def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
-              k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
-              scale: float | None = None, num_splits: int | None = None,
-              config: AttnConfig | None = None, gluon: bool = True) -> torch.Tensor:
-    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
-
-    q [B, Hq, Tq, d] (any float dtype, any strides); `keys`/`values` buffers [B, H, Tcap, ...] of
-    which the first `length` tokens are valid; window K/V [B, H, Tw, d] native (None or Tw = 0: no window).
-    Hq = G*H, query head h*G + g reads KV head h. Returns [B, Hq, Tq, d] in q's dtype (fp32 accumulation).
-    `num_splits` forces the split-K count (default: enough programs to fill the GPU); `config` overrides the
-    launch heuristic (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts
-    happen in the kernel's prologue, so the host does no tensor math. One query row per KV head of a codec
-    with score tables (triplet, scalar sections; a window of at most 64 tokens) runs the table kernel.
-    `gluon` (default True): where `gluon_scope.gluon_limit` finds the call in scope (an H200, bf16, d=64, up
-    to 80 query rows a KV head...) and neither `num_splits` nor `config` is given, the Gluon kernel
-    (gluon_flash.py) runs instead; the choice is logged once per reason.
-
-    >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
-    """
+def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                    k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                    scale: float, num_splits: int | None = None,
+                    config: AttnConfig | None = None) -> torch.Tensor:
+    """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] by the split-K kernel, for arguments the selector
+    has checked (`select.attention`: the shapes there; `codec` on q's device). `num_splits` forces the
+    split-K count (default: enough programs to fill the GPU); `config` overrides the launch heuristic
+    (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts happen in the
+    kernel's prologue, so the host does no tensor math."""
     b, hq, tq, d = q_BHTD.shape
-    if d != codec.head_dim:
-        raise ValueError(f"query head dim {d} does not match the codec's {codec.head_dim}")
     h = keys.codes.shape[1]
-    if hq % h or codec.num_heads != h:
-        raise ValueError(f"{hq} query heads cannot share {h} KV heads (codec built for {codec.num_heads})")
-    t_cap = _check_packed(keys, values, codec, b, h)
-    if not 0 <= length <= t_cap:
-        raise ValueError(f"length {length} is outside the store's capacity 0..{t_cap}")
+    t_cap = keys.codes.shape[2]
     t_win = 0 if k_window is None else k_window.shape[2]
-    if t_win and (k_window.shape != (b, h, t_win, d) or v_window is None or v_window.shape != k_window.shape):
-        raise ValueError(f"window K/V must both be [{b}, {h}, Tw, {d}], got {tuple(k_window.shape)} and "
-                         f"{None if v_window is None else tuple(v_window.shape)}")
-    if length + t_win == 0:
-        raise ValueError("attention needs at least one key: the store and the window are both empty")
     dev = q_BHTD.device
-    codec = codec.to(dev)
     grp = hq // h
     n_rows = grp * tq
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if gluon and config is None and num_splits is None:
-        why = _gluon_limit(q_BHTD, values, k_window, codec, n_rows, b * h)
-        if why is None:
-            announce("gluon", "in scope")
-            return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale)
-        announce("triton", why)
     cfg = config or AttnConfig()
-    if adc_limit(codec, n_rows, t_win) is None:
-        return _table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
-                                cfg)
-    section = SECTIONS[codec.decode]
-    folded = section.gathers(codec)
+    kind = codec.kind
+    folded = kind.gathers(codec)
     half = q_BHTD.dtype in (torch.bfloat16, torch.float16)  # 16-bit queries: tensor-core operands
     block_m, block_n, warps, tile, splits, chunk = _launch_shape(cfg, n_rows, d, length, t_win, b * h, dev,
                                                                  folded, fp32=not half)
@@ -451,10 +325,10 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     opd = q_BHTD.dtype if q16 else torch.float32
     prec = "ieee" if opd == torch.float32 else "tf32"
     qmap = codec.query_map(q_BHTD.dtype if q16 else torch.float32)
-    # At d >= 128 the d-wide score dots (all but the triplet section's, and the QJL term) run as two of d/2,
+    # At d >= 128 the d-wide score dots (all but the triplet kind's, and the QJL term) run as two of d/2,
     # the 64-deep shape the triplet dots have: with d-wide dots and bf16 operands the H200 gave relative RMS
     # errors of 1.6e-2..2.5e-2 at d = 128, with halves 1.7e-3..2.0e-3, within tolerance.
-    halves = d >= 128 and (codec.has_qjl or section.halves)
+    halves = d >= 128 and (codec.has_qjl or kind.halves)
     interpreting = _interpreting()
     if interpreting:
         _interpreter_16bit_dot()
@@ -466,7 +340,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         k_window = k_window.contiguous()
     if v_window.stride(-1) != 1:
         v_window = v_window.contiguous()
-    tab_a, tab_b = section.attention_tables(codec)
+    tab_a, tab_b = kind.attention_tables(codec)
     qk_scale = scale * LOG2E
     rot_scale, qjl_scale = qk_scale / math.sqrt(d), qk_scale * math.sqrt(math.pi / (2 * d)) / d
 

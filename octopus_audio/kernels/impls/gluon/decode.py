@@ -1,9 +1,9 @@
-"""The Gluon attention kernel's per-codec decode sections (sm_90): each turns the packed fields of 64
-compressed keys into its part of a ring stage in shared memory, as `gluon_flash.py`'s producer partition runs
+"""The Gluon attention kernel's per-kind decode sections (sm_90): each turns the packed fields of 64
+compressed keys into its part of a ring stage in shared memory, as `flash.py`'s producer partition runs
 them, plus the native window's section.
 
 A stage holds key tiles a (and c for the QJL signs) in bf16 and the value tile in fp16, in the
-kernel's own column orders (`gluon_flash.key_columns` for the keys, `gluon_flash._true_order` for the values),
+kernel's own column orders (`flash.key_columns` for the keys, `flash._true_order` for the values),
 and two column vectors: each key's score scale (gamma; the softmax scale for window keys) and bias (0, or -inf
 past the last key). Code words are read once per key as whole words and cut in registers with shifts whose
 amounts are compile-time constants after one funnel shift; table lookups go through `gl.gather` of a
@@ -17,12 +17,15 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# the kernel's codec ids (CODEC constexpr), from a KernelCodec's decode section and QJL side-car
-TQM = gl.constexpr(0)  # scalar section (turboquant-mse)
-TQJ = gl.constexpr(1)  # scalar + QJL (turboquant-qjl)
-POL = gl.constexpr(2)  # polar section (polarquant)
-OCT = gl.constexpr(3)  # triplet section (octopus)
-OCJ = gl.constexpr(4)  # triplet + QJL (octopus-qjl)
+from .scope import POLAR, SCALAR, TRIPLET, codec_id
+
+# the kernel's codec ids (CODEC constexpr) of the kinds it decodes, with and without the QJL side-car
+# (scope.codec_id: from the kinds registry)
+TQM = gl.constexpr(codec_id(SCALAR, False))  # turboquant-mse
+TQJ = gl.constexpr(codec_id(SCALAR, True))  # turboquant-qjl
+POL = gl.constexpr(codec_id(POLAR, False))  # polarquant
+OCT = gl.constexpr(codec_id(TRIPLET, False))  # octopus
+OCJ = gl.constexpr(codec_id(TRIPLET, True))  # octopus-qjl
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -413,7 +416,7 @@ def _values_raw(vc_ptr, vs_ptr, vm_ptr, row0, n0, length, NB: gl.constexpr, GROU
 @gluon.jit
 def _values_decode(dst, raw, NB: gl.constexpr):
     """Group dequantization in fp16x2 into dst [64, 64] fp16: word w's pair j (codes j and j + C/2 of its C
-    = 32 / NB) goes to columns w C + 2j, + 1 (`gluon_flash._true_order` puts them back)."""
+    = 32 / NB) goes to columns w C + 2j, + 1 (`flash._true_order` puts them back)."""
     words, sc, mn = raw
     P: gl.constexpr = 16 // NB
     j = gl.arange(0, P, gl.SliceLayout(0, gl.SliceLayout(1, _words_layout(words.shape[1], P))))

@@ -1,5 +1,9 @@
-"""One query row per KV head from per-query score tables (triplet, scalar and polar sections): the attention
-kernel and its launcher (the tables: query_tables.py).
+"""One-row score tables: one query row per KV head from per-query score tables, the attention kernel and its
+launcher `attention_adc` (`table_attention` at its default launch).
+
+Supports one query row a KV head, a kind with score tables (`DecodeKind.score_tables`), codes to look up,
+tables of at most MAX_ENTRIES entries a code and a window of at most MAX_WINDOW tokens (`adc_limit` says why
+not).
 
 With one query row per KV head the decoded key is used exactly once, so decoding it is waste: the score
 of key n is a sum of terms that each depend only on one code of the key,
@@ -7,18 +11,13 @@ of key n is a sum of terms that each depend only on one code of the key,
     q . k_n = gamma_n * sum_i rho(c_ni) * (q_rot,i . n_hat(dir(c_ni)))           (octopus, formats.md)
 
 so a table T[i, c] = qk_scale * rho(c) * (q_rot,i . n_hat(dir(c))) built once per query row turns the key loop
-into one lookup and one add per triplet (asymmetric distance computation, as in product quantization). The
-scalar section (turboquant-*: q . k_n = gamma_n * sum_j q_rot[j] C_coord[c_nj]) groups G adjacent coordinates,
-whose codes lie side by side in the bit stream, into one table code of G b bits: T[i, e] = qk_scale *
-sum_{j < G} q_rot[G i + j] C_coord[e_j] (table_layout: the most coordinates within SCALAR_GROUP_BITS bits),
-so the same key loop runs over the groups. The QJL term (R' q_rot) . sigma_n takes a second table over the
-sign bytes: S[p, e] = qk_scale * sum_t q_j[8p + t] * (2 bit_t(e) - 1), one lookup per 8 signs. Tables live in
-global memory and are read through L1 (a row's table is 11-22 KB at d = 64-128, b = 2, octopus; 5.5-11 KB
-turboquant-mse). The polar section (polarquant: u_hat's coordinates are products of cos and sin along
-a binary tree of angles) does not separate into per-code terms, but its score folds up the tree: with
-S_-1[i] = q_rot[i] and S_lv[m] = cos(psi_lv,m) S_lv-1[2m] + sin(psi_lv,m) S_lv-1[2m+1],
-q . k_n = gamma_n * S_top. A table per subtree of the bottom G levels (query_tables) gives its S_G-1 in one
-lookup; each level above costs a cos | sin pair read and two FMAs an angle (`_polar_score_step`).
+into one lookup and one add per triplet (asymmetric distance computation, as in product quantization). Each
+kind lays out and builds its tables and scores a step of keys from them (its `KindTables`: the scalar kind
+groups adjacent coordinates into one table code, the polar kind folds the angle tree above a subtree's
+table; octopus_audio/kernels/tables.py holds the shared steps). The QJL term (R' q_rot) . sigma_n takes a
+second table over the sign bytes: S[p, e] = qk_scale * sum_t q_j[8p + t] * (2 bit_t(e) - 1), one lookup per
+8 signs. Tables live in global memory and are read through L1 (a row's table is 11-22 KB at d = 64-128,
+b = 2, octopus; 5.5-11 KB turboquant-mse).
 
 Two phases per program, so each runs in the layout that suits it (one key a thread for the scores, keys x
 channels for the values) with few registers and no per-block cross-thread reductions:
@@ -43,22 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import masked_load, store_rounded
-from .codec_decode import SECTIONS, polar_cos_sin
-from .launch import _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
-from .query_tables import TableLayout, build_tables, table_layout
-from .spec import KernelCodec, PackedKeys, PackedValues
-from .value_decode import in_place_sum, values_by_key, values_in_place
+from ..bits import store_rounded
+from ..launch import AttnConfig, _cdiv, _interpreting, _pow2, _sm_count, split_buffers, split_chunk
+from ..spec import KernelCodec, PackedKeys, PackedValues
+from ..tables import TableLayout, build_tables
+from ..value_decode import in_place_sum, values_by_key, values_in_place
 
-
-@triton.jit
-def _cut(w_cur, w_next, SH: tl.constexpr, N_BITS: tl.constexpr):
-    """The N_BITS-bit code starting at bit SH of w_cur (continuing into w_next when it straddles), int32."""
-    if SH + N_BITS <= 32:
-        c = (w_cur >> SH) & ((1 << N_BITS) - 1)
-    else:
-        c = ((w_cur >> SH) | (w_next << (32 - SH))) & ((1 << N_BITS) - 1)
-    return c.to(tl.int32, bitcast=True)
+NAME = "score-tables"
 
 
 @triton.jit(do_not_specialize=["total_rows", "n_splits"])
@@ -88,158 +78,18 @@ def _merge_splits_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: t
 
 
 @triton.jit
-def _word_pair(krow, n_ok, WI: tl.constexpr, K_WORDS: tl.constexpr, MASKED: tl.constexpr):
-    """Words WI and WI + 1 of each key row (one [BK, 2] load, a thread's two words adjacent: an 8-byte load
-    when the rows are 8-byte aligned); the second is 0 past the row. MASKED: rows where n_ok is false."""
-    if WI + 1 < K_WORDS:
-        two = masked_load(krow[:, None] + (WI + tl.arange(0, 2))[None, :], n_ok[:, None], 0, MASKED)
-        a, b = tl.split(two.to(tl.uint32, bitcast=True))
-    else:
-        a = masked_load(krow + WI, n_ok, 0, MASKED).to(tl.uint32, bitcast=True)
-        b = tl.zeros_like(a)
-    return a, b
-
-
-@triton.jit
-def _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS: tl.constexpr, PAIRS: tl.constexpr, MASKED: tl.constexpr):
-    """(gamma fp32, the code words as a tuple of uint32, their xor with gamma's bits) of keys n: every load of
-    a step first (PAIRS: two words a load), the xor for the gate of its table reads (_score_step)."""
-    krow = kc_ptr + n.to(tl.int64) * K_WORDS
-    gamma = masked_load(kg_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
-    ws = ()
-    for wi in tl.static_range(0, K_WORDS, 1 + PAIRS):
-        if PAIRS:
-            pa, pb = _word_pair(krow, n_ok, wi, K_WORDS, MASKED)
-            ws = ws + (pa, pb)
-        else:
-            ws = ws + (masked_load(krow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
-    mix = gamma.to(tl.uint32, bitcast=True)
-    for wi in tl.static_range(K_WORDS):
-        mix = mix ^ ws[wi]
-    return gamma, ws, mix
-
-
-@triton.jit
-def _keep_scores(s_ptr, n, n_ok, s, m_vec, MASKED: tl.constexpr):
-    """Store a step's scores s of keys n (those not n_ok left out when MASKED); the running maximum."""
-    if MASKED:
-        tl.store(s_ptr + n, s, mask=n_ok)
-        return tl.maximum(m_vec, tl.where(n_ok, s, float("-inf")))
-    else:
-        tl.store(s_ptr + n, s)
-        return tl.maximum(m_vec, s)
-
-
-@triton.jit
-def _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end, qjl_coef, zero,
-                m_vec, rho0, rho1, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr,
-                K_WORDS: tl.constexpr, B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr,
-                HAS_QJL: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, MASKED: tl.constexpr):
-    """One step of _store_scores: keys [n0, n0 + BLOCK_K), those from `end` on masked off when MASKED.
-
-    Every code word and norm of the step is loaded first (PAIRS: two words a load) and every table read is
-    predicated on all of them (`gate`, always true: `zero` is 0 at run time, but the compiler cannot know), so
-    the compiler issues the step's loads together: one memory round trip a step instead of one per word
-    (ptxas otherwise sinks each load to its first use)."""
-    n = n0 + tl.arange(0, BLOCK_K)
-    n_ok = n < end
-    s = tl.zeros((BLOCK_K,), tl.float32)
-    S_WORDS: tl.constexpr = D // 32
-    srow = ks_ptr + n.to(tl.int64) * S_WORDS
-    gamma, ws, mix = _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS, PAIRS, MASKED)
-    if HAS_QJL:
-        g_r = masked_load(kr_ptr + n, n_ok, 0.0, MASKED).to(tl.float32)
-        sws = ()
-        for wi in tl.static_range(S_WORDS):
-            sws = sws + (masked_load(srow + wi, n_ok, 0, MASKED).to(tl.uint32, bitcast=True),)
-            mix = mix ^ sws[wi]
-        mix = mix ^ g_r.to(tl.uint32, bitcast=True)
-    gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
-    w_cur = ws[0]
-    for wi in tl.static_range(K_WORDS):
-        if wi + 1 >= K_WORDS:
-            w_next = w_cur
-        else:
-            w_next = ws[wi + 1]
-        for i in tl.static_range((32 * wi + K_BITS - 1) // K_BITS, (32 * wi + 31) // K_BITS + 1):
-            if i < L:
-                code = _cut(w_cur, w_next, i * K_BITS - 32 * wi, K_BITS)
-                if FOLD_RHO:
-                    s += tl.load(row_lut + i * N_ENTRIES + code, mask=gate)
-                else:
-                    t = tl.load(row_lut + i * N_ENTRIES + (code >> B_RHO), mask=gate)
-                    if B_RHO == 1:
-                        rho = tl.where((code & 1) != 0, rho1, rho0)
-                    else:
-                        rho = tl.load(rho_ptr + (code & ((1 << B_RHO) - 1)))
-                    s += rho * t
-        w_cur = w_next
-    if HAS_QJL:
-        sq = tl.zeros((BLOCK_K,), tl.float32)
-        for wi in tl.static_range(S_WORDS):
-            w = sws[wi]
-            for byte in tl.static_range(4):
-                e = ((w >> (8 * byte)) & 255).to(tl.int32, bitcast=True)
-                sq += tl.load(qlut_ptr + r * (D // 8 * 256) + (4 * wi + byte) * 256 + e, mask=gate)
-        s += qjl_coef * g_r * sq
-    return _keep_scores(s_ptr, n, n_ok, s * gamma, m_vec, MASKED)
-
-
-@triton.jit
-def _field(ws, OFF: tl.constexpr, WIDTH: tl.constexpr):
-    """The WIDTH-bit field at bit OFF of the code words ws (a tuple; it may straddle two), int32."""
-    WI: tl.constexpr = OFF // 32
-    SH: tl.constexpr = OFF % 32
-    if SH + WIDTH <= 32:
-        c = (ws[WI] >> SH) & ((1 << WIDTH) - 1)
-    else:
-        c = ((ws[WI] >> SH) | (ws[WI + 1] << (32 - SH))) & ((1 << WIDTH) - 1)
-    return c.to(tl.int32, bitcast=True)
-
-
-@triton.jit
-def _polar_score_step(row_lut, cs_ptr, kc_ptr, kg_ptr, s_ptr, n0, end, zero, m_vec, D: tl.constexpr,
-                      LOG2D: tl.constexpr, G: tl.constexpr, A_BITS: tl.constexpr, K_WORDS: tl.constexpr,
-                      N_ENTRIES: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr,
-                      MASKED: tl.constexpr):
-    """One step of _store_scores for the polar section (module docstring): keys [n0, n0 + BLOCK_K).
-
-    Subtree m's table code (query_tables._polar_tables_kernel) gathers level lv's 2^(G-1-lv) angle codes
-    from D - (D >> lv) + m 2^(G-1-lv) on into bits A_BITS (2^G - 2^(G-lv)) up; level lv >= G's angle m is
-    code D - (D >> lv) + m, its cos | sin pair at cs_ptr + 2 (lv 2^A_BITS + code). Loads gated as in
-    _score_step."""
-    n = n0 + tl.arange(0, BLOCK_K)
-    n_ok = n < end
-    gamma, ws, mix = _key_words(kc_ptr, kg_ptr, n, n_ok, K_WORDS, PAIRS, MASKED)
-    gate = (mix != 0x5BD1E995).to(tl.int32) + (zero == 0).to(tl.int32) > 0
-    sub = ()
-    for m in tl.static_range(D >> G):
-        e = tl.zeros((BLOCK_K,), tl.int32)
-        for lv in tl.static_range(G):
-            e = e | (_field(ws, A_BITS * (D - (D >> lv) + m * (1 << (G - 1 - lv))), A_BITS << (G - 1 - lv))
-                     << (A_BITS * ((1 << G) - (1 << (G - lv)))))
-        sub = sub + (tl.load(row_lut + m * N_ENTRIES + e, mask=gate),)
-    for lv in tl.static_range(G, LOG2D):
-        up = ()
-        for m in tl.static_range(D >> (lv + 1)):
-            pair = cs_ptr + 2 * (lv * (1 << A_BITS) + _field(ws, A_BITS * (D - (D >> lv) + m), A_BITS))
-            up = up + (tl.load(pair) * sub[2 * m] + tl.load(pair + 1) * sub[2 * m + 1],)
-        sub = up
-    return _keep_scores(s_ptr, n, n_ok, sub[0] * gamma, m_vec, MASKED)
-
-
-@triton.jit
 def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, start, end, qjl_coef,
                   zero, D: tl.constexpr, L: tl.constexpr, K_BITS: tl.constexpr, K_WORDS: tl.constexpr,
                   B_RHO: tl.constexpr, N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
-                  LOG2D: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PAIRS: tl.constexpr, SCORE_STEP: tl.constexpr, LEVELS: tl.constexpr,
+                  A_BITS: tl.constexpr, LOG2D: tl.constexpr):
     """Phase 1: the scores (log2 units) of compressed keys [start, end) of row r into s_ptr; their maximum.
     The key pointers (kc, kg, ks, kr) and s_ptr point at row r already; the tables are indexed by r.
 
     A thread owns whole keys: it loads each code word of its key once and cuts the codes with constant
-    shifts (the unrolled loops), then adds one table entry per triplet (and one per 8 QJL signs). Whole
-    steps run without load masks, the tail step with them."""
+    shifts (the unrolled loops), then adds one table entry per code (and one per 8 QJL signs): the kind's
+    SCORE_STEP (tables.sum_step gives its signature). Whole steps run without load masks, the tail step with
+    them."""
     row_lut = lut_ptr + r * (L * N_ENTRIES)
     if not FOLD_RHO:
         rho0 = tl.load(rho_ptr)
@@ -250,21 +100,13 @@ def _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_
     m_vec = tl.full((BLOCK_K,), float("-inf"), tl.float32)
     full = start + (end - start) // BLOCK_K * BLOCK_K
     for n0 in range(start, full, BLOCK_K):
-        if POLAR_G > 0:
-            m_vec = _polar_score_step(row_lut, rho_ptr, kc_ptr, kg_ptr, s_ptr, n0, end, zero, m_vec, D, LOG2D,
-                                      POLAR_G, A_BITS, K_WORDS, N_ENTRIES, BLOCK_K, PAIRS, False)
-        else:
-            m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
-                                qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
-                                FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, False)
+        m_vec = SCORE_STEP(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, n0, end,
+                           qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                           FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, LEVELS, A_BITS, LOG2D, False)
     if full < end:
-        if POLAR_G > 0:
-            m_vec = _polar_score_step(row_lut, rho_ptr, kc_ptr, kg_ptr, s_ptr, full, end, zero, m_vec, D,
-                                      LOG2D, POLAR_G, A_BITS, K_WORDS, N_ENTRIES, BLOCK_K, PAIRS, True)
-        else:
-            m_vec = _score_step(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full,
-                                end, qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO,
-                                N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, True)
+        m_vec = SCORE_STEP(row_lut, qlut_ptr, rho_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, s_ptr, r, full, end,
+                           qjl_coef, zero, m_vec, rho0, rho1, D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES,
+                           FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS, LEVELS, A_BITS, LOG2D, True)
     return tl.max(m_vec, 0)
 
 
@@ -294,7 +136,8 @@ def _adc_attn_kernel(
     N_ENTRIES: tl.constexpr, FOLD_RHO: tl.constexpr, HAS_QJL: tl.constexpr,
     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr,
-    V_GT: tl.constexpr, STAGE_K: tl.constexpr, POLAR_G: tl.constexpr, A_BITS: tl.constexpr,
+    V_GT: tl.constexpr, STAGE_K: tl.constexpr, SCORE_STEP: tl.constexpr, LEVELS: tl.constexpr,
+    A_BITS: tl.constexpr,
     LOG2D: tl.constexpr, VALUE_STAGES: tl.constexpr,
 ):
     """One (query row, split) program: score tables instead of decoded keys (module docstring).
@@ -307,9 +150,9 @@ def _adc_attn_kernel(
     of the merge kernel. Group-16 values up to 8 bits go through values_in_place (V_GT groups of a key a
     thread row; widths not dividing 32 need V_GT = 2), the split in stages of STAGE_K keys, each scored, then
     its values accumulated, the accumulators rescaled when the running maximum grows; other value formats
-    through values_by_key after the whole split is scored. POLAR_G > 0: the polar section's scores
-    (_polar_score_step, its bottom POLAR_G levels a table code, A_BITS bits an angle; rho_ptr then holds the
-    angles' cos | sin pairs). The score phase loads code words two at a time
+    through values_by_key after the whole split is scored. SCORE_STEP: the kind's score step (LEVELS, A_BITS:
+    the polar kind's bottom levels a table code and bits an angle; rho_ptr: the kind's `KindTables.aux` table,
+    C_rho or the angles' cos | sin pairs). The score phase loads code words two at a time
     where a key has an even number of them (PAIRS) and predicates its table reads on all of a step's loads
     (`zero` must be 0; _score_step).
     """
@@ -340,7 +183,7 @@ def _adc_attn_kernel(
             m_c = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                                 ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, c0, c1, qjl_coef, zero,
                                 D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS,
-                                POLAR_G, A_BITS, LOG2D)
+                                SCORE_STEP, LEVELS, A_BITS, LOG2D)
             tl.debug_barrier()
             if m_c > m_run:
                 alpha = tl.exp2(m_run - m_c)  # 0 at the first stage
@@ -360,7 +203,7 @@ def _adc_attn_kernel(
         m = _store_scores(lut_ptr, qlut_ptr, rho_ptr, kc_ptr + row * K_WORDS, kg_ptr + row,
                           ks_ptr + row * (D // 32), kr_ptr + row, s_row, r, start, end, qjl_coef, zero,
                           D, L, K_BITS, K_WORDS, B_RHO, N_ENTRIES, FOLD_RHO, HAS_QJL, BLOCK_K, PAIRS,
-                          POLAR_G, A_BITS, LOG2D)
+                          SCORE_STEP, LEVELS, A_BITS, LOG2D)
         s_win = _window_scores(qn_ptr, kw_base, stride_kwt, r, n_win, qk_scale, D, BLOCK_W)
         m = tl.maximum(m, tl.max(s_win, 0))
         m = tl.where(m == float("-inf"), 0.0, m)
@@ -392,40 +235,36 @@ def _adc_attn_kernel(
 LOG2E = 1.4426950408889634
 
 
-MAX_ENTRIES = 4096  # larger direction tables (b_dir >= 7) leave the table path to flash_decode
+MAX_ENTRIES = 4096  # larger tables (octopus with b_dir >= 7) leave one query row to split-K
 
 MAX_WINDOW = 64
 
 STAGE_KEYS = 1024  # keys scored before their values are accumulated (group-16 values)
 
-# a register cap where a thread holds one value row and the key loop fits under it: it keeps 3 programs of 8
-# warps on an SM with the gated loads, without spills (sm_90, d=64 and 128): the triplet section without QJL
-# (octopus b=2-4) or with C_rho folded into its table (octopus-qjl b <= 2), the scalar section up to
-# CAPPED_SCALAR_WORDS code words a key, QJL sign words counted twice (turboquant-mse b <= 7 and -qjl b <= 6 at
-# d=128, every b at d=64; mse b=8 (32 words) and qjl b=7 (24 + 2 x 4) spill under it, which the rule fits).
-# Two value rows a thread and octopus-qjl at b=3-4 (C_rho looked up) spill under it too, so those run uncapped
+# a register cap where a thread holds one value row and the key loop fits under it (the kind says:
+# `KindTables.capped`): it keeps 3 programs of 8 warps on an SM with the gated loads, without spills (sm_90,
+# d=64 and 128). Two value rows a thread spill under it, so those run uncapped
 MAX_REGISTERS = 80
-CAPPED_SCALAR_WORDS = 28
 
 
 def adc_limit(codec: KernelCodec, n_rows: int, t_win: int = 0, group: int | None = None) -> str | None:
-    """Why the table path cannot serve this call (None when it can): one query row, a codec of a section with
-    score tables (triplet, scalar, polar) with codes to look up and tables of at most MAX_ENTRIES entries a
-    code, a native window of at most MAX_WINDOW tokens. `group`: attention_adc's."""
+    """Why the table path cannot serve this call (None when it can): one query row, a codec of a kind with
+    score tables with codes to look up and tables of at most MAX_ENTRIES entries a code, a native window of at
+    most MAX_WINDOW tokens. `group`: attention_adc's."""
     if t_win > MAX_WINDOW:
         return f"a native window of {t_win} tokens (at most {MAX_WINDOW})"
     if n_rows != 1:
         return f"{n_rows} query rows per KV head (the table path takes 1)"
-    if not SECTIONS[codec.decode].score_tables:
-        return f"the {codec.decode} section (it has no score tables)"
+    tables = codec.kind.score_tables
+    if tables is None:
+        return f"the {codec.kind.name} kind (it has no score tables)"
     if codec.code_bits == 0:
         return "keys without codes (0 bits a code: nothing to look up)"
-    if group is not None and (codec.decode != "scalar" or not isinstance(group, int) or group < 1):
-        return f"group={group!r} (a positive number of coordinates, for the scalar section only)"
-    entries = table_layout(codec, group).entries
+    if group is not None and (not tables.groups or not isinstance(group, int) or group < 1):
+        return f"group={group!r} (a positive number of coordinates, for a kind that groups them: scalar)"
+    entries = tables.layout(codec, group).entries
     if entries > MAX_ENTRIES:
-        what = "a direction table" if codec.decode == "triplet" else "a group table"
-        return f"{what} of {entries} entries a code (at most {MAX_ENTRIES})"
+        return f"{tables.what} of {entries} entries a code (at most {MAX_ENTRIES})"
     return None
 
 
@@ -442,19 +281,15 @@ def attention_constants(codec: KernelCodec, lay: TableLayout, values: PackedValu
     else:  # fewer rows than threads would change the tile's layout (replicated rows)
         value_groups = 2 if n_groups % 2 == 0 and block_v * n_groups // 2 >= 32 * num_warps else 1
     value_groups = min(value_groups, n_groups)
-    if codec.decode == "scalar":
-        fits = codec.code_words + (2 * -(-d // 32) if codec.has_qjl else 0) <= CAPPED_SCALAR_WORDS
-    elif codec.decode == "polar":
-        fits = False
-    else:
-        fits = not codec.has_qjl or lay.fold_rho
-    capped = block_v * n_groups // value_groups == 32 * num_warps and fits
+    tables = codec.kind.score_tables
+    capped = block_v * n_groups // value_groups == 32 * num_warps and tables.capped(codec, lay)
     v_words = -(-d * values.bits // 32)
     consts = dict(D=d, L=lay.codes, K_BITS=lay.bits, K_WORDS=codec.code_words, B_RHO=codec.param("b_rho"),
                   N_ENTRIES=lay.entries, FOLD_RHO=lay.fold_rho, HAS_QJL=codec.has_qjl,
                   V_GROUP=values.group, V_BITS=values.bits, V_WORDS=v_words, V_WP=_pow2(v_words),
                   BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_W=max(16, _pow2(t_win)), V_GT=value_groups,
-                  STAGE_K=max(STAGE_KEYS, block_k, block_v), POLAR_G=lay.levels, A_BITS=codec.code_bits,
+                  STAGE_K=max(STAGE_KEYS, block_k, block_v), SCORE_STEP=tables.step, LEVELS=lay.levels,
+                  A_BITS=codec.code_bits,
                   LOG2D=d.bit_length() - 1, VALUE_STAGES=value_stages)
     return consts, {"num_warps": num_warps, **({"maxnreg": MAX_REGISTERS} if capped else {})}
 
@@ -467,11 +302,13 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
                   value_stages: int = 0) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] for one query per KV head, by score tables.
 
-    Same arguments and result as attention (q [B, H, 1, d], store [B, H, Tcap, ...], window [B, H, Tw, d]);
-    the caller has validated them (attention routes here). Two launches (tables, attention) plus the
-    log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the score and value phases;
-    the window may hold at most MAX_WINDOW tokens here (value layout, register cap: attention_constants).
-    group (scalar section): coordinates a table code (table_layout's default when None). value_stages: the
+    Same arguments and result as `select.attention` (q [B, H, 1, d], store [B, H, Tcap, ...], window
+    [B, H, Tw, d]); the caller has validated them (the selector routes here). Two launches (tables,
+    attention) plus the log-sum-exp merge when the keys are split. block_k / block_v: keys per step of the
+    score and value phases; the window may hold at most MAX_WINDOW tokens here (value layout, register cap:
+    attention_constants).
+    group (a kind that groups coordinates: the scalar kind): coordinates a table code (its layout's
+    default when None). value_stages: the
     group-16 value loop's software-pipeline depth (values_in_place; 0: its register double buffer).
     """
     if value_stages not in (0, 2, 3, 4):
@@ -488,7 +325,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     qk_scale = scale * LOG2E
     rows = b * h
     t_cap = keys.codes.shape[2]
-    lay = table_layout(codec, group)
+    lay = codec.kind.score_tables.layout(codec, group)
     q = q_BHTD.contiguous()
 
     lut, qlut = build_tables(q, codec, lay, h, qk_scale)
@@ -517,7 +354,7 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
-        lut, qlut, q, polar_cos_sin(codec) if codec.decode == "polar" else codec.table("centroids"),
+        lut, qlut, q, codec.kind.score_tables.aux(codec),
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
         values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
@@ -529,3 +366,29 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
         _merge_splits_kernel[(rows,)](opart, lse, out, rows, num_splits, D=d,
                                       BLOCK_S=min(64, _pow2(num_splits)), num_warps=4)
     return out
+
+
+# (keys a score step, keys a value step, warps, programs an SM, value-loop pipeline depth) of the one-row
+# score-table path, by head dim (a kind may set its own at d >= 128: `KindTables.wide_launch`): the H200 sweep
+# at 128k keys, graph-timed (benchmarks/lab/sweep_table_occupancy.py; kernels.md, "Split counts of the
+# one-row path"). d <= 64 at 16 heads: 6 programs an SM (what the 80-register cap keeps resident) against 4:
+# octopus 0.0933 -> 0.0785 ms, every table codec 14-19% faster; d >= 128 at 32 heads: 256 keys, 8 warps, 3
+# programs (one wave of 12 splits), within 1% of (128, 32, 4, 6) for octopus and the turboquants. The value
+# loop software-pipelined 3 deep (values_in_place) against its register double buffer: d=64 octopus 0.0750
+# -> 0.0732, turboquant-mse 0.0726 -> 0.0705; octopus d=128 0.2202 -> 0.2261 (spills under the cap).
+TABLE_LAUNCH = {"narrow": (128, 64, 4, 6, 3), "wide": (256, 64, 8, 3, 0)}
+
+
+def table_attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
+                    k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
+                    scale: float, num_splits: int | None = None,
+                    config: AttnConfig | None = None) -> torch.Tensor:
+    """`attention_adc` at TABLE_LAUNCH's launch (the kind's own at d >= 128 where it has one) where `config`
+    leaves it open: the implementation the selector runs for one query row a KV head."""
+    cfg = config or AttnConfig()
+    wide = codec.kind.score_tables.wide_launch or TABLE_LAUNCH["wide"]
+    block_k, block_v, warps, per_sm, value_stages = TABLE_LAUNCH["narrow"] if codec.head_dim < 128 else wide
+    return attention_adc(q_BHTD, keys, values, length, k_window, v_window, codec, scale=scale,
+                         num_splits=num_splits, block_k=cfg.block_n or block_k,
+                         block_v=cfg.block_v or block_v, num_warps=cfg.num_warps or warps,
+                         programs_per_sm=cfg.programs_per_sm or per_sm, value_stages=value_stages)

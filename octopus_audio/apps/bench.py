@@ -9,7 +9,7 @@ decode-then-SDPA; encode throughput at 64k tokens x 16 heads. Each row: median t
 triton.testing.do_bench, L2 flushed between runs), GB/s on the bytes the kernel must move (compressed store +
 window + q + out), that rate as a fraction of the measured device-to-device copy bandwidth (bytes read plus
 written), and the speedup over SDPA. Encode-k rows run `encode_keys` at its defaults and are marked [gluon]
-where its Gluon kernel ran (OCTOPUS_AUDIO_ATTENTION_KERNEL=triton times the Triton kernels instead). Needs
+where its Gluon kernel ran (OCTOPUS_AUDIO_KERNELS=triton times the Triton kernels instead). Needs
 only torch, triton, numpy (the device machine has no more).
 """
 
@@ -228,20 +228,20 @@ def _ours_encode(job: Job, x):
 
 
 def _gluon_requested() -> bool:
-    """Whether the Gluon kernels may run (OCTOPUS_AUDIO_ATTENTION_KERNEL, as the cache reads it)."""
-    from octopus_audio.kernels import gluon_scope
+    """Whether the Gluon kernels may run (OCTOPUS_AUDIO_KERNELS, as the cache reads it)."""
+    from octopus_audio import backend
 
-    return gluon_scope.requested_kernel() == "auto"
+    return backend.requested() != "triton"
 
 
 def _key_encode_kernel(job: Job, x) -> str:
     """Which kernel `_ours_encode` runs for an encode-k row: gluon or triton."""
     from octopus_audio import backend
     from octopus_audio.codecs import get_codec
-    from octopus_audio.kernels.encode import gluon_encode_limit
+    from octopus_audio.kernels.select import encode_gluon_limit
 
     kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
-    ok = job.config is None and _gluon_requested() and gluon_encode_limit(x, kc) is None
+    ok = job.config is None and _gluon_requested() and encode_gluon_limit(x, kc) is None
     return "gluon" if ok else "triton"
 
 
@@ -515,7 +515,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", choices=("quick", "full"), default="full",
                         help="quick: the first of --bits only; full: every codec at every --bits")
     parser.add_argument("--codecs", default="all",
-                        help="comma list of codecs with a kernel decode section, or all (default all)")
+                        help="comma list of codecs with a kernel decode kind, or all (default all)")
     parser.add_argument("--bits", default="2,3,4", help="comma list of bit widths (default 2,3,4)")
     parser.add_argument("--rep-ms", type=float, default=60.0, help="timed milliseconds per measurement")
     parser.add_argument("--workers", type=int, default=-1,

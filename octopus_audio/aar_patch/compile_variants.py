@@ -60,8 +60,8 @@ class UnitShapes:
 class Launch:
     """One compiled variant: the kernel (`module:name`) and what `JITFunction.run` hands Triton's compiler for
     it, as it hands them (the order and types of `attrs` and `options` enter the cache key): the signature
-    (argument name -> type), constexprs and attributes (alignment) keyed by argument path, and the compile
-    options. Equal variants compare and hash equal through `key`."""
+    (argument name -> type), constexprs (a @triton.jit function as its JitRef) and attributes (alignment)
+    keyed by argument path, and the compile options. Equal variants compare and hash equal through `key`."""
 
     kernel: str
     key: str
@@ -77,8 +77,8 @@ class Launch:
     def label(self) -> str:
         names = list(self.signature)
         shown = {names[i[0]]: v for i, v in self.constexprs.items()
-                 if names[i[0]] in ("DECODE", "K_BITS", "V_BITS", "BLOCK_M", "BLOCK_N", "BLOCK_T", "DIRECT",
-                                    "EXACT", "CHECK", "ALIGNED", "OPD")}
+                 if names[i[0]] in ("SCORES", "ENCODE", "SCORE_STEP", "K_BITS", "V_BITS", "BLOCK_M",
+                                    "BLOCK_N", "BLOCK_T", "DIRECT", "EXACT", "CHECK", "ALIGNED", "OPD")}
         return f"{self.name}({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
@@ -149,10 +149,33 @@ def describe(kernel, args: tuple, kwargs: dict, backend) -> Launch:
         binder = binders[id(backend)] = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    constexprs = {path: _as_ref(value) for path, value in constexprs.items()}
     kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
     key = repr((kernel, sorted(signature.items()), sorted(constexprs.items(), key=repr), attrs,
                 sorted(options.__dict__.items())))
     return Launch(kernel, key, signature, constexprs, attrs, dict(options.__dict__))
+
+
+@dataclasses.dataclass(frozen=True)
+class JitRef:
+    """A compile-time argument that is a @triton.jit function (a decode kind's helper, kernels/kinds/kind.py),
+    by its module and name: what a `Launch` holds for it, so it travels to the compiling processes."""
+
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.module.rsplit('.', 1)[-1]}.{self.name}"
+
+    def resolve(self):
+        return _as_jit(getattr(importlib.import_module(self.module), self.name))
+
+
+def _as_ref(value):
+    """`value`, or its JitRef where it is a @triton.jit function (compiled or interpreted)."""
+    if isinstance(value, _kernel_classes()):
+        return JitRef(value.fn.__module__, value.fn.__qualname__)
+    return value
 
 
 def target_backend(target=None):
@@ -247,9 +270,10 @@ def _source(launch: Launch):
 
     module, name = launch.kernel.split(":")
     fn = _as_jit(getattr(importlib.import_module(module), name))
-    if getattr(fn, "is_gluon", lambda: False)():  # the Gluon attention kernel (kernels/gluon_flash.py)
+    if getattr(fn, "is_gluon", lambda: False)():  # the Gluon attention kernel (kernels/impls/gluon/flash.py)
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    return ASTSource(fn, launch.signature, constexprs=launch.constexprs, attrs=launch.attrs)
+    constexprs = {path: v.resolve() if isinstance(v, JitRef) else v for path, v in launch.constexprs.items()}
+    return ASTSource(fn, launch.signature, constexprs=constexprs, attrs=launch.attrs)
 
 
 def is_cached(launch: Launch, target) -> bool:

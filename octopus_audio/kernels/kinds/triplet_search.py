@@ -1,4 +1,4 @@
-"""The triplet section's search tables: the local3x3 candidates that can win in each region of the octahedral
+"""The triplet kind's search tables: the local3x3 candidates that can win in each region of the octahedral
 grid, and the lookup table that places a folded coordinate in its region (built on the host, read by the key
 encode).
 
@@ -220,7 +220,7 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
                          f"{MAX_LUT_SCALE} cells a unit (a threshold within {LUT_EDGE_GUARD:.1e} below a "
                          "cell edge)")
     lut, scale = found
-    rho_scale = 0  # the rho index by compares or a binary search (codec_encode._index) where it stays 0
+    rho_scale = 0  # the rho index by compares or a binary search (encode_math._index) where it stays 0
     rho = rho_boundaries.detach().double().cpu().numpy()
     found = _lookup(rho) if rho.size >= (1 << RHO_LOOKUP_BITS) - 1 else None
     if found is not None:
@@ -231,7 +231,7 @@ def search_tables(directions: torch.Tensor, centroids: torch.Tensor, boundaries:
 
 def region(x: torch.Tensor, lut: torch.Tensor, scale: int) -> torch.Tensor:
     """The number of thresholds below each x (fp32; a value on one goes lower) by a lookup table of `_lookup`
-    (rows from the table's start), in plain PyTorch as the kernel computes it (codec_encode._region)."""
+    (rows from the table's start), in plain PyTorch as the kernel computes it (encode_math._region)."""
     j = torch.floor((x + 1) * scale).clamp(0, 2 * scale).long()
     return lut[j, 1].view(torch.int32).long() + (x > lut[j, 0]).long()
 

@@ -1,8 +1,9 @@
 """The polarquant key encode as a Gluon kernel for Hopper (sm_90), one key row a thread: `encode_keys`'
-default where `gluon_scope.encode_limit` finds a call in scope (an H200, d = 64, 16-bit keys, the widths
-measured faster); encode.py's Triton kernel everywhere else, and the reference this kernel is tested against.
+default where `scope.encode_limit` finds a call in scope (an H200, d = 64, 16-bit keys, the widths measured
+faster); the Triton key encode (impls/encode.py) everywhere else, and the reference this kernel is tested
+against.
 
-Math (encode.py, codec_encode._polar_codes, operation for operation): gamma = ||k|| (fp32: the row scaled
+Math (impls/encode.py, kinds/polar._polar_codes, operation for operation): gamma = ||k|| (fp32: the row scaled
 by the power of two 2^-e taking max|k| into [1, 2), squared, summed, the root scaled back; stored bf16,
 rounded to nearest even); y = 2^-e (s_h * k) H_64, the rotation a matmul with the +-1 Hadamard matrix
 (exact products in the keys' dtype, fp32 sums); the angles do not depend on y's positive scale.
@@ -12,14 +13,15 @@ on an axis or a diagonal from 3 bits by the reference's own code). Levels l >= 2
 r2 = a^2 + b^2 of the level below, pairs (e, o): the count of k with o cos^2 beta_k - e sin^2 beta_k > 0.
 Codes go out as the N-bit stream of formats.md (code j at bit N j of the row's words).
 
-Why a Gluon kernel: encode.py keeps the rotated tile in the wgmma accumulator layout, where a row's 64
+Why a Gluon kernel: the Triton encode keeps the rotated tile in the wgmma accumulator layout, where a row's 64
 coordinates sit in four lanes, so every level of the angle tree and the codes' packing go through layout
 conversions and the upper levels run replicated across lanes. Here the rotated tile is converted once to one
 row a thread, and the tree, the norm and the packing run in that thread's registers (sm_90, b = 2: 73.2
 against 90.5 warp-instructions a key, 128 against 168 registers; H200 at 64k tokens x 16 heads: 0.125 against
 0.172 ms, benchmarks/results/kernels.md).
 
-Launch: 128 rows a program, 4 warps (one warp group: the wgmma's rows), unfused fp32 arithmetic as encode.py.
+Launch: 128 rows a program, 4 warps (one warp group: the wgmma's rows), unfused fp32 arithmetic as the Triton
+encode.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .bits import bf16_bits
-from .encode import key_norm
-from .spec import KernelCodec, PackedKeys
+from ...bits import bf16_bits
+from ...spec import KernelCodec, PackedKeys
+from ..encode import key_norm, key_tables
 
 HEAD_DIM = 64
 ROWS = 128  # key rows a program: one a thread of one warp group
@@ -49,7 +51,7 @@ def _rows_layout():
 @gluon.jit
 def _count(o, e, c_ptr, s_ptr, NBITS: gl.constexpr):
     """#{k < 2^NBITS - 1 : o c_k - e s_k > 0} for boundaries whose test holds on a prefix of k
-    (codec_encode._cross_count: its fma and product; compares up to 3 bits, a binary search beyond)."""
+    (kinds/polar._cross_count: its fma and product; compares up to 3 bits, a binary search beyond)."""
     if NBITS <= 3:
         acc = (gl.fma(o, gl.load(c_ptr), -(e * gl.load(s_ptr))) > 0).to(gl.int32)
         for k in gl.static_range(1, (1 << NBITS) - 1):
@@ -83,7 +85,7 @@ def _unstack(t):
 
 @gluon.jit
 def _level1(a, b, trig_ptr, N_BITS: gl.constexpr):
-    """Level-1 angle codes of the pairs (a, b) (codec_encode._polar_codes)."""
+    """Level-1 angle codes of the pairs (a, b) (kinds/polar._polar_codes)."""
     NB: gl.constexpr = (1 << N_BITS) - 1
     H: gl.constexpr = 1 << (N_BITS - 1)
     c_ptr = trig_ptr
@@ -145,7 +147,7 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
                          N_BITS: gl.constexpr, K_WORDS: gl.constexpr, ALIGNED: gl.constexpr):
     """Rows [128 pid, 128 pid + 128) of K [..., H, T, 64] (contiguous, 16-bit; row r is token r % T of head
     (r // T) % H) -> K_WORDS code words and gamma (bf16 bits) a row. rs_ptr [H, 64]: the heads' rotation
-    signs, had_ptr [64, 64]: H_64, both in the keys' dtype; trig_ptr: encode._polar_trig. ALIGNED:
+    signs, had_ptr [64, 64]: H_64, both in the keys' dtype; trig_ptr: kinds/polar._polar_trig. ALIGNED:
     T % 128 == 0 (a program's rows lie in one head)."""
     ROW: gl.constexpr = _rows_layout()
     pid = gl.program_id(0)
@@ -153,7 +155,7 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, ROW))
     ok = r < n_rows
     x = gl.load(k_ptr + r.to(gl.int64)[:, None] * 64 + c[None, :], mask=ok[:, None], other=0.0)
-    gamma, scale = key_norm(x.to(gl.float32))  # encode.py's @triton.jit helpers, compiled as Gluon
+    gamma, scale = key_norm(x.to(gl.float32))  # impls/encode.py's @triton.jit helper, compiled as Gluon
     gl.store(gamma_ptr + r, bf16_bits(gamma), mask=ok)
     # the rotation: (x * signs) @ H_64 on the tensor cores (+-1 factors: exact), then one conversion to a
     # row a thread
@@ -183,12 +185,14 @@ def _polar_encode_kernel(k_ptr, rs_ptr, had_ptr, trig_ptr, codes_ptr, gamma_ptr,
         gl.store(out + w, word.to(gl.int32, bitcast=True), mask=ok)
 
 
-def encode_keys_gluon(k: torch.Tensor, codec: KernelCodec, rotation: tuple[torch.Tensor, torch.Tensor],
-                      trig: torch.Tensor) -> PackedKeys:
-    """K [..., H, T, 64] (contiguous, bf16 or fp16, on an sm_90 GPU; `encode_keys` checks the scope) ->
-    PackedKeys (codes [..., H, T, W] int32, gamma [..., H, T] bf16) of a polarquant codec. rotation: the
-    Hadamard matrix [64, 64] and the heads' signs [H, 64] in the keys' dtype; trig: encode._polar_trig."""
-    had, signs = rotation
+def encode_keys_gluon(k: torch.Tensor, codec: KernelCodec) -> PackedKeys:
+    """K [..., H, T, 64] (bf16 or fp16, on an sm_90 GPU; the selector checks the scope) -> PackedKeys (codes
+    [..., H, T, W] int32, gamma [..., H, T] bf16) of a polarquant codec, with the Triton key encode's cached
+    tables in the keys' dtype (`key_tables`: the Hadamard matrix [64, 64], the heads' signs [H, 64], the
+    polar kind's trig table)."""
+    k = k.contiguous()
+    tables = key_tables(codec, k.dtype)
+    had, signs, trig = tables[0], tables[2], tables[7]
     h, t = k.shape[-3], k.shape[-2]
     lead = k.shape[:-1]
     n_rows = k.numel() // HEAD_DIM

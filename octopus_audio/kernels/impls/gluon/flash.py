@@ -1,14 +1,16 @@
 """Attention over the compressed cache as a warp-specialised Gluon kernel for Hopper (sm_90): the default on
-an H200 where `gluon_scope.gluon_limit` finds the shape in scope; `flash.py`'s Triton kernel everywhere else.
+an H200 where `scope.gluon_limit` finds the shape in scope; the Triton implementations (impls/flash.py,
+impls/score_tables.py) everywhere else.
 
-Math (as flash.py): out = softmax(scale q.[K_hat; K_win]) @ [V_hat; V_win], one softmax over the compressed
+Math (as impls/flash.py): out = softmax(scale q.[K_hat; K_win]) @ [V_hat; V_win], one softmax over the
+compressed
 store and the native window. A compressed key's score is gamma (q_rot . u_hat) [+ gamma (q_qjl . gamma_r
 sigma)], with q_rot = sqrt(d) R q scaled by qk_scale / sqrt(d) and q_qjl = d R' R q scaled by qk_scale
 sqrt(pi / (2d)) / d (qk_scale = scale log2 e: the softmax runs in exp2); a window key's score is
 qk_scale q . k. Values: group dequantization code * scale + minimum (fp16).
 
 One program per (batch row, KV head), 4 + 4 warps: a producer warp group decodes each 64-key tile of the
-store, then of the window, into a two-stage ring in shared memory (`gluon_decode.py`: the key tiles in the
+store, then of the window, into a two-stage ring in shared memory (`decode.py`: the key tiles in the
 kernel's column order, the values in fp16, and per key a score scale, gamma or qk_scale, and a bias, 0 or
 -inf past the last key), loading the next tile's packed words into registers while it decodes this one. The
 default warp group rotates the query rows once through the head's query map (`query_map`, tile by tile, a
@@ -44,7 +46,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_decode import (
+from ...launch import _pow2
+from ...spec import KernelCodec, PackedKeys, PackedValues
+from .decode import (
     OCJ,
     OCT,
     POL,
@@ -57,9 +61,7 @@ from .gluon_decode import (
     _unit_raw,
     _window_section,
 )
-from .gluon_scope import codec_id
-from .launch import _pow2
-from .spec import KernelCodec, PackedKeys, PackedValues
+from .scope import codec_id
 
 BLOCK = 64  # keys a ring tile
 STAGES = 2  # ring stages
@@ -376,10 +378,10 @@ def sign_columns(n: int) -> torch.Tensor:
 def key_columns(kc: KernelCodec) -> list[torch.Tensor]:
     """Per key tile of the kernel (a, then c for QJL): the index into the codec's `query_map` columns of each
     kernel column, -1 for a zero column. The one definition of the kernel's key column order, from which
-    `query_map` is built. The triplet section (d = 64, 22 triplets, 64 useful coordinates) fills tile a with
+    `query_map` is built. The triplet kind (d = 64, 22 triplets, 64 useful coordinates) fills tile a with
     table rows: column 4i + c (c < 3) holds component c of triplet i < 16, column 4i + 3 component i % 3 of
     triplet 16 + i // 3 (the last six triplets; triplet 21 has only its x)."""
-    cid, d = codec_id(kc.decode, kc.has_qjl), kc.head_dim
+    cid, d = codec_id(kc.kind, kc.has_qjl), kc.head_dim
     if cid in (OCT.value, OCJ.value):
         lp = kc.triplet_lanes
         i = torch.arange(16)[:, None]
@@ -414,7 +416,7 @@ def _table_spec(kc: KernelCodec) -> tuple[int, bool]:
     hits; at octopus b=2, against gl.gather's copy of the table into shared memory and the two barriers around
     each gather: 0.6% faster for octopus, 2.8% for octopus-qjl at AAR shapes, benchmarks/results/kernels.md);
     turboquant's 1-2 bit table sits in two registers."""
-    cid, nb = codec_id(kc.decode, kc.has_qjl), kc.code_bits
+    cid, nb = codec_id(kc.kind, kc.has_qjl), kc.code_bits
     if cid in (OCT.value, OCJ.value):
         return 1 << nb, False
     if cid == POL.value:
@@ -431,14 +433,14 @@ def key_table(kc: KernelCodec) -> torch.Tensor:
     the codec."""
     cached = kc.__dict__.get("_gluon_table")
     if cached is None:
-        from .codec_decode import SECTIONS, folded_directions
+        from ...kinds.triplet import folded_directions
 
         rows, _ = _table_spec(kc)
-        cid = codec_id(kc.decode, kc.has_qjl)
+        cid = codec_id(kc.kind, kc.has_qjl)
         if cid in (OCT.value, OCJ.value):
             vals = folded_directions(kc).reshape(-1, 4).to(torch.bfloat16).contiguous().view(torch.int64)
         elif cid == POL.value:
-            cos, sin = SECTIONS[kc.decode].attention_tables(kc)
+            cos, sin = kc.kind.attention_tables(kc)
             vals = torch.stack([cos, sin], 1).contiguous().view(torch.int64)
         else:
             vals = kc.table("centroids").to(torch.bfloat16).contiguous().view(torch.int16)
@@ -450,8 +452,8 @@ def key_table(kc: KernelCodec) -> torch.Tensor:
 
 
 def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
-    """The kernel's constexprs for a KernelCodec in scope (gluon_scope.codec_limit) and its values."""
-    cid = codec_id(kc.decode, kc.has_qjl)
+    """The kernel's constexprs for a KernelCodec in scope (scope.codec_limit) and its values."""
+    cid = codec_id(kc.kind, kc.has_qjl)
     tab_rows, tab_smem = _table_spec(kc)
     return dict(CODEC=cid, NB=kc.code_bits, KW=kc.code_words, SW=2 if kc.has_qjl else 1, V_BITS=v_bits,
                 V_GROUP=v_group, TAB=tab_rows, TAB_SMEM=tab_smem, BLOCK=BLOCK, STAGES=STAGES,
@@ -461,8 +463,8 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
 def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                     k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                     scale: float) -> torch.Tensor:
-    """flash.attention's contract on the Gluon kernel, for arguments `flash.attention` has checked and
-    `gluon_scope.gluon_limit` found in scope: q [B, Hq, Tq, 64] bf16 with Hq = G*H and G*Tq <= 80 (query
+    """`select.attention`'s contract on the Gluon kernel, for arguments the selector has checked and
+    `scope.gluon_limit` found in scope: q [B, Hq, Tq, 64] bf16 with Hq = G*H and G*Tq <= 80 (query
     head h*G + g reads KV head h), the packed store [B, H, Tcap, ...], window [B, H, Tw, 64] bf16 or None.
     Returns [B, Hq, Tq, 64] bf16."""
     b, hq, tq, d = q_BHTD.shape

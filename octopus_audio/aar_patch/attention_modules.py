@@ -1,0 +1,43 @@
+"""The attention modules the patch finds in a model (by the released code's attribute names) and the model's
+scales: what the patch and compile ahead (aar_patch/compile_ahead.py) both read of a model."""
+
+from __future__ import annotations
+
+from torch import nn
+
+# attributes an attention module must have to be patched (the released code's names)
+ATTENTION_ATTRIBUTES = ("mat_qkv", "q_bias", "v_bias", "zero_k_bias", "proj", "num_heads", "head_dim",
+                        "caching", "cached_k", "cached_v", "kv_caching")
+
+
+def _is_attention(m: object) -> bool:
+    return (isinstance(m, nn.Module) and all(hasattr(m, a) for a in ATTENTION_ATTRIBUTES)
+            and callable(m.kv_caching))
+
+
+def find_attention(model: object) -> list[nn.Module]:
+    """The attention modules of `model` (an nn.Module, or an object holding nn.Modules), in module order."""
+    if isinstance(model, nn.Module):
+        roots = [model]
+    else:
+        attrs = vars(model).values() if hasattr(model, "__dict__") else ()
+        roots = [v for v in attrs if isinstance(v, nn.Module)]
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+    for root in roots:
+        for m in root.modules():
+            if id(m) not in seen and _is_attention(m):
+                seen.add(id(m))
+                found.append(m)
+    return found
+
+
+def model_patch_nums(model: object) -> tuple[int, ...] | None:
+    """The model's scales, tokens per scale (`patch_nums` on the model, its `.aar`, or their `.config`); None
+    when it does not say."""
+    for owner in (model, getattr(model, "aar", None)):
+        for holder in (owner, getattr(owner, "config", None)):
+            patch_nums = getattr(holder, "patch_nums", None)
+            if patch_nums is not None:
+                return tuple(int(pn) for pn in patch_nums)
+    return None
