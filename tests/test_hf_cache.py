@@ -293,7 +293,7 @@ def test_the_model_switches_to_the_octopus_attention_and_refuses_a_switch_back()
     plain = generate(m, prompt(), DynamicCache(config=m.config), max_new_tokens=2)  # other caches: SDPA
     m.set_attn_implementation("sdpa")
     assert torch.equal(plain.sequences, generate(m, prompt(), None, max_new_tokens=2).sequences)
-    with pytest.raises(ValueError, match="attends through the 'octopus' attention implementation"):
+    with pytest.raises(ValueError, match="attends through the 'octopus_audio' attention implementation"):
         generate(m, prompt(), cache, max_new_tokens=2)
 
 

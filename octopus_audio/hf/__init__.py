@@ -1,7 +1,7 @@
 """The compressed KV cache for transformers language models (optional extra `hf`: transformers >= 5).
 
 `OctopusCache(model.config, codec="octopus", bits=2)` is a transformers Cache: pass it to `model.generate`
-(`cache=`) or to a forward. Importing this package registers the `octopus` attention implementation
+(`cache=`) or to a forward. Importing this package registers the `octopus_audio` attention implementation
 (`attention.py`) that its decode steps run through.
 """
 

@@ -1,5 +1,5 @@
-"""The `octopus` attention implementation of transformers: decode steps read an OctopusCache's compressed
-store, every other call runs transformers' SDPA attention unchanged.
+"""The `octopus_audio` attention implementation of transformers: decode steps read an OctopusCache's
+compressed store, every other call runs transformers' SDPA attention unchanged.
 
 Registered under `ATTENTION` in transformers' `AttentionInterface` (the attention function) and
 `AttentionMaskInterface` (the mask: SDPA's, a boolean [B, 1, Tq, Tk] or None) when this module is imported,
@@ -16,7 +16,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-ATTENTION = "octopus"
+ATTENTION = "octopus_audio"
 _MARK = "_octopus_layer"  # attribute of a key tensor an OctopusLayer returned: that layer
 
 

@@ -79,8 +79,8 @@ class OctopusCache(Cache):
 
     (`past_key_values=` on transformers versions before the `cache` keyword). `config` is the model's config
     (decoder-only, every layer full attention, the cache's head dim one the codec takes); the model must run
-    the `octopus` attention implementation, which a model on `sdpa` is switched to here (logged; it runs SDPA
-    for every call but an OctopusCache's decode step, so other caches are served as before).
+    the `octopus_audio` attention implementation, which a model on `sdpa` is switched to here (logged; it runs
+    SDPA for every call but an OctopusCache's decode step, so other caches are served as before).
     `max_cache_len`: tokens each layer's store is allocated for at the prompt (the prompt plus the tokens to
     generate avoids the store's doubling growth and its spare capacity). Data checks (finite keys and
     values, values within fp16) run at each append on the CPU; on CUDA they are deferred and run (one host

@@ -72,7 +72,7 @@ class _Group:
 class OctopusLayer(CacheLayerMixin):
     """The cache of one attention layer for transformers (`update`, `get_seq_length`, `get_mask_sizes`,
     `crop`, `reorder_cache`, `reset`), built by OctopusCache; `make_cache()` returns a new, empty
-    CompressedKVCache of its settings. `attend` is what the `octopus` attention function calls for this
+    CompressedKVCache of its settings. `attend` is what the `octopus_audio` attention function calls for this
     layer's keys."""
 
     is_compileable = False
