@@ -166,7 +166,8 @@ class CachePlan:
     backend: "triton" or "reference" (attention_backend for the device and codec); kernel: the kernels' view
     of the codec (KernelCodec, built once and cached on the codec) when the encode or attention kernel runs.
     encode_keys(codec, k) -> KeyState, encode_values(quantizer, v) -> ValueState (data checks are the
-    caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the window.
+    caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the native tokens
+    (prefix and window, one segment the kernels take as their window).
     """
 
     def __init__(self, codec, num_heads: int, device: torch.device) -> None:
@@ -226,7 +227,7 @@ class CachePlan:
     def attention(self, cache, q: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.kernel_attention:
             return cache.attend_reference(q, scale)
-        store, window = cache.store, cache.window_kv()
+        store, window = cache.store, cache.native_kv()  # the native segment: the prefix, then the window
         if store is not None:
             keys, values = store.packed(self._packed_keys, self._packed_values, cache.value_quantizer)
         else:
