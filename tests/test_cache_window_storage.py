@@ -48,7 +48,8 @@ def test_native_tokens_are_one_view_of_one_buffer(window, prefix):
     if window:
         kept.append(torch.cat([k for k, _ in units[-window:]], 2))
     assert torch.equal(k_nat, torch.cat(kept, 2))
-    assert cache.prefix_tokens == prefix and cache.window_tokens == sum(k.shape[2] for k, _ in units[4 - window:])
+    assert cache.prefix_tokens == prefix
+    assert cache.window_tokens == sum(k.shape[2] for k, _ in units[len(units) - window:])
 
 
 def test_window_copy_leaves_attention_unchanged():

@@ -297,7 +297,7 @@ def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
         want = cache.attend_reference(q.float(), 0.125).double()
         floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
         rel = ((got.double() - want).norm() / want.norm()).item()
-        assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+        assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + {floor:.1e}"
     assert cache.prefix_tokens == prefix
     gluon_scope._announced.clear()
     with caplog.at_level(logging.INFO, logger=gluon_scope.__name__):
