@@ -40,6 +40,23 @@ class _Sequence:
     decoded: dict = dataclasses.field(default_factory=dict)
 
 
+def sequence_capacities(units: Sequence[int], window: int, native_prefix: int = 0) -> tuple[int, int]:
+    """(store tokens, native tokens at their peak) of one sequence of `units` (tokens per unit, in order)
+    appended to a cache with `window` and `native_prefix`: the `capacity` and `native_capacity` that hold the
+    sequence with no growth and no spare room."""
+    prefix = store = peak = 0
+    held: list[int] = []  # the window's units
+    for t in units:
+        held.append(t)
+        if len(held) > window:  # the oldest leaves: its first tokens to the prefix, the rest stored
+            leaving = held.pop(0)
+            keep = min(max(native_prefix - prefix, 0), leaving)
+            prefix += keep
+            store += leaving - keep
+        peak = max(peak, prefix + sum(held))
+    return store, peak
+
+
 class CompressedKVCache:
     """KV cache of one attention layer with compressed keys (any codec) and group-quantized values.
 

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
+from octopus_audio.cache import sequence_capacities
 from octopus_audio.cache_checks import check_caches, check_flags
 from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
 from octopus_audio.rotation import layer_seed
@@ -61,6 +62,9 @@ ATTENTION_ATTRIBUTES = ("mat_qkv", "q_bias", "v_bias", "zero_k_bias", "proj", "n
                         "caching", "cached_k", "cached_v", "kv_caching")
 _MARK = "_octopus_kv_patch"  # instance attribute on a patched attention module -> its _LayerPatch
 _FP16_BYTES = 2
+# The coarse scales every later token attends to, kept native by default (`sink_scales`): chosen from the
+# measurements in benchmarks/results/sink_scales.md (the README's table)
+DEFAULT_SINK_SCALES = 0
 _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_mul (a float32 ln 100)
 
 
@@ -68,8 +72,9 @@ _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_m
 @dataclasses.dataclass(frozen=True)
 class PatchConfig:
     """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
-    bits), native window (units), value group, base seed, and the dtype keys and values are rounded to as they
-    enter an uncompressed cache (None: kept as the model makes them)."""
+    bits), native window (units), value group, base seed, the dtype keys and values are rounded to as they
+    enter an uncompressed cache (None: kept as the model makes them), and the scales kept native from the
+    first (`sink_scales`: the cache's native prefix holds their tokens)."""
 
     codec: str = DEFAULT_CODEC
     bits: int = 2
@@ -78,13 +83,15 @@ class PatchConfig:
     seed: int = 0
     v_bits: int | None = None
     kv_dtype: torch.dtype | None = None
+    sink_scales: int = DEFAULT_SINK_SCALES
 
     def __post_init__(self) -> None:
         if self.codec not in octopus_audio.CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; allowed: {', '.join(octopus_audio.CODECS)}")
         if self.v_bits is None:
             object.__setattr__(self, "v_bits", self.bits)
-        for name, low in (("bits", 1), ("v_bits", 1), ("window", 0), ("v_group", 1), ("seed", 0)):
+        for name, low in (("bits", 1), ("v_bits", 1), ("window", 0), ("v_group", 1), ("seed", 0),
+                          ("sink_scales", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -98,6 +105,11 @@ class PatchConfig:
                                  f"{UNCOMPRESSED!r} or leave kv_dtype None")
 
     @property
+    def label(self) -> str:
+        """`octopus b=2 S=3`: the codec, its widths (`bits_label`) and, when any, the sink scales."""
+        return f"{self.codec} {self.bits_label}" + (f" S={self.sink_scales}" if self.sink_scales else "")
+
+    @property
     def bits_label(self) -> str:
         """`b=2` when keys and values share the width, else `K b=2 V b=4`; `kv_dtype` is named after it."""
         label = f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
@@ -108,12 +120,19 @@ class PatchConfig:
 class LayerStats:
     """Bytes held by one layer's cache (all rows of the batch, all heads).
 
-    tokens: units' tokens in the cache; window_tokens of them native. k_bytes / v_bytes: the compressed store
-    (packed codes and side fields) of the tokens held; native_bytes: the native window (K and V, in the
-    model's dtype); fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
-    compressed tokens (per K or V); allocated_bytes: what the buffers occupy, including any spare capacity of
-    the store (reserved for the scales before the window when the model says its `patch_nums`; past that, or
-    without them, it grows by doubling).
+    tokens: units' tokens in the cache; window_tokens and prefix_tokens of them native (the window's and the
+    sink scales'). k_bytes / v_bytes: the compressed store (packed codes and side fields) of the tokens held;
+    native_bytes: the native window and prefix (K and V, in the model's dtype), prefix_bytes the prefix's
+    share; fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
+    compressed tokens (per K or V), stored_coords the same of every token outside the window (the compressed
+    store and the prefix); allocated_bytes: what the buffers occupy, including any spare capacity
+    (reserved for the sequence when the model says its `patch_nums`; past that, or without them, the buffers
+    grow by doubling).
+
+    The rates (`k_bits`, `v_bits`, `store_ratio`) describe what the cache stores beyond the window: the
+    compressed store and the native prefix, whose tokens count at their native width, so configurations with
+    and without sink scales compare at what they really hold. The window, the same in every configuration,
+    is left out of them (not of `ratio`).
     """
 
     layer: int
@@ -125,6 +144,9 @@ class LayerStats:
     fp16_bytes: int
     compressed_coords: int
     allocated_bytes: int
+    prefix_tokens: int
+    prefix_bytes: int
+    stored_coords: int
 
     @property
     def nbytes(self) -> int:
@@ -137,19 +159,29 @@ class LayerStats:
 
     @property
     def store_ratio(self) -> float:
-        """fp16 bytes / bytes of the compressed store alone (the window left out)."""
-        fp16_store = 2 * _FP16_BYTES * self.compressed_coords
-        return fp16_store / (self.k_bytes + self.v_bytes) if self.compressed_coords else float("nan")
+        """fp16 bytes / bytes of what is stored beyond the window: the compressed store and the native prefix
+        (the window left out)."""
+        fp16_store = 2 * _FP16_BYTES * self.stored_coords
+        stored = self.k_bytes + self.v_bytes + self.prefix_bytes
+        return fp16_store / stored if self.stored_coords else float("nan")
 
     @property
     def k_bits(self) -> float:
-        """Effective stored bits per key coordinate in the compressed store (side fields included)."""
-        return 8 * self.k_bytes / self.compressed_coords if self.compressed_coords else float("nan")
+        """Effective stored bits per key coordinate beyond the window: the compressed store (side fields
+        included) and the native prefix at its native width. NaN when nothing lies beyond the window."""
+        return self._bits(self.k_bytes)
 
     @property
     def v_bits(self) -> float:
-        """Effective stored bits per value coordinate in the compressed store (scales/minima included)."""
-        return 8 * self.v_bytes / self.compressed_coords if self.compressed_coords else float("nan")
+        """Effective stored bits per value coordinate beyond the window: the compressed store
+        (scales/minima included) and the native prefix at its native width."""
+        return self._bits(self.v_bytes)
+
+    def _bits(self, store_bytes: int) -> float:
+        """8 * (K or V bytes of the store + half the prefix's bytes) per stored coordinate (NaN if none)."""
+        if not self.stored_coords:
+            return float("nan")
+        return 8 * (store_bytes + self.prefix_bytes / 2) / self.stored_coords
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,16 +201,20 @@ class CacheStats:
                           k_bytes=self._sum("k_bytes"), v_bytes=self._sum("v_bytes"),
                           native_bytes=self._sum("native_bytes"), fp16_bytes=self._sum("fp16_bytes"),
                           compressed_coords=self._sum("compressed_coords"),
-                          allocated_bytes=self._sum("allocated_bytes"))
+                          allocated_bytes=self._sum("allocated_bytes"),
+                          prefix_tokens=self.layers[0].prefix_tokens if self.layers else 0,
+                          prefix_bytes=self._sum("prefix_bytes"), stored_coords=self._sum("stored_coords"))
 
     def line(self) -> str:
         """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
         t, c = self.total, self.config
         mib = 2.0**20
-        return (f"kv cache [{c.codec} {c.bits_label} W={c.window}, {len(self.layers)} layers, {t.tokens} "
-                f"tokens ({t.window_tokens} native)]: {t.nbytes / mib:.2f} MiB (compressed "
-                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native window {t.native_bytes / mib:.2f}) vs fp16 "
-                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store); "
+        native = (f"{t.window_tokens} native" if not c.sink_scales else
+                  f"{t.prefix_tokens} in the sink scales + {t.window_tokens} in the window native")
+        return (f"kv cache [{c.label} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
+                f"({native})]: {t.nbytes / mib:.2f} MiB (compressed "
+                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native {t.native_bytes / mib:.2f}) vs fp16 "
+                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x beyond the window); "
                 f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
                 f"{t.allocated_bytes / mib:.2f} MiB")
 
@@ -232,7 +268,8 @@ def _is_cosine(m: nn.Module) -> bool:
 class _LayerPatch:
     """One patched attention module: its compressed cache, its original methods, its last accounting."""
 
-    def __init__(self, module: nn.Module, index: int, config: PatchConfig, capacity: int | None) -> None:
+    def __init__(self, module: nn.Module, index: int, config: PatchConfig, sink_tokens: int,
+                 capacities: tuple[int, int] | None) -> None:
         self.module = module
         self.index = index
         self.head_dim = int(module.head_dim)
@@ -240,10 +277,13 @@ class _LayerPatch:
         self.scale = _softmax_scale(module)
         self.cosine = _is_cosine(module)
         self.own_qkv = callable(getattr(module, "_qkv", None)) and callable(getattr(module, "_project", None))
+        capacity, native_capacity = capacities or (None, None)
         self.cache = octopus_audio.CompressedKVCache(config.codec, config.bits, self.head_dim,
                                                      window=config.window, v_group=config.v_group,
                                                      seed=layer_seed(config.seed, index),
-                                                     v_bits=config.v_bits, capacity=capacity)
+                                                     v_bits=config.v_bits, capacity=capacity,
+                                                     native_prefix=sink_tokens,
+                                                     native_capacity=native_capacity)
         weight = getattr(getattr(module, "mat_qkv", None), "weight", None)
         if isinstance(weight, torch.Tensor) and weight.device.type == "cuda":
             # the codec tables' host-to-device copies (host syncs) now, not in the first generation
@@ -342,8 +382,10 @@ class _LayerPatch:
         return LayerStats(layer=self.index, tokens=tokens, window_tokens=window_tokens, k_bytes=b["k_bytes"],
                           v_bytes=b["v_bytes"], native_bytes=b["native_bytes"],
                           fp16_bytes=2 * rows * tokens * self.head_dim * _FP16_BYTES,
-                          compressed_coords=rows * (tokens - window_tokens) * self.head_dim,
-                          allocated_bytes=b["allocated_bytes"])
+                          compressed_coords=rows * b["store_tokens"] * self.head_dim,
+                          allocated_bytes=b["allocated_bytes"], prefix_tokens=b["prefix_tokens"],
+                          prefix_bytes=b["prefix_bytes"],
+                          stored_coords=rows * (tokens - window_tokens) * self.head_dim)
 
 
 class _Absent:
@@ -456,13 +498,15 @@ class PatchHandle:
         c = self.config
         state = "active" if self.active else "removed"
         return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, v_bits={c.v_bits}, window={c.window}, "
+                f"sink_scales={c.sink_scales}, "
                 f"v_group={c.v_group}, seed={c.seed}, "
                 + (f"kv_dtype={c.kv_dtype}, " if c.kv_dtype is not None else "")
                 + f"layers={self.num_layers}, backend={self.backend}, {state})")
 
 
 def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
-              seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None) -> PatchHandle:
+              seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None,
+              sink_scales: int = DEFAULT_SINK_SCALES) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
@@ -470,10 +514,14 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     the key codec's width and `v_bits` the values' (None: `bits` for both), as KIVI's `k_bits` / `v_bits`.
     `kv_dtype` (codec none only): keys and values rounded to it as they enter the cache (the bf16-KV floor:
     `patch_aar(pipe, "none", 16, kv_dtype=torch.bfloat16)`).
+    `sink_scales` S: the first S scales stay native for the whole generation (every later scale attends to
+    them; the cache's `native_prefix` holds their tokens, counted as native bytes), the model's scales read
+    from its `patch_nums` (0 .. the number of scales; a model that does not say them takes only 0).
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
-                         kv_dtype=kv_dtype)
+                         kv_dtype=kv_dtype, sink_scales=sink_scales)
+    sinks = sink_tokens(model, sink_scales)
     modules = find_attention(model)
     if not modules:
         raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
@@ -486,12 +534,13 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
             raise RuntimeError(f"attention layer {i} is in the middle of a generation (its KV cache is not "
                                f"empty); patch the model before or after a generation, not during one")
     # every cache is built (and the arguments validated) before any module is touched
-    capacity = _store_tokens(model, window)
-    layers = [_LayerPatch(m, i, config, capacity) for i, m in enumerate(modules)]
+    patch_nums = model_patch_nums(model)
+    capacities = None if patch_nums is None else sequence_capacities(patch_nums, window, sinks)
+    layers = [_LayerPatch(m, i, config, sinks, capacities) for i, m in enumerate(modules)]
     handle = PatchHandle(model, config, layers)
     for lp in layers:
         lp.install()
-        lp.handle_repr = f"codec={codec!r}, {config.bits_label}"
+        lp.handle_repr = f"codec={codec!r}, {config.bits_label}, sink_scales={config.sink_scales}"
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle
@@ -508,13 +557,21 @@ def model_patch_nums(model: object) -> tuple[int, ...] | None:
     return None
 
 
-def _store_tokens(model: object, window: int) -> int | None:
-    """Tokens a generation leaves in the compressed store (every scale but the last `window`), when the model
-    says its scales (`model_patch_nums`); None when it does not."""
+def sink_tokens(model: object, sink_scales: int) -> int:
+    """The tokens of the model's first `sink_scales` scales (`model_patch_nums`): the native prefix that
+    keeps them. A ValueError when there are not that many scales, or when the model does not say its scales
+    and `sink_scales` is not 0."""
     patch_nums = model_patch_nums(model)
     if patch_nums is None:
-        return None
-    return sum(patch_nums[:len(patch_nums) - window]) if window else sum(patch_nums)
+        if sink_scales:
+            raise ValueError(f"sink_scales={sink_scales} keeps the first scales native, but "
+                             f"{type(model).__name__} does not say its scales (patch_nums); pass "
+                             f"sink_scales=0")
+        return 0
+    if sink_scales > len(patch_nums):
+        raise ValueError(f"sink_scales must be 0 .. {len(patch_nums)} (the model's scales), got "
+                         f"{sink_scales}")
+    return sum(patch_nums[:sink_scales])
 
 
 def replay_check(model: object) -> Callable[[], None]:
@@ -562,13 +619,15 @@ def forced_sequence(model: object, units: tuple[int, ...]) -> Iterator[None]:
 @contextlib.contextmanager
 def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
                   v_group: int = 16, seed: int = 0, v_bits: int | None = None,
-                  kv_dtype: torch.dtype | None = None) -> Iterator[PatchHandle]:
+                  kv_dtype: torch.dtype | None = None,
+                  sink_scales: int = DEFAULT_SINK_SCALES) -> Iterator[PatchHandle]:
     """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
-    (`v_bits`: the values' width, None for `bits`; `kv_dtype`: see `patch_aar`)."""
+    (`v_bits`: the values' width, None for `bits`; `kv_dtype` and `sink_scales`: see `patch_aar`)."""
     with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
-                   kv_dtype=kv_dtype) as handle:
+                   kv_dtype=kv_dtype, sink_scales=sink_scales) as handle:
         yield handle
 
 
-__all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle",
-           "compressed_kv", "find_attention", "forced_sequence", "patch_aar", "replay_check", "unpatch"]
+__all__ = ["ATTENTION_ATTRIBUTES", "DEFAULT_SINK_SCALES", "CacheStats", "LayerStats", "PatchConfig",
+           "PatchHandle", "compressed_kv", "find_attention", "forced_sequence", "patch_aar", "replay_check",
+           "unpatch"]
