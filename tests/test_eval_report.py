@@ -16,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_eval_runner import FakePipe, make_clips, run_fake
+from test_eval_runner import FAKE_PATCH_NUMS, FakePipe, make_clips, run_fake
 
-METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "tf_top1", "tf_kl_nats")
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES
+
+METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "first_parting_scale", "tf_top1", "tf_kl_nats")
+S = DEFAULT_SINK_SCALES  # the sink scales of the codec rows
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +55,16 @@ def test_tables_agree_with_the_rows(report_dir):
             assert float(line[f"{key}_min"]) == values.min() and float(line[f"{key}_max"]) == values.max()
             assert float(line[f"{key}_mean"]) == pytest.approx(values.mean(), rel=1e-12)
     md = (report_dir / "table.md").read_text()
-    assert md.count("\n| octopus | 2 | 2 | 2 (1 failed) |") == 1
-    assert "| octopus | 4 | 4 | 0 (3 failed) | - |" in md
+    assert md.count(f"\n| octopus | 2 | 2 | {S} | 2 (1 failed) |") == 1
+    assert f"| octopus | 4 | 4 | {S} | 0 (3 failed) | - |" in md
     assert "| TF top-1 agreement mean [min, max] | TF KL (nats/token) mean [min, max] |" in md
     assert "teacher-forced" in md and "isolates the codec's error from the divergence of sampling" in md
-    # codec none through the patch: six exact metrics (LSD, MSE, SNR, cosine, TF top-1, TF KL)
-    assert ("| none | native | native | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
-            "120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | 1.0000 [1.0000, 1.0000] | "
-            "0.00000 [0.00000, 0.00000] |") in md
+    # codec none through the patch: seven exact metrics (LSD, MSE, SNR, cosine, the tokens never part from
+    # the reference's: the number of scales, TF top-1, TF KL)
+    n = len(FAKE_PATCH_NUMS)
+    assert ("| none | native | native | - | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
+            f"120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | {n:.2f} [{n:.2f}, {n:.2f}] | "
+            "1.0000 [1.0000, 1.0000] | 0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
     assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
     assert len(results["failures"]) == 6 + 2  # the broken clip's 6 rows, octopus b4 on 2 clips

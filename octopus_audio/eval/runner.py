@@ -3,12 +3,11 @@
 Clips run in batches (`evaluate(batch_size=...)`, `run_batch`): each generation and teacher-forced pass covers
 the batch, every clip sampling from its own random stream with the run's seed, so a row is what a batch of
 one gives up to float rounding and a run resumes under any batch size (the batch size is no part of the run's
-fingerprint). Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as each
-job finishes for the batch; a rerun
-skips rows already done (`status: ok`) and retries failed ones; a clip that fails to load, condition or
-generate is recorded with its error and the run goes on. Under `torchrun` the clips are sharded over the
-processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
-writes the report.
+fingerprint). Results are appended one JSON row per (clip, codec, bits, sink scales) to `rows/rank<R>.jsonl`
+as each job finishes for the batch; a rerun skips rows already done (`status: ok`) and retries failed ones; a
+clip that fails to load, condition or generate is recorded with its error and the run goes on. Under
+`torchrun` the clips are sharded over the processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges
+every rank's rows into `rows.jsonl` and writes the report.
 
 Unless turned off (`EvalConfig.floor`, `--no-floor`), each clip also gets one "sampling floor" row, codec
 `reference (other seed)`: the uncompressed model generated once more with the seed `floor_seed(seed)` (the
@@ -26,8 +25,9 @@ perturbation of the cache a 16-bit store makes, i.e. how near ANY perturbation o
 sampled outputs. It has every metric a codec row has, teacher-forced ones included (the model with the
 rounded cache fed the reference's tokens), and no KV numbers (16-bit storage is what the ratios compare with).
 
-Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
-(eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
+Each row holds the audio/latent metrics of the sampled output (eval/metrics.py), the scale where its tokens
+first part ways with the reference's (eval/parting.py), and two teacher-forced ones (eval/fidelity.py): the
+model under the codec is fed the reference's own tokens, so its next-scale
 distributions are compared with the reference's on the same inputs, free of sampling divergence. The
 reference's tokens are saved with it (`refs/<clip>.npz`), so a resumed run computes them without generating.
 
@@ -61,12 +61,14 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from octopus_audio.aar_patch.generation import SamplingConfig
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.beside import Beside
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import MetricReference
+from octopus_audio.eval.parting import parting_metrics
 from octopus_audio.eval.rows import (
     MERGED_ROWS,
     ROWS_DIR,
@@ -122,7 +124,8 @@ class EvalConfig:
 
     Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
     alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
-    from `v_bits` (None: `bits`)."""
+    from `v_bits` (None: `bits`). Each compressing codec runs each bit pair at every count of `sink_scales`
+    (the first scales kept native, `patch_aar(sink_scales=S)`), as it runs every width."""
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
@@ -137,10 +140,13 @@ class EvalConfig:
     bf16_floor: bool = False
     k_bits: tuple[int, ...] | None = None
     v_bits: tuple[int, ...] | None = None
+    sink_scales: tuple[int, ...] = (DEFAULT_SINK_SCALES,)
     # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
-    # keeps the rows it shares. Every other field is part of each row's identity (`identity()`), so a new
-    # setting that changes a number is one new field above.
-    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits")
+    # keeps the rows it shares (each row records its own bits and sink scales, its key). Every other field is
+    # part of each row's identity (`identity()`), so a new setting that changes a number is one new field
+    # above.
+    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits",
+                                             "sink_scales")
 
     def __post_init__(self) -> None:
         from octopus_audio.codecs import CODECS
@@ -173,6 +179,11 @@ class EvalConfig:
             for b in self.v_bits or self.bits:
                 if b not in VALUE_BITS:
                     raise UsageError(f"{flag} {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
+            scales = self.sink_scales
+            if (not scales or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in scales)
+                    or len(set(scales)) != len(scales)):
+                raise UsageError(f"--sink-scales must be a comma list of distinct integers >= 0 such as "
+                                 f"0,3,5 (the first scales kept native), got {scales!r}")
         from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
 
         problem = seed_problem(self.seed, "--seed")
@@ -200,19 +211,22 @@ class EvalConfig:
 
     def jobs(self) -> list[Job]:
         """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
-        each bit pair; the floors and a codec that does not compress get bits None."""
+        each count of sink scales at each bit pair; the floors and a codec that does not compress get bits
+        and sink scales None."""
         out = [Job(FLOOR)] if self.floor else []
         if self.bf16_floor:
             out.append(Job(KV_FLOOR))
         for c in self.codecs:
-            out.extend([Job(c, k, v) for k, v in self.bit_pairs()] if compresses(c) else [Job(c)])
+            out.extend([Job(c, k, v, s) for s in self.sink_scales for k, v in self.bit_pairs()]
+                       if compresses(c) else [Job(c)])
         return out
 
     def patch_configs(self) -> list:
         """The KV-cache patch of each compressed job (what `AARBackend.compressed` installs), in job order."""
         from octopus_audio.aar_patch.patch import PatchConfig
 
-        return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits)
+        return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits,
+                            sink_scales=job.sink_scales)
                 for job in self.jobs() if job.bits is not None]
 
     def identity(self) -> dict:
@@ -225,12 +239,13 @@ class EvalConfig:
 
 
 class Job(NamedTuple):
-    """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits` (both None for
-    the floors and `none`)."""
+    """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits`, the first
+    `sink_scales` scales kept native (all three None for the floors and `none`)."""
 
     codec: str
     bits: int | None = None
     v_bits: int | None = None
+    sink_scales: int | None = None
 
 
 KV_NUMBERS = ("ratio", "k_bits", "v_bits")  # a row's "kv": the patch stats' totals the report prints
@@ -242,6 +257,11 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
     as '-' in reports), never 0."""
     total = stats.as_dict()["total"]
     return {name: float(total[name]) if math.isfinite(total[name]) else None for name in KV_NUMBERS}
+
+
+def _job_fields(job: Job) -> dict:
+    """A row's job: codec, bits, v_bits and sink_scales, as `rows.row_key` reads them back."""
+    return {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "sink_scales": job.sink_scales}
 
 
 # per clip ------------------------------------------------------------------------------------------------
@@ -360,10 +380,10 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
-        for codec, bits, v_bits in jobs:
-            emit_row({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
-                      "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
-                      "seconds": None, "threads": None})
+        for job in jobs:
+            emit_row({**clip.base, **_job_fields(job), "seed": seed_of(job.codec), "status": "error",
+                      "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
+                      "threads": None})
 
     def sample(seed: int) -> Callable[[list[Clip]], list]:
         return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
@@ -373,9 +393,8 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
         write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
-        emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
-                  "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None,
-                  "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
+        emit_row({**clip.base, **_job_fields(job), "seed": seed_of(job.codec), "status": "ok", "stage": None,
+                  "error": None, "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
                   "threads": torch.get_num_threads()})
 
     clips = []
@@ -405,7 +424,8 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             start = time.perf_counter()
             out = as_generated(out)
             try:  # the floor row's forced_of is empty: sampled-output metrics only (the module docstring)
-                metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
+                metrics = {**clip.metric_ref.compare(out.audio, out.fhat),
+                           **parting_metrics(clip.reference.tokens, out.tokens), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)
                 continue
@@ -433,7 +453,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             start = time.perf_counter()
             try:
                 context = (backend.bf16_kv() if job.codec == KV_FLOOR
-                           else backend.compressed(job.codec, job.bits, job.v_bits))
+                           else backend.compressed(job.codec, job.bits, job.v_bits, job.sink_scales))
                 with context as handle:
                     outs = _each(sample(config.seed), these)
                     kv = None
