@@ -55,7 +55,7 @@ def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
         clip = clips / f"{row['clip']}.wav"
         ref_audio, ref_fhat, ref_tokens = independent_generation(clip, SEED)
         other_audio, other_fhat, other_tokens = independent_generation(clip, FLOOR_SEED)
-        parting = next(s for s, (a, b) in enumerate(zip(ref_tokens, other_tokens, strict=True))
+        parting = next(s for s, (a, b) in enumerate(zip(ref_tokens, other_tokens, strict=True), start=1)
                        if (a != b).any())
         expected = {"lsd_db": lsd_db(ref_audio, other_audio),
                     "logmel_mse": logmel_mse(ref_audio, other_audio, 24000),

@@ -12,8 +12,9 @@ PARTING_METRICS: tuple[MetricInfo, ...] = (MetricInfo("first_parting_scale", "fi
 
 
 def first_parting_scale(ref_tokens: Sequence, tokens: Sequence) -> int:
-    """The index (0-based) of the first scale whose tokens differ from the reference's; the number of scales
-    when every scale is equal (the two generations never part). Every token after it was drawn from other
+    """The first scale whose tokens differ from the reference's, counted from 1 (the coarsest scale, as
+    benchmarks/lab/first_flip.py and the results count them); the number of scales + 1 when every scale is
+    equal (the two generations never part). Every token after it was drawn from other
     inputs, so how far a codec keeps the reference's sample is read here, free of how much the audio then
     moves. Higher is better; scale counts of different lengths are a ValueError."""
     if len(ref_tokens) != len(tokens):
@@ -21,8 +22,8 @@ def first_parting_scale(ref_tokens: Sequence, tokens: Sequence) -> int:
                          f"generations of one model")
     for s, (a, b) in enumerate(zip(ref_tokens, tokens, strict=True)):
         if not np.array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)):
-            return s
-    return len(tokens)
+            return s + 1
+    return len(tokens) + 1
 
 
 def parting_metrics(ref_tokens: Sequence, tokens: Sequence) -> dict[str, int]:

@@ -163,8 +163,8 @@ KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bi
            "keys and values; sink scales: the first scales kept native; bits/coord: stored bits per K or V "
            "coordinate outside the native window (the compressed store, side fields included, and the sink "
            "scales at their native width), K+V their mean, the rate the plots put on their x axis. First "
-           "parting scale: the first scale (0-based) whose sampled tokens differ from the reference's, the "
-           "number of scales when none does; higher is better.")
+           "parting scale: the first scale (1 = the coarsest) whose sampled tokens differ from the "
+           "reference's, the number of scales + 1 when none does; higher is better.")
 
 
 def _summary_cells(g: dict) -> list[str]:
