@@ -214,7 +214,8 @@ class CacheStats:
         return (f"kv cache [{c.label} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
                 f"({native})]: {t.nbytes / mib:.2f} MiB (compressed "
                 f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native {t.native_bytes / mib:.2f}) vs fp16 "
-                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x beyond the window); "
+                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store"
+                f"{' and sink scales' if c.sink_scales else ''}); "
                 f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
                 f"{t.allocated_bytes / mib:.2f} MiB")
 
