@@ -105,9 +105,17 @@ def target_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
     return lines
 
 
-def rate_lines(g: dict) -> list[str]:
+def bf16_rate(kv_bits: float, sinks: int, native_bits: int, patch_nums) -> float:
+    """K+V bits a coordinate outside the window with the sink scales' tokens at 16 bits instead of the run's
+    `native_bits` (the rows' rate counts them as held: 32 on the CPU)."""
+    outside = sum(patch_nums) - patch_nums[-1]
+    return kv_bits - sum(patch_nums[:sinks]) * (native_bits - 16) / outside
+
+
+def rate_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
     lines = ["Rate-distortion view: each (codec, S) curve through its widths, read against S=0's curve at "
-             "the same K+V bits/coord (log-linear between S=0's two nearest widths; '-' outside its range). "
+             "the same K+V bits/coord outside the window, the sink scales counted at bf16 (a CPU run's rates "
+             "converted: `bf16_rate`), log-linear between S=0's two nearest widths ('-' outside its range). "
              "Below: the S curve's mean is lower (KL, LSD) there.", ""]
     head = ["codec", "S", "metric", "points below S=0 / read", "each point: S value vs S=0 at its rate"]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -116,8 +124,9 @@ def rate_lines(g: dict) -> list[str]:
             base = [(g[k]["kv_bits"], g[k][metric]) for k in g
                     if k[0] == codec and k[3] == 0 and k[1] == k[2] and metric in g[k]]
             for sinks in sorted({k[3] for k in g if k[0] == codec and k[3]}):
-                pts = sorted((g[k]["kv_bits"], g[k][metric]) for k in g
-                             if k[0] == codec and k[3] == sinks and k[1] == k[2] and metric in g[k])
+                keys = [k for k in g if k[0] == codec and k[3] == sinks and k[1] == k[2] and metric in g[k]]
+                pts = sorted((bf16_rate(g[k]["kv_bits"], sinks, native_bits, patch_nums), g[k][metric])
+                             for k in keys)
                 log = all(v > 0 for _, v in base)
                 read = [(x, y, value_at_rate(base, x, log=log)) for x, y in pts]
                 inside = [(y, b) for _, y, b in read if b is not None]
@@ -147,7 +156,7 @@ def main() -> None:
                   f"{settings.get('teacher_forced_precision')}, version {settings.get('version')}", ""]
         lines += row_lines(g, native_bits, patch_nums) + [""]
         lines += target_lines(g, native_bits, patch_nums) + [""]
-        lines += rate_lines(g) + [""]
+        lines += rate_lines(g, native_bits, patch_nums) + [""]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
