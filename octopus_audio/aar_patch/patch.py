@@ -55,20 +55,21 @@ from octopus_audio.cache_checks import check_caches, check_flags
 from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
 from octopus_audio.rotation import layer_seed
 
+from .stats import CacheStats, LayerStats
+
 log = logging.getLogger(__name__)
 
 # attributes an attention module must have to be patched (the released code's names)
 ATTENTION_ATTRIBUTES = ("mat_qkv", "q_bias", "v_bias", "zero_k_bias", "proj", "num_heads", "head_dim",
                         "caching", "cached_k", "cached_v", "kv_caching")
 _MARK = "_octopus_kv_patch"  # instance attribute on a patched attention module -> its _LayerPatch
-_FP16_BYTES = 2
 # The coarse scales every later token attends to, kept native by default (`sink_scales`): chosen from the
 # measurements in benchmarks/results/sink_scales.md (the README's table)
-DEFAULT_SINK_SCALES = 0
+DEFAULT_SINK_SCALES = 3
 _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_mul (a float32 ln 100)
 
 
-# 1. configuration and accounting ----------------------------------------------------------------------------
+# 1. configuration (the accounting is stats.py) ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class PatchConfig:
     """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
@@ -114,119 +115,6 @@ class PatchConfig:
         """`b=2` when keys and values share the width, else `K b=2 V b=4`; `kv_dtype` is named after it."""
         label = f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
         return label if self.kv_dtype is None else f"{label} K/V rounded to {str(self.kv_dtype)[6:]}"
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerStats:
-    """Bytes held by one layer's cache (all rows of the batch, all heads).
-
-    tokens: units' tokens in the cache; window_tokens and prefix_tokens of them native (the window's and the
-    sink scales'). k_bytes / v_bytes: the compressed store (packed codes and side fields) of the tokens held;
-    native_bytes: the native window and prefix (K and V, in the model's dtype), prefix_bytes the prefix's
-    share; fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
-    compressed tokens (per K or V), stored_coords the same of every token outside the window (the compressed
-    store and the prefix); allocated_bytes: what the buffers occupy, including any spare capacity
-    (reserved for the sequence when the model says its `patch_nums`; past that, or without them, the buffers
-    grow by doubling).
-
-    The rates (`k_bits`, `v_bits`, `store_ratio`) describe what the cache stores beyond the window: the
-    compressed store and the native prefix, whose tokens count at their native width, so configurations with
-    and without sink scales compare at what they really hold. The window, the same in every configuration,
-    is left out of them (not of `ratio`).
-    """
-
-    layer: int
-    tokens: int
-    window_tokens: int
-    k_bytes: int
-    v_bytes: int
-    native_bytes: int
-    fp16_bytes: int
-    compressed_coords: int
-    allocated_bytes: int
-    prefix_tokens: int
-    prefix_bytes: int
-    stored_coords: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.k_bytes + self.v_bytes + self.native_bytes
-
-    @property
-    def ratio(self) -> float:
-        """fp16 bytes / cache bytes, the native window included."""
-        return self.fp16_bytes / self.nbytes if self.nbytes else float("nan")
-
-    @property
-    def store_ratio(self) -> float:
-        """fp16 bytes / bytes of what is stored beyond the window: the compressed store and the native prefix
-        (the window left out)."""
-        fp16_store = 2 * _FP16_BYTES * self.stored_coords
-        stored = self.k_bytes + self.v_bytes + self.prefix_bytes
-        return fp16_store / stored if self.stored_coords else float("nan")
-
-    @property
-    def k_bits(self) -> float:
-        """Effective stored bits per key coordinate beyond the window: the compressed store (side fields
-        included) and the native prefix at its native width. NaN when nothing lies beyond the window."""
-        return self._bits(self.k_bytes)
-
-    @property
-    def v_bits(self) -> float:
-        """Effective stored bits per value coordinate beyond the window: the compressed store
-        (scales/minima included) and the native prefix at its native width."""
-        return self._bits(self.v_bytes)
-
-    def _bits(self, store_bytes: int) -> float:
-        """8 * (K or V bytes of the store + half the prefix's bytes) per stored coordinate (NaN if none)."""
-        if not self.stored_coords:
-            return float("nan")
-        return 8 * (store_bytes + self.prefix_bytes / 2) / self.stored_coords
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheStats:
-    """The accounting of one generation (or of the cache as it is now): per layer and in total."""
-
-    config: PatchConfig
-    layers: tuple[LayerStats, ...]
-
-    def _sum(self, name: str) -> int:
-        return sum(getattr(s, name) for s in self.layers)
-
-    @property
-    def total(self) -> LayerStats:
-        return LayerStats(layer=-1, tokens=self.layers[0].tokens if self.layers else 0,
-                          window_tokens=self.layers[0].window_tokens if self.layers else 0,
-                          k_bytes=self._sum("k_bytes"), v_bytes=self._sum("v_bytes"),
-                          native_bytes=self._sum("native_bytes"), fp16_bytes=self._sum("fp16_bytes"),
-                          compressed_coords=self._sum("compressed_coords"),
-                          allocated_bytes=self._sum("allocated_bytes"),
-                          prefix_tokens=self.layers[0].prefix_tokens if self.layers else 0,
-                          prefix_bytes=self._sum("prefix_bytes"), stored_coords=self._sum("stored_coords"))
-
-    def line(self) -> str:
-        """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
-        t, c = self.total, self.config
-        mib = 2.0**20
-        native = (f"{t.window_tokens} native" if not c.sink_scales else
-                  f"{t.prefix_tokens} in the sink scales + {t.window_tokens} in the window native")
-        return (f"kv cache [{c.label} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
-                f"({native})]: {t.nbytes / mib:.2f} MiB (compressed "
-                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native {t.native_bytes / mib:.2f}) vs fp16 "
-                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store"
-                f"{' and sink scales' if c.sink_scales else ''}); "
-                f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
-                f"{t.allocated_bytes / mib:.2f} MiB")
-
-    def as_dict(self) -> dict:
-        def row(s: LayerStats) -> dict:
-            return {**dataclasses.asdict(s), "nbytes": s.nbytes, "ratio": s.ratio,
-                    "store_ratio": s.store_ratio, "k_bits": s.k_bits, "v_bits": s.v_bits}
-        config = dataclasses.asdict(self.config)
-        config["kv_dtype"] = None if self.config.kv_dtype is None else str(self.config.kv_dtype)
-        return {"config": config, "total": row(self.total),
-                "layers": [row(s) for s in self.layers]}
 
 
 # 2. finding attention modules -----------------------------------------------------------------------------
@@ -382,7 +270,7 @@ class _LayerPatch:
         rows = b["rows"]  # batch * heads
         return LayerStats(layer=self.index, tokens=tokens, window_tokens=window_tokens, k_bytes=b["k_bytes"],
                           v_bytes=b["v_bytes"], native_bytes=b["native_bytes"],
-                          fp16_bytes=2 * rows * tokens * self.head_dim * _FP16_BYTES,
+                          fp16_bytes=b["fp16_bytes"],
                           compressed_coords=rows * b["store_tokens"] * self.head_dim,
                           allocated_bytes=b["allocated_bytes"], prefix_tokens=b["prefix_tokens"],
                           prefix_bytes=b["prefix_bytes"],
@@ -507,7 +395,7 @@ class PatchHandle:
 
 def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
               seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None,
-              sink_scales: int = DEFAULT_SINK_SCALES) -> PatchHandle:
+              sink_scales: int | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
@@ -517,9 +405,15 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     `patch_aar(pipe, "none", 16, kv_dtype=torch.bfloat16)`).
     `sink_scales` S: the first S scales stay native for the whole generation (every later scale attends to
     them; the cache's `native_prefix` holds their tokens, counted as native bytes), the model's scales read
-    from its `patch_nums` (0 .. the number of scales; a model that does not say them takes only 0).
+    from its `patch_nums` (0 .. the number of scales). None (default): `DEFAULT_SINK_SCALES` for a model that
+    says its scales, 0 (logged once) for one that does not; a count > 0 for such a model is a ValueError.
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
+    if sink_scales is None:
+        sink_scales = DEFAULT_SINK_SCALES if model_patch_nums(model) is not None else 0
+        if DEFAULT_SINK_SCALES and not sink_scales:
+            log.info("%s does not say its scales (patch_nums): no sink scales (the default keeps the first "
+                     "%d native where a model says them)", type(model).__name__, DEFAULT_SINK_SCALES)
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
                          kv_dtype=kv_dtype, sink_scales=sink_scales)
     sinks = sink_tokens(model, sink_scales)
@@ -621,7 +515,7 @@ def forced_sequence(model: object, units: tuple[int, ...]) -> Iterator[None]:
 def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
                   v_group: int = 16, seed: int = 0, v_bits: int | None = None,
                   kv_dtype: torch.dtype | None = None,
-                  sink_scales: int = DEFAULT_SINK_SCALES) -> Iterator[PatchHandle]:
+                  sink_scales: int | None = None) -> Iterator[PatchHandle]:
     """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
     (`v_bits`: the values' width, None for `bits`; `kv_dtype` and `sink_scales`: see `patch_aar`)."""
     with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,

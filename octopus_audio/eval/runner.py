@@ -141,10 +141,9 @@ class EvalConfig:
     k_bits: tuple[int, ...] | None = None
     v_bits: tuple[int, ...] | None = None
     sink_scales: tuple[int, ...] = (DEFAULT_SINK_SCALES,)
-    # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
-    # keeps the rows it shares (each row records its own bits and sink scales, its key). Every other field is
-    # part of each row's identity (`identity()`), so a new setting that changes a number is one new field
-    # above.
+    # Fields that choose which rows a run has (each row records its own), not what any row's numbers are: a
+    # rerun may change them and keeps the rows it shares. Every other field is part of each row's identity
+    # (`identity()`), so a new setting that changes a number is one new field above.
     JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits",
                                              "sink_scales")
 
@@ -257,11 +256,6 @@ def kv_summary(stats: Any) -> dict[str, float | None]:
     as '-' in reports), never 0."""
     total = stats.as_dict()["total"]
     return {name: float(total[name]) if math.isfinite(total[name]) else None for name in KV_NUMBERS}
-
-
-def _job_fields(job: Job) -> dict:
-    """A row's job: codec, bits, v_bits and sink_scales, as `rows.row_key` reads them back."""
-    return {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "sink_scales": job.sink_scales}
 
 
 # per clip ------------------------------------------------------------------------------------------------
@@ -381,7 +375,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
     def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
         for job in jobs:
-            emit_row({**clip.base, **_job_fields(job), "seed": seed_of(job.codec), "status": "error",
+            emit_row({**clip.base, **job._asdict(), "seed": seed_of(job.codec), "status": "error",
                       "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
                       "threads": None})
 
@@ -393,7 +387,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
         write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
-        emit_row({**clip.base, **_job_fields(job), "seed": seed_of(job.codec), "status": "ok", "stage": None,
+        emit_row({**clip.base, **job._asdict(), "seed": seed_of(job.codec), "status": "ok", "stage": None,
                   "error": None, "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
                   "threads": torch.get_num_threads()})
 
