@@ -105,15 +105,15 @@ class CacheStats:
         """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
         t, c = self.total, self.config
         mib = 2.0**20
-        native = (f"{t.window_tokens} native" if not c.sink_scales else
-                  f"{t.prefix_tokens} in the sink scales + {t.window_tokens} in the window native")
+        sinks = bool(c.sink_scales)
+        native = (f"{t.prefix_tokens} in the sink scales + {t.window_tokens} in the window native" if sinks
+                  else f"{t.window_tokens} native")
         return (f"kv cache [{c.label} W={c.window}, {len(self.layers)} layers, {t.tokens} tokens "
-                f"({native})]: {t.nbytes / mib:.2f} MiB (compressed "
-                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native {t.native_bytes / mib:.2f}) vs fp16 "
+                f"({native})]: {t.nbytes / mib:.2f} MiB (compressed {(t.k_bytes + t.v_bytes) / mib:.2f} + "
+                f"native {'sink scales and ' * sinks}window {t.native_bytes / mib:.2f}) vs fp16 "
                 f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store"
-                f"{' and sink scales' if c.sink_scales else ''}); "
-                f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
-                f"{t.allocated_bytes / mib:.2f} MiB")
+                f"{' and sink scales' * sinks}); K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; "
+                f"buffers allocated {t.allocated_bytes / mib:.2f} MiB")
 
     def as_dict(self) -> dict:
         def row(s: LayerStats) -> dict:
