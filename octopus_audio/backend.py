@@ -192,7 +192,8 @@ class CachePlan:
     gluon: whether the kernels' selector may pick the Gluon kernels (OCTOPUS_AUDIO_KERNELS is not `triton`);
     used: per op, the kernel implementations that ran and why (`kernels_used`).
     encode_keys(codec, k) -> KeyState, encode_values(quantizer, v) -> ValueState (data checks are the
-    caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the window.
+    caller's), attention(cache, q, scale) -> [B, Hq, Tq, d]: one softmax over the store and the native tokens
+    (prefix and window, one segment the kernels take as their window).
     """
 
     def __init__(self, codec, num_heads: int, device: torch.device) -> None:
@@ -250,7 +251,7 @@ class CachePlan:
     def attention(self, cache, q: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.kernel_attention:
             return cache.attend_reference(q, scale)
-        store, window = cache.store, cache.window_kv()
+        store, window = cache.store, cache.native_kv()  # the native segment: the prefix, then the window
         if store is not None:
             keys, values = store.packed(self._packed_keys, self._packed_values, cache.value_quantizer)
         else:

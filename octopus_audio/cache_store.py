@@ -1,5 +1,5 @@
 """The compressed store of a KV cache: preallocated packed buffers along T, written unit by unit, grown by
-doubling; and the window units' own storage."""
+doubling."""
 
 from __future__ import annotations
 
@@ -121,11 +121,3 @@ def empty_store(codec, quantizer, k: torch.Tensor, capacity: int) -> CacheStore:
                         minimum=buf(d // quantizer.group, dtype=torch.float16))
     return CacheStore(keys, values, 0)
 
-
-def own_storage(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy of it when it is a view into a larger storage. A window unit outlives the forward pass
-    that made it, and a view (the model's v is a slice of its fused q/k/v projection) would keep the whole
-    projection alive: at AAR B=64 that was 0.63 GB more than the window's own bytes (H200)."""
-    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
-        return t.clone(memory_format=torch.contiguous_format)
-    return t

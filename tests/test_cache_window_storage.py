@@ -1,5 +1,6 @@
-"""The native window holds its own bytes: a unit that is a view into a larger tensor (the model's fused q/k/v
-projection) is copied when it enters the window, so the cache's accounting is what it keeps alive."""
+"""The native tokens (prefix and window) live in the cache's own buffer: a unit that is a view into a larger
+tensor (the model's fused q/k/v projection) is copied in when it enters, so the cache's accounting is what it
+keeps alive, and attention reads the prefix and the window as one view."""
 
 import pytest
 import torch
@@ -31,13 +32,24 @@ def test_window_unit_copied_out_of_a_larger_projection(codec):
     assert cache.bytes_breakdown()["window_bytes"] == _held_bytes([k_win, v_win])
 
 
-def test_window_unit_that_owns_its_storage_is_not_copied():
-    k = torch.randn(2, 3, 5, 64)
-    v = torch.randn(2, 3, 5, 64).transpose(2, 3).contiguous().transpose(2, 3)  # strided, but its own storage
-    cache = CompressedKVCache("octopus", 2, 64, window=1)
-    cache.append(k, v)
-    k_win, v_win = cache.window_kv()
-    assert k_win is k and v_win is v
+@pytest.mark.parametrize("window,prefix", [(1, 0), (2, 0), (1, 4), (2, 4), (0, 4)],
+                         ids=["W1", "W2", "W1-P4", "W2-P4", "W0-P4"])
+def test_native_tokens_are_one_view_of_one_buffer(window, prefix):
+    """The prefix and the window lie back to back in one buffer: `native_kv` is a view of it (nothing
+    concatenated, whatever the window and the prefix), and it holds the prefix's tokens then the window's."""
+    units = [_qkv_views(L=n, seed=n)[1:] for n in (1, 3, 2, 5)]
+    cache = CompressedKVCache("octopus", 2, 64, window=window, native_prefix=prefix)
+    for k, v in units:
+        cache.append(k, v)
+    k_nat, v_nat = cache.native_kv()
+    assert k_nat.data_ptr() == cache._native._k.data_ptr() and v_nat.data_ptr() == cache._native._v.data_ptr()
+    k_all = torch.cat([k for k, _ in units], 2)
+    kept = [k_all[:, :, :prefix]]
+    if window:
+        kept.append(torch.cat([k for k, _ in units[-window:]], 2))
+    assert torch.equal(k_nat, torch.cat(kept, 2))
+    assert cache.prefix_tokens == prefix
+    assert cache.window_tokens == sum(k.shape[2] for k, _ in units[len(units) - window:])
 
 
 def test_window_copy_leaves_attention_unchanged():

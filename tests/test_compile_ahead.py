@@ -286,7 +286,7 @@ def test_every_configuration_compiles_in_one_pool_run_and_shared_variants_once(m
         FakeLaunch(v) for v in variants[codec]])
     monkeypatch.setattr(ahead, "is_cached", lambda launch, target: launch == "cached")
     monkeypatch.setattr(ahead, "ParallelCompiler", FakeCompiler)
-    configs = [PatchConfig("octopus", 2), PatchConfig("turboquant-mse", 3)]
+    configs = [PatchConfig("octopus", 2, sink_scales=0), PatchConfig("turboquant-mse", 3, sink_scales=0)]
     results = aar_ahead.compile_ahead(object(), configs, 1, (torch.bfloat16, torch.float32),
                                       progress=lambda label, done, total: shown.append((label, done, total)))
     assert calls == [["merge", "oct-attn", "oct-enc", "tq-attn"]]
@@ -313,20 +313,21 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence",
                         lambda self, k, v: calls.append((self, k, v)) or encode(self, k, v))
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
-    with patch_aar(pipe, codec, bits, v_bits=v_bits):
+    with patch_aar(pipe, codec, bits, v_bits=v_bits) as handle:  # the default sink scales
         teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
+        prefix = handle.caches[0].native_prefix
     monkeypatch.setattr(CompressedKVCache, "_encode_sequence", encode)
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
     with ahead.recording() as launched:
         for cache, k, v in calls:
             CompressedKVCache(cache.codec_name, cache.bits, cache.head_dim, cache.window, cache.v_group,
-                              cache.seed, cache.v_bits)._encode_sequence(k, v)
+                              cache.seed, cache.v_bits, native_prefix=prefix)._encode_sequence(k, v)
     from triton.backends.compiler import GPUTarget
 
     _, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))
     real = set(ahead.launches_of(launched, backend))
     enumerated = set(ahead.sequence_launches(codec, bits, generation_shapes(pipe, 1, torch.float32), "cpu",
-                                             v_bits=v_bits, backend=backend))
+                                             v_bits=v_bits, backend=backend, native_prefix=prefix))
     assert len(calls) == 4 and {x.name for x in real} == {"_encode_keys_kernel", "_encode_values_kernel"}
     assert enumerated == real

@@ -14,7 +14,7 @@ from test_eval_runner import (
     run_fake,
 )
 
-from octopus_audio.eval.runner import FLOOR
+from octopus_audio.eval.records import FLOOR
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
 torch = pytest.importorskip("torch")

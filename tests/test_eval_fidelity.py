@@ -84,18 +84,20 @@ def test_fidelity_rows_of_different_shapes_are_refused():
         fidelity_rows([torch.full((2, 2), 0.5)], [torch.full((3, 2), 0.5)])
 
 
-@pytest.mark.parametrize("codec", ["unpatched", "bf16-kv", *CODECS])
+@pytest.mark.parametrize("codec", ["unpatched", "bf16-kv", *CODECS, "octopus-sink3"])
 def test_one_pass_equals_the_scale_loop(pipe_cond_ref, codec):
     """The default one block-causal pass against the model's own scale loop through the cache (the
     reference). Uncompressed, they differ by float rounding only. Under a codec a rounding-level difference
     in a key can move it across a quantizer's decision boundary (another code for that token), so the
     distributions may differ by more, but the row's numbers must agree: top-1 within 2 positions of the
     455, KL within 3 percent. A wrong window or a codec left out moves KL by far more (checked below: the
-    codec's distance from the reference is many times that tolerance)."""
+    codec's distance from the reference is many times that tolerance). `octopus-sink3`: the first three
+    scales kept native (`sink_scales`), in both ways."""
     pipe, cond, ref = pipe_cond_ref
     p_ref = torch.cat(teacher_forced_probs(pipe, cond, ref.tokens, scale_loop=True), 1)
     patch = (contextlib.nullcontext() if codec == "unpatched"
              else compressed_kv(pipe, "none", 16, kv_dtype=torch.bfloat16) if codec == "bf16-kv"
+             else compressed_kv(pipe, codec="octopus", bits=2, sink_scales=3) if codec == "octopus-sink3"
              else compressed_kv(pipe, codec=codec, bits=2))
     with patch:
         one = torch.cat(teacher_forced_probs(pipe, cond, ref.tokens, scale_loop=False), 1)

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from test_eval_runner import FakeConditioner, FakePipe, fake_generate, make_clips, run_fake
 
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES
 from octopus_audio.audio_metrics.latent import latent_cosine
 from octopus_audio.audio_metrics.logmel import logmel_mse
 from octopus_audio.audio_metrics.lsd import lsd_db
 from octopus_audio.audio_metrics.snr import snr_db
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
 torch = pytest.importorskip("torch")
@@ -21,7 +22,7 @@ sf = pytest.importorskip("soundfile")
 
 SEED = 3
 FLOOR_SEED = 4  # documented: the run's seed + 1
-SAMPLED = ("lsd_db", "logmel_mse", "snr_db", "latent_cos")
+SAMPLED = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "first_parting_scale")
 
 
 def small_config(floor=True):
@@ -38,7 +39,8 @@ def independent_generation(clip_path, seed):
     (ref,) = [r for r in list_folder(clip_path.parent, n=100, seed=0) if r.clip_id == clip_path.stem]
     cond_D = FakeConditioner().embed(prepare(decode(ref), CLAP_RATE))
     g = fake_generate(FakePipe(), torch.from_numpy(cond_D)[None], cfg=4.0, top_k=200, top_p=0.95, seed=seed)
-    return g.audio.reshape(-1).numpy().astype(np.float32), g.fhat.numpy().astype(np.float32)
+    return (g.audio.reshape(-1).numpy().astype(np.float32), g.fhat.numpy().astype(np.float32),
+            [t.reshape(-1).numpy() for t in g.tokens])
 
 
 def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
@@ -50,15 +52,18 @@ def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
     for row in floors:
         assert (row["status"], row["bits"], row["seed"], row["kv"]) == ("ok", None, FLOOR_SEED, None)
         assert sorted(row["metrics"]) == sorted(SAMPLED)  # no teacher-forced numbers
-        ref_audio, ref_fhat = independent_generation(clips / f"{row['clip']}.wav", SEED)
-        other_audio, other_fhat = independent_generation(clips / f"{row['clip']}.wav", FLOOR_SEED)
+        clip = clips / f"{row['clip']}.wav"
+        ref_audio, ref_fhat, ref_tokens = independent_generation(clip, SEED)
+        other_audio, other_fhat, other_tokens = independent_generation(clip, FLOOR_SEED)
+        parting = next(s for s, (a, b) in enumerate(zip(ref_tokens, other_tokens, strict=True), start=1)
+                       if (a != b).any())
         expected = {"lsd_db": lsd_db(ref_audio, other_audio),
                     "logmel_mse": logmel_mse(ref_audio, other_audio, 24000),
                     "snr_db": snr_db(ref_audio, other_audio),
-                    "latent_cos": latent_cosine(ref_fhat, other_fhat)}
+                    "latent_cos": latent_cosine(ref_fhat, other_fhat), "first_parting_scale": parting}
         assert row["metrics"] == pytest.approx(expected, rel=1e-9)
         assert expected["snr_db"] < 10.0 and expected["latent_cos"] < 0.5  # two samples, not one
-        third_audio, _ = independent_generation(clips / f"{row['clip']}.wav", SEED + 2)
+        third_audio, *_ = independent_generation(clips / f"{row['clip']}.wav", SEED + 2)
         assert row["metrics"]["lsd_db"] != pytest.approx(lsd_db(ref_audio, third_audio), rel=1e-6)
         wav, rate = sf.read(out / "wav" / f"{row['clip']}__00_reference_other_seed.wav", dtype="float32")
         assert rate == 24000 and np.abs(wav - np.clip(other_audio, -1, 1)).max() < 1.0 / 16384
@@ -74,7 +79,7 @@ def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
     md = (out / "table.md").read_text()
     (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {FLOOR} |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:4] == [FLOOR, "-", "-", "2"]
+    assert cells[:5] == [FLOOR, "-", "-", "-", "2"]  # K bits, V bits, sink scales, clips
     assert cells[-6:] == ["-"] * 6  # TF top-1, TF KL, K+V bits, KV ratio, K/V bits
     assert "sampled with seed 4 against the uncompressed reference (seed 3)" in md
     table = csv.DictReader(io.StringIO((out / "table.csv").read_text()))
@@ -137,5 +142,5 @@ def test_the_cli_flag_turns_both_floors_off(tmp_path, monkeypatch, flags, floor)
                  "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
                  "--device", "cpu", *flags]) == 0
     assert seen["config"].floor is floor and seen["config"].bf16_floor is floor
-    assert seen["config"].jobs()[:2] == ([(FLOOR, None, None), (KV_FLOOR, None, None)] if floor
-                                         else [("octopus", 2, 2)])
+    assert seen["config"].jobs()[:2] == ([(FLOOR, None, None, None), (KV_FLOOR, None, None, None)] if floor
+                                         else [("octopus", 2, 2, DEFAULT_SINK_SCALES)])

@@ -115,3 +115,14 @@ def test_lsd_stft_matches_torch_stft_framing():
     ref = torch.stft(torch.from_numpy(x), 2048, 512, window=torch.hann_window(2048, dtype=torch.float64),
                      center=True, pad_mode="constant", return_complex=True).T.numpy()
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-9)
+
+
+def test_first_parting_scale_counts_from_one():
+    from octopus_audio.eval.parting import first_parting_scale
+
+    ref = [np.array([3]), np.array([1, 2]), np.array([5, 6, 7, 8])]
+    assert first_parting_scale(ref, [t.copy() for t in ref]) == 4  # never parts: scales + 1
+    assert first_parting_scale(ref, [ref[0], np.array([1, 9]), ref[2]]) == 2
+    assert first_parting_scale(ref, [np.array([4]), ref[1], np.array([0, 0, 0, 0])]) == 1
+    with pytest.raises(ValueError, match="2 and 3 scales"):
+        first_parting_scale(ref[:2], ref)

@@ -16,7 +16,8 @@ from test_eval_runner import (
 )
 
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig, evaluate
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
+from octopus_audio.eval.runner import evaluate
 from octopus_audio.eval.sources import list_folder
 
 torch = pytest.importorskip("torch")
@@ -200,8 +201,10 @@ def run_real(clips, out, pipe, cfg):
     return evaluate(refs, out, cfg, make_backend, FakeConditioner(), meta={"clips": "test"}, progress=False)
 
 
-IDENTICAL = {"lsd_db": 0.0, "logmel_mse": 0.0, "snr_db": 120.0, "latent_cos": 1.0, "tf_top1": 1.0,
-             "tf_kl_nats": 0.0}  # the metrics of an output equal to the reference (latent cosine to 1 ulp)
+# the metrics of an output equal to the reference (latent cosine to 1 ulp); its tokens never part from the
+# reference's: the parting scale is the number of scales + 1
+IDENTICAL = {"lsd_db": 0.0, "logmel_mse": 0.0, "snr_db": 120.0, "latent_cos": 1.0,
+             "first_parting_scale": len(PATCH_NUMS) + 1, "tf_top1": 1.0, "tf_kl_nats": 0.0}
 
 
 @pytest.mark.parametrize("bf16_cache", [True, False], ids=["cache-already-bf16", "random-weights"])
@@ -226,10 +229,11 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
     md = (out / "table.md").read_text()
     (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {KV_FLOOR} |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:4] == [KV_FLOOR, "-", "-", "1"] and cells[-4:] == ["-"] * 4  # K+V bits, KV ratio, K/V bits
+    # K bits, V bits, sink scales; then K+V bits, KV ratio, K/V bits
+    assert cells[:5] == [KV_FLOOR, "-", "-", "-", "1"] and cells[-4:] == ["-"] * 4
     assert all(c != "-" for c in cells[4:-4])  # sampled and teacher-forced metrics
     kl = row["metrics"]["tf_kl_nats"]  # a tiny KL in scientific notation, never a misleading 0.00000
-    assert cells[9] == ("0.00000 [0.00000, 0.00000]" if bf16_cache else f"{kl:.2e} [{kl:.2e}, {kl:.2e}]")
+    assert cells[11] == ("0.00000 [0.00000, 0.00000]" if bf16_cache else f"{kl:.2e} [{kl:.2e}, {kl:.2e}]")
     assert "every key and value rounded to bfloat16 as it enters the KV cache" in md
     assert "sampling floor" not in md  # the other floor is off
     page = (out / "index.html").read_text()
@@ -296,7 +300,9 @@ def test_bf16_floor_must_be_a_bool():
     with pytest.raises(UsageError, match="bf16_floor must be True or False"):
         EvalConfig(codecs=("octopus",), bf16_floor=1)
     off, on = EvalConfig(codecs=("octopus",)), EvalConfig(codecs=("octopus",), bf16_floor=True)
-    assert off.jobs() == [(FLOOR, None, None), ("octopus", 2, 2), ("octopus", 3, 3),
-                          ("octopus", 4, 4)]  # opt-in here
-    assert on.jobs()[:2] == [(FLOOR, None, None), (KV_FLOOR, None, None)]
+    from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES as S
+
+    assert off.jobs() == [(FLOOR, None, None, None), ("octopus", 2, 2, S), ("octopus", 3, 3, S),
+                          ("octopus", 4, 4, S)]  # opt-in here
+    assert on.jobs()[:2] == [(FLOOR, None, None, None), (KV_FLOOR, None, None, None)]
     assert off.identity() == on.identity()  # a rerun into the same folder may add the row

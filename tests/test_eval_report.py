@@ -16,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_eval_runner import FakePipe, make_clips, run_fake
+from test_eval_runner import FAKE_PATCH_NUMS, FakePipe, make_clips, run_fake
 
-METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "tf_top1", "tf_kl_nats")
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES
+
+METRIC_KEYS = ("lsd_db", "logmel_mse", "snr_db", "latent_cos", "first_parting_scale", "tf_top1", "tf_kl_nats")
+S = DEFAULT_SINK_SCALES  # the sink scales of the codec rows
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +55,16 @@ def test_tables_agree_with_the_rows(report_dir):
             assert float(line[f"{key}_min"]) == values.min() and float(line[f"{key}_max"]) == values.max()
             assert float(line[f"{key}_mean"]) == pytest.approx(values.mean(), rel=1e-12)
     md = (report_dir / "table.md").read_text()
-    assert md.count("\n| octopus | 2 | 2 | 2 (1 failed) |") == 1
-    assert "| octopus | 4 | 4 | 0 (3 failed) | - |" in md
+    assert md.count(f"\n| octopus | 2 | 2 | {S} | 2 (1 failed) |") == 1
+    assert f"| octopus | 4 | 4 | {S} | 0 (3 failed) | - |" in md
     assert "| TF top-1 agreement mean [min, max] | TF KL (nats/token) mean [min, max] |" in md
     assert "teacher-forced" in md and "isolates the codec's error from the divergence of sampling" in md
-    # codec none through the patch: six exact metrics (LSD, MSE, SNR, cosine, TF top-1, TF KL)
-    assert ("| none | native | native | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
-            "120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | 1.0000 [1.0000, 1.0000] | "
-            "0.00000 [0.00000, 0.00000] |") in md
+    # codec none through the patch: seven exact metrics (LSD, MSE, SNR, cosine, the tokens never part from
+    # the reference's: the number of scales + 1, TF top-1, TF KL)
+    n = len(FAKE_PATCH_NUMS) + 1
+    assert ("| none | native | native | - | 2 (1 failed) | 0.000 [0.000, 0.000] | 0.0000 [0.0000, 0.0000] | "
+            f"120.00 [120.00, 120.00] | 1.0000 [1.0000, 1.0000] | {n:.2f} [{n:.2f}, {n:.2f}] | "
+            "1.0000 [1.0000, 1.0000] | 0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
     assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
     assert len(results["failures"]) == 6 + 2  # the broken clip's 6 rows, octopus b4 on 2 clips
@@ -73,7 +78,8 @@ def test_wav_names_sort_together_per_clip(report_dir):
     assert clips == sorted(clips) and set(clips) == {"clip0", "clip1"}
     assert names[:3] == ["clip0__00_input.wav", "clip0__00_reference.wav",
                          "clip0__00_reference_other_seed.wav"]
-    assert "clip0__octopus_b2.wav" in names and "clip0__octopus_b4.wav" not in names  # that row failed
+    sinks = f"_s{S}" if S else ""  # the default sink scales name the codec rows' WAVs
+    assert f"clip0__octopus_b2{sinks}.wav" in names and f"clip0__octopus_b4{sinks}.wav" not in names  # failed
 
 
 class PipeCDP:
@@ -256,7 +262,8 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     assert len(found["audio"]) == players and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
     assert durations["wav/clip0__00_input.wav"] == pytest.approx(0.5)  # the clip's own length, not 10 s
-    assert durations["wav/clip1__turboquant-mse_b4.wav"] == pytest.approx(0.25)
+    sinks = f"_s{S}" if S else ""
+    assert durations[f"wav/clip1__turboquant-mse_b4{sinks}.wav"] == pytest.approx(0.25)
     assert durations["wav/clip1__00_reference_other_seed.wav"] == pytest.approx(0.25)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "injected generation failure" in text
@@ -276,8 +283,8 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(report_dir, broken, ignore=shutil.ignore_patterns("refs", "rows*"))
     (broken / "wav" / "clip1__none.wav").unlink()
-    (broken / "spec" / "clip0__octopus_b2.png").unlink()
+    (broken / "spec" / f"clip0__octopus_b2{sinks}.png").unlink()
     found = check_page(broken / "index.html", tmp_path / "profile-broken")
-    assert [i["src"] for i in found["images"] if not i["ok"]] == ["spec/clip0__octopus_b2.png"]
+    assert [i["src"] for i in found["images"] if not i["ok"]] == [f"spec/clip0__octopus_b2{sinks}.png"]
     assert [a["src"] for a in found["audio"] if not a["ok"]] == ["wav/clip1__none.wav"]
     assert found["errors"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from octopus_audio.eval import report, spectrograms
-from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, wav_name
-from octopus_audio.eval.runner import Job
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, Job
+from octopus_audio.eval.run_files import wav_name
 from octopus_audio.wav import write_wav
 
 pytest.importorskip("soundfile")

@@ -15,7 +15,8 @@ import pytest
 
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, EvalConfig, evaluate, kv_summary
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
+from octopus_audio.eval.runner import evaluate, kv_summary
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -115,7 +116,8 @@ class FakeStats:
 
 
 @contextlib.contextmanager
-def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=None, kv_dtype=None):
+def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=None, kv_dtype=None,
+                       sink_scales=0):
     if kv_dtype is not None:  # the bf16-KV floor: the fakes add noise of 2^-16 and change every token
         assert (codec, bits, kv_dtype) == ("none", 16, torch.bfloat16)
         codec = KV_FLOOR
@@ -411,8 +413,8 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
 
 def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     clips = make_clips(tmp_path / "clips", n=1)
-    cfg = EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 4), seed=3, floor=False)
-    assert cfg.jobs() == [("octopus", 2, 2), ("octopus", 2, 4)]
+    cfg = EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 4), seed=3, floor=False, sink_scales=(0,))
+    assert cfg.jobs() == [("octopus", 2, 2, 0), ("octopus", 2, 4, 0)]
     assert EvalConfig(codecs=("octopus",), bits=(2, 3)).bit_pairs() == [(2, 2), (3, 3)]
     assert EvalConfig(codecs=("octopus",), bits=(2, 3), k_bits=(4,)).bit_pairs() == [(4, 2), (4, 3)]
     run_fake(clips, tmp_path / "out", cfg=cfg)
@@ -422,8 +424,9 @@ def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == ["clip0__octopus_b2.wav",
                                                                        "clip0__octopus_k2v4.wav"]
     md = (out / "table.md").read_text()
-    assert "| codec | K bits | V bits | clips |" in md
-    assert re.search(r"\n\| octopus \| 2 \| 4 \| 1 \|.*\| 4\.125 \| 6\.40 \| 2\.25 \| 6\.00 \|\n", md), md
+    assert "| codec | K bits | V bits | sink scales | clips |" in md
+    assert re.search(r"\n\| octopus \| 2 \| 4 \| 0 \| 1 \|.*\| 4\.125 \| 6\.40 \| 2\.25 \| 6\.00 \|\n",
+                     md), md
     page = (out / "index.html").read_text()
     assert "<th>K2 V4</th>" in page and "src='wav/clip0__octopus_k2v4.wav'" in page
 
@@ -437,8 +440,50 @@ def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     assert pipe.calls == 0
     pipe = FakePipe()  # another value width extends the run by its own row
     run_fake(clips, out, pipe=pipe, cfg=EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 3, 4), seed=3,
-                                                   floor=False))
+                                                   floor=False, sink_scales=(0,)))
     assert pipe.calls == 1
+
+
+def test_sink_scales_run_as_widths_do(tmp_path):
+    """--sink-scales 0,3: each count runs at every width, each row records its count (its key), the WAVs,
+    table and curves tell them apart; rows written before the count was recorded read as 0 (nothing reruns),
+    and another count extends the run by its own rows."""
+    clips = make_clips(tmp_path / "clips", n=1)
+    cfg = EvalConfig(codecs=("octopus", "none"), bits=(2, 4), seed=3, floor=False, sink_scales=(0, 3))
+    assert cfg.jobs() == [("octopus", 2, 2, 0), ("octopus", 4, 4, 0), ("octopus", 2, 2, 3),
+                          ("octopus", 4, 4, 3), ("none", None, None, None)]
+    assert [c.sink_scales for c in cfg.patch_configs()] == [0, 0, 3, 3]
+    out = tmp_path / "out"
+    run_fake(clips, out, cfg=cfg)
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(r["codec"], r["bits"], r["sink_scales"]) for r in rows] == [
+        ("octopus", 2, 0), ("octopus", 4, 0), ("octopus", 2, 3), ("octopus", 4, 3), ("none", None, None)]
+    assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == [
+        "clip0__octopus_b2.wav", "clip0__octopus_b2_s3.wav", "clip0__octopus_b4.wav",
+        "clip0__octopus_b4_s3.wav"]
+    md = (out / "table.md").read_text()
+    assert re.search(r"\n\| octopus \| 2 \| 2 \| 3 \| 1 \|", md)
+    assert "\n| none | native | native | - | 1 |" in md
+    curves = json.loads((out / "plots" / "rate_distortion.json").read_text())["tf_kl_nats"]["codecs"]
+    assert sorted(curves) == ["octopus S=0", "octopus S=3"]
+    page = (out / "index.html").read_text()
+    assert "<th>b2 S3</th>" in page and "src='wav/clip0__octopus_b2_s3.wav'" in page
+
+    log = out / "rows" / "rank0.jsonl"
+    old = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sink_scales"}
+                                      if r["sink_scales"] in (0, None) else r) + "\n" for r in old))
+    pipe = FakePipe()
+    run_fake(clips, out, pipe=pipe, cfg=cfg)
+    assert pipe.calls == 0
+    pipe = FakePipe()
+    more = EvalConfig(codecs=("octopus", "none"), bits=(2, 4), seed=3, floor=False, sink_scales=(0, 3, 5))
+    run_fake(clips, out, pipe=pipe, cfg=more)
+    assert pipe.calls == 2  # octopus b2 and b4 at S=5
+    with pytest.raises(UsageError, match="--sink-scales must be a comma list of distinct integers >= 0"):
+        EvalConfig(codecs=("octopus",), sink_scales=(3, 3))
+    with pytest.raises(UsageError, match="--sink-scales must be"):
+        EvalConfig(codecs=("octopus",), sink_scales=(-1,))
 
 
 def test_cli_bit_width_flags(tmp_path, monkeypatch, capsys):

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES
 from octopus_audio.cli import main
 
 # DESIGN section 2: the codec names, as the CLI spells them
 DESIGN_CODECS = ("none", "turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl")
+SINKS = f"-s{DEFAULT_SINK_SCALES}" if DEFAULT_SINK_SCALES else ""  # the default sink scales, in WAV names
 
 
 def read_wav(path) -> np.ndarray:
@@ -32,7 +34,7 @@ def test_the_readme_one_liner_runs_as_written(tmp_path, capsys):
            "octopus_audio/clips/loop_amen.flac" in printed
     assert "wrote 1 WAV file to" in printed
     (wav,) = out.glob("*.wav")
-    assert wav.name == "loop_amen_000_seed42_octopus-b2.wav"
+    assert wav.name == f"loop_amen_000_seed42_octopus-b2{SINKS}.wav"
     audio = read_wav(wav)
     assert audio.size == 24000 and np.isfinite(audio).all()
     assert np.sqrt(np.mean(audio**2)) > 0.01  # sound, not silence
@@ -43,9 +45,10 @@ def test_compare_counts_both_files(tmp_path, capsys):
     assert main(["generate", "--codec", "turboquant-mse", "--bits", "3", "--compare", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert sorted(p.name for p in out.glob("*.wav")) == ["loop_amen_000_seed42_none.wav",
-                                                     "loop_amen_000_seed42_turboquant-mse-b3.wav"]
+                                                     f"loop_amen_000_seed42_turboquant-mse-b3{SINKS}.wav"]
     assert "wrote 2 WAV files to" in printed
-    assert "compare turboquant-mse b=3 vs uncompressed (1 row): LSD" in printed
+    label = f"turboquant-mse b=3 S={DEFAULT_SINK_SCALES}" if DEFAULT_SINK_SCALES else "turboquant-mse b=3"
+    assert f"compare {label} vs uncompressed (1 row): LSD" in printed
 
 
 def test_the_default_condition_is_the_named_clips_spectral_embedding():
@@ -122,7 +125,8 @@ def test_cli_k2_v4_reports_its_bits_per_coordinate(tmp_path, capsys):
     """octopus b=2 keys at head dim 64: 16 + 22 x 7 = 170 bits, 6 int32 words = 176 bits = 2.75 per
     coordinate; 4-bit values: 64 x 4 = 256 bits + 4 groups x (fp16 scale + fp16 minimum) = 384 = 6.0."""
     out = tmp_path / "gen"
-    assert main(["generate", "--codec", "octopus", "--k-bits", "2", "--v-bits", "4", "--out", str(out)]) == 0
+    assert main(["generate", "--codec", "octopus", "--k-bits", "2", "--v-bits", "4", "--sink-scales", "0",
+                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "kv cache [octopus K b=2 V b=4 W=1, 4 layers, 455 tokens (75 native)]" in printed
     assert "K 2.75 bits/coord, V 6.00 bits/coord" in printed
@@ -133,8 +137,8 @@ def test_cli_k2_v4_reports_its_bits_per_coordinate(tmp_path, capsys):
 
 
 def test_cli_bits_flags_default_to_each_other(tmp_path, capsys):
-    assert main(["generate", "--codec", "octopus", "--bits", "3", "--v-bits", "2", "--out",
-                 str(tmp_path / "a")]) == 0
+    assert main(["generate", "--codec", "octopus", "--bits", "3", "--v-bits", "2", "--sink-scales", "0",
+                 "--out", str(tmp_path / "a")]) == 0
     assert "kv cache [octopus K b=3 V b=2 W=1" in capsys.readouterr().out
     assert main(["generate", "--codec", "octopus", "--k-bits", "3", "--out", str(tmp_path / "b")]) == 2
     assert "needs --bits (for example --bits 2), or both --k-bits and --v-bits" in capsys.readouterr().err
@@ -150,7 +154,7 @@ def test_python_api_accounts_keys_and_values_apart():
 
     pipe = load_aar()
     cond = torch.from_numpy(default_condition()[0])
-    with compressed_kv(pipe, "octopus", 2, v_bits=4) as handle:
+    with compressed_kv(pipe, "octopus", 2, v_bits=4, sink_scales=0) as handle:
         generate(pipe, cond, seed=42)
         assert all((c.bits, c.v_bits, c.value_quantizer.bits) == (2, 4, 4) for c in handle.caches)
     stats = handle.last_stats

@@ -213,6 +213,24 @@ CASES = [
          "--codec none keeps the KV cache uncompressed and takes no --bits"),
     Case("eval-none-with-bits", lambda d, p: eval_argv(d, "--bits", "4"),
          "--codecs none keeps the KV cache uncompressed and takes no --bits"),
+    # --sink-scales: counts of first scales kept native, within the model's scales
+    Case("generate-sink-scales-negative",
+         lambda d, p: generate_argv(d, "--codec", "octopus", "--bits", "2", "--sink-scales", "-1"),
+         "--sink-scales must be an integer >= 0"),
+    Case("generate-sink-scales-17",
+         lambda d, p: generate_argv(d, "--codec", "octopus", "--bits", "2", "--sink-scales", "17"),
+         "--sink-scales must be 0 .. 16 (the model's scales), got 17"),
+    Case("generate-none-with-sink-scales", lambda d, p: generate_argv(d, "--sink-scales", "3"),
+         "--codec none keeps every scale native and takes no --sink-scales"),
+    Case("eval-sink-scales-17",
+         lambda d, p: eval_argv(copy_prior(p, d), "--codecs", "octopus", "--sink-scales", "0,17"),
+         "--sink-scales 17 is more than the model's 16 scales"),
+    Case("eval-sink-scales-twice", lambda d, p: eval_argv(d, "--codecs", "octopus", "--sink-scales", "3,3"),
+         "--sink-scales must be a comma list of distinct integers >= 0"),
+    Case("eval-sink-scales-text", lambda d, p: eval_argv(d, "--codecs", "octopus", "--sink-scales", "3,x"),
+         "--sink-scales must be a comma list of integers >= 0"),
+    Case("eval-none-with-sink-scales", lambda d, p: eval_argv(d, "--sink-scales", "3"),
+         "--codecs none keeps every scale native and takes no --sink-scales"),
     # output folders
     Case("generate-out-is-a-file", lambda d, p: generate_argv(d, out=_with_file(d, "afile")),
          "is a file; --out takes a folder"),
@@ -483,7 +501,7 @@ def test_the_limits_themselves_are_accepted(tmp_path):
     """The edges of each documented range pass the checks that refuse what lies beyond them."""
     from octopus_audio.aar_patch.generation import COND_ABS_MAX, SamplingConfig, condition_problem
     from octopus_audio.codecs import bits_problem, get_codec
-    from octopus_audio.eval.runner import EvalConfig
+    from octopus_audio.eval.records import EvalConfig
 
     assert SamplingConfig(seed=0).seed == 0 and SamplingConfig(seed=SEED_MAX).seed == SEED_MAX
     assert EvalConfig(codecs=("octopus",), bits=(7,), seed=SEED_MAX - 1).seed == SEED_MAX - 1

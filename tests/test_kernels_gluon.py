@@ -306,6 +306,32 @@ def test_cache_attend_runs_gluon(name, caplog):
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
 
 
+@needs_sm90
+@pytest.mark.parametrize("prefix", [7, 22, 34], ids=lambda p: f"P{p}")
+@pytest.mark.parametrize("name", ["octopus", "turboquant-mse"])
+def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
+    """A native prefix (AAR's first 3, 5 or 6 scales) joins the window in the native segment the Gluon kernel
+    takes: at every scale of an AAR-like sequence (18 rows x 16 heads) it runs and equals the reference."""
+    select._announced.clear()
+    g = torch.Generator(device="cuda").manual_seed(prefix)
+    cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=prefix)
+    for n in (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75):
+        cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
+                     torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
+        q = (torch.randn(18, 16, n, 64, generator=g, device="cuda") / 4).bfloat16()
+        got = cache.attend(q, 0.125)
+        want = cache.attend_reference(q.float(), 0.125).double()
+        floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + {floor:.1e}"
+    assert cache.prefix_tokens == prefix
+    select._announced.clear()
+    with caplog.at_level(logging.INFO, logger=select.__name__):
+        cache.attend(q, 0.125)
+    assert any("attention: gluon" in r.getMessage() for r in caplog.records), caplog.text
+    assert "kernels='attention: gluon" in repr(cache), repr(cache)
+
+
 # key shapes [..., H, T, 64]: aligned (T % 128 == 0), blocks across heads, a decode step (T = 1), lead dims
 ENCODE_SHAPES = {"b1-h16-t1024": (1, 16, 1024), "b2-h3-t455": (2, 3, 455), "b1-h16-t1": (1, 16, 1),
                  "b3-h2-t129": (3, 2, 129), "b2x2-h2-t75": (2, 2, 2, 75)}

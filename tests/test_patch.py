@@ -380,3 +380,58 @@ def test_replay_check_runs_the_checks_a_graph_capture_skipped(monkeypatch):
             check()
         model.generate()
         replay_check(model)()  # a clean record passes
+
+
+def test_sink_scales_keep_the_first_scales_native_and_are_counted_native():
+    """sink_scales=S: each layer's cache keeps the first S scales' tokens native (its native prefix), the
+    accounting counts them at their native width in the rates, and the buffers are reserved exactly."""
+    model = TinyModel(depth=2, embed_dim=128, num_heads=2)
+    model.patch_nums = PATCH_NUMS  # the scales, as AAR says them
+    rows, S = 3 * 2, 2
+    prefix, window = sum(PATCH_NUMS[:S]), PATCH_NUMS[-1]
+    with patch_aar(model, "octopus", 2, sink_scales=S) as handle:
+        assert all(c.native_prefix == prefix for c in handle.caches)
+        model.generate(batch=3)
+        stats = handle.stats()
+    tokens = sum(PATCH_NUMS)
+    stored = tokens - window - prefix
+    for s in stats.layers:
+        assert (s.tokens, s.window_tokens, s.prefix_tokens) == (tokens, window, prefix)
+        assert s.k_bytes == rows * stored * 22 and s.v_bytes == rows * stored * 32
+        assert s.prefix_bytes == rows * prefix * 2 * 64 * 4  # fp32 K and V
+        assert s.native_bytes == s.prefix_bytes + rows * window * 2 * 64 * 4
+        # per stored coordinate (everything outside the window): the codes, and the prefix at 32 bits
+        assert s.k_bits == pytest.approx((stored * 22 * 8 + prefix * 64 * 32) / ((stored + prefix) * 64))
+        assert s.v_bits == pytest.approx((stored * 32 * 8 + prefix * 64 * 32) / ((stored + prefix) * 64))
+        assert s.allocated_bytes == rows * stored * (22 + 32) + s.native_bytes  # nothing spare
+    assert f"octopus b=2 S=2 W=1, 2 layers, {tokens} tokens ({prefix} in the sink scales" in stats.line()
+
+
+def test_all_scales_sunk_is_the_uncompressed_model():
+    """With every scale a sink nothing is encoded: the output is the unpatched model's (fp32 rounding)."""
+    model = TinyModel(depth=2, embed_dim=128, num_heads=2)
+    model.patch_nums = PATCH_NUMS
+    ref = model.generate()
+    with patch_aar(model, "octopus", 2, sink_scales=len(PATCH_NUMS)) as handle:
+        out = model.generate()
+        assert handle.stats().total.k_bytes == 0
+    assert all(_rel_err(x, y) < 1e-5 for x, y in zip(out, ref, strict=True))
+
+
+class _NoScales(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = ReleasedStyleAttention(64, 2)
+
+
+def test_bad_sink_scales_are_clear_errors():
+    model = TinyModel()
+    model.patch_nums = PATCH_NUMS
+    with pytest.raises(ValueError, match="sink_scales must be an int >= 0"):
+        patch_aar(model, sink_scales=-1)
+    with pytest.raises(ValueError, match=r"sink_scales must be 0 \.\. 5 \(the model's scales\), got 6"):
+        patch_aar(model, sink_scales=6)
+    with pytest.raises(ValueError, match="does not say its scales"):
+        patch_aar(_NoScales(), sink_scales=1)
+    assert all("forward" not in m.__dict__ for m in find_attention(model))
+    patch_aar(_NoScales(), sink_scales=0).unpatch()

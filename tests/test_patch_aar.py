@@ -12,14 +12,15 @@ from helpers import SHARED
 import octopus_audio
 from octopus_audio.aar_patch import generate, load_aar
 from octopus_audio.aar_patch.generation import SamplingConfig, multinomial_draw, run_scales
-from octopus_audio.aar_patch.patch import compressed_kv, patch_aar, unpatch
+from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES, compressed_kv, patch_aar, unpatch
 from octopus_audio.rotation import layer_seed
 
 GOLDEN = SHARED / "aar_reference" / "golden"
 GREEDY = dict(cfg=4.0, top_k=1, top_p=0.0, seed=0)
 CODECS = [c for c in octopus_audio.CODECS if c != "none"]
-# compressed tokens (scales 0..14) and native window (scale 15) at the end of an AAR generation, W=1
+# compressed tokens (scales 0..14) and native window (scale 15) at the end of an AAR generation, W=1, no sink
 STORE_TOKENS, WINDOW_TOKENS = 380, 75
+SCALE_TOKENS = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)  # the release's scales
 
 
 @pytest.fixture(scope="module")
@@ -67,25 +68,32 @@ def test_every_codec_generates_end_to_end_deterministically(golden, codec, bits)
     assert _same(tokens, out.tokens) and torch.equal(fhat, out.fhat)
     assert out.audio.shape == (1, 1, 24000) and torch.isfinite(out.audio).all()
     t = stats.total
+    prefix = sum(SCALE_TOKENS[:DEFAULT_SINK_SCALES])  # the default sink scales
     assert (t.tokens, t.window_tokens) == (STORE_TOKENS + WINDOW_TOKENS, WINDOW_TOKENS)
-    assert t.store_ratio > 16 / (bits + 2.5)  # K and V each at most ~b+2 bits per coordinate with side fields
+    assert t.prefix_tokens == prefix
+    # K and V each at most ~b+2 bits per coordinate with side fields, in the compressed store
+    assert 2 * 2 * t.compressed_coords / (t.k_bytes + t.v_bytes) > 16 / (bits + 2.5)
 
 
 class ReferenceCache:
-    """Decode-then-attend from the public codec API: every unit but the newest encoded and decoded (once),
-    the newest native, one fp32 SDPA over all of them."""
+    """Decode-then-attend from the public codec API: every unit but the newest and the first `sinks` encoded
+    and decoded (once), those native, one fp32 SDPA over all of them."""
 
-    def __init__(self, codec: str, bits: int, head_dim: int, seed: int) -> None:
+    def __init__(self, codec: str, bits: int, head_dim: int, seed: int, sinks: int) -> None:
         self.key_codec = octopus_audio.get_codec(codec, bits, head_dim, seed=seed)
         self.value_q = octopus_audio.ValueQuantizer(bits, head_dim, 16)
+        self.sinks = sinks
         self.decoded: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.newest: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.newest is not None:
             k_old, v_old = self.newest
-            self.decoded.append((self.key_codec.decode(self.key_codec.encode(k_old)).float(),
-                                 self.value_q.decode(self.value_q.encode(v_old)).float()))
+            if len(self.decoded) < self.sinks:
+                self.decoded.append((k_old.float(), v_old.float()))
+            else:
+                self.decoded.append((self.key_codec.decode(self.key_codec.encode(k_old)).float(),
+                                     self.value_q.decode(self.value_q.encode(v_old)).float()))
         self.newest = (k.clone(), v.clone())
 
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
@@ -94,13 +102,14 @@ class ReferenceCache:
         return F.scaled_dot_product_attention(q.float(), torch.cat(ks, 2), torch.cat(vs, 2), scale=scale)
 
 
-@pytest.mark.parametrize("codec", ["octopus", "octopus-qjl", "polarquant"])
-def test_one_layer_attends_like_decode_then_attend_at_every_scale(golden, codec):
+@pytest.mark.parametrize("codec,sinks", [("octopus", 0), ("octopus-qjl", 0), ("polarquant", 0),
+                                         ("octopus", 3), ("polarquant", 5)])
+def test_one_layer_attends_like_decode_then_attend_at_every_scale(golden, codec, sinks):
     pipe, io = golden
     bits, seed, layer = 2, 9, 1
-    with patch_aar(pipe, codec, bits, seed=seed) as handle:
+    with patch_aar(pipe, codec, bits, seed=seed, sink_scales=sinks) as handle:
         cache = handle.caches[layer]
-        reference = ReferenceCache(codec, bits, 64, layer_seed(seed, layer))
+        reference = ReferenceCache(codec, bits, 64, layer_seed(seed, layer), sinks)
         errors = []
         append, attend = cache.append, cache.attend
 
@@ -119,26 +128,33 @@ def test_one_layer_attends_like_decode_then_attend_at_every_scale(golden, codec)
     assert max(errors) < 1e-5, errors
 
 
+@pytest.mark.parametrize("sinks", [0, 3], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("bits", [2, 3, 4], ids=lambda b: f"b{b}")
-def test_measured_cache_bytes_match_the_accounting(golden, bits):
+def test_measured_cache_bytes_match_the_accounting(golden, bits, sinks):
     pipe, io = golden
+    prefix = sum(SCALE_TOKENS[:sinks])
+    stored = STORE_TOKENS - prefix
     rows, d = 2 * 2 * 2, 64  # B=2 conditions doubled by CFG, 2 heads of dim 64
     # key: 22 triplets of 3b+1 bits in whole int32 words + bf16 gamma;
     # value: b-bit codes in int32 words + fp16 scale and minimum per group of 16
     key_bytes = 4 * math.ceil(22 * (3 * bits + 1) / 32) + 2
     value_bytes = 4 * math.ceil(d * bits / 32) + 4 * (d // 16)
     window_bytes = 2 * d * 4  # native fp32 K and V
-    with patch_aar(pipe, "octopus", bits) as handle:
+    with patch_aar(pipe, "octopus", bits, sink_scales=sinks) as handle:
         _scales(pipe, io["cond"])
         layers = handle.stats().layers
     for s in layers:
-        assert s.k_bytes == rows * STORE_TOKENS * key_bytes
-        assert s.v_bytes == rows * STORE_TOKENS * value_bytes
-        assert s.native_bytes == rows * WINDOW_TOKENS * window_bytes
+        assert s.k_bytes == rows * stored * key_bytes
+        assert s.v_bytes == rows * stored * value_bytes
+        assert s.native_bytes == rows * (WINDOW_TOKENS + prefix) * window_bytes
+        assert s.prefix_bytes == rows * prefix * window_bytes
         assert s.fp16_bytes == rows * (STORE_TOKENS + WINDOW_TOKENS) * 2 * d * 2
-        # the patch reserves the store for the scales before the window (380 tokens): no spare capacity
-        assert s.allocated_bytes == rows * STORE_TOKENS * (key_bytes + value_bytes) + s.native_bytes
-    if bits == 2:
+        # the patch reserves the store (the scales before the window but the sinks) and the native buffer
+        # (sinks and window): no spare capacity
+        assert s.allocated_bytes == rows * stored * (key_bytes + value_bytes) + s.native_bytes
+        # the rate beyond the window: the store's codes and the prefix at 32 bits a coordinate
+        assert s.k_bits == pytest.approx((stored * key_bytes * 8 + prefix * d * 32) / (STORE_TOKENS * d))
+    if bits == 2 and not sinks:
         bf16_window = rows * WINDOW_TOKENS * 2 * d * 2
         with_bf16 = s.fp16_bytes / (s.k_bytes + s.v_bytes + bf16_window)
         print(f"\noctopus b=2, head dim 64, AAR cache (380 compressed + 75 native tokens, W=1): K+V ratio "

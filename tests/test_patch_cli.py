@@ -35,7 +35,7 @@ def argv(cond: Path, out: Path, *extra: str) -> list[str]:
 def test_compare_writes_the_reference_beside_and_prints_metrics(cond, tmp_path, capsys):
     latents = tmp_path / "lat.pt"
     assert main(argv(cond, tmp_path / "o", "--codec", "octopus", "--bits", "2", "--compare",
-                     "--save-latents", str(latents))) == 0
+                     "--save-latents", str(latents), "--sink-scales", "0")) == 0
     out = capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [MANIFEST, "c_000_seed42_none.wav",
                                                                    "c_000_seed42_octopus-b2.wav"]
@@ -48,6 +48,16 @@ def test_compare_writes_the_reference_beside_and_prints_metrics(cond, tmp_path, 
     lsd, snr, cos = map(float, m.groups())
     assert lsd > 0 and snr < 120 and -1 <= cos < 1  # the compressed run differs from the reference
     assert torch.load(latents, weights_only=True)["fhat"].shape == (1, 128, 75)
+
+
+def test_sink_scales_name_the_wavs_and_the_accounting(cond, tmp_path, capsys):
+    assert main(argv(cond, tmp_path / "o", "--codec", "octopus", "--bits", "2", "--sink-scales", "3")) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "o").glob("*.wav")) == ["c_000_seed42_octopus-b2-s3.wav"]
+    # the first 3 scales (1 + 2 + 4 tokens) native beside the window; both count as native bytes
+    assert ("kv cache [octopus b=2 S=3 W=1, 2 layers, 455 tokens (7 in the sink scales + 75 in the window "
+            "native)]") in out, out
+    assert "on the store and sink scales" in out
 
 
 def test_codec_none_prints_its_accounting(cond, tmp_path, capsys):

@@ -159,7 +159,8 @@ def test_the_patched_model_and_an_eval_row_run_it(toy, tmp_path):
     sf = pytest.importorskip("soundfile")
     from octopus_audio.aar_patch import compressed_kv, generate, load_aar
     from octopus_audio.eval.backends import AARBackend, LazyBackend
-    from octopus_audio.eval.runner import EvalConfig, evaluate
+    from octopus_audio.eval.records import EvalConfig
+    from octopus_audio.eval.runner import evaluate
     from octopus_audio.eval.sources import list_folder
 
     pipe = load_aar(GOLDEN / "aar.pth", GOLDEN / "sat_release.pt")

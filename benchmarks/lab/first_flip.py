@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from octopus_audio.aar_patch.generation import generate
     from octopus_audio.aar_patch.loading import load_aar
     from octopus_audio.codecs import CODECS
-    from octopus_audio.eval.run_files import KV_FLOOR, wav_name
+    from octopus_audio.eval.records import KV_FLOOR
+    from octopus_audio.eval.run_files import wav_name
 
     root = Path(args.eval)
     try:

@@ -21,7 +21,7 @@ from bench_aar import build_pipeline  # noqa: E402  (the benchmarks folder is no
 
 from octopus_audio.aar_patch import compressed_kv, load_aar  # noqa: E402
 from octopus_audio.eval.backends import AARBackend  # noqa: E402
-from octopus_audio.eval.runner import EvalConfig  # noqa: E402
+from octopus_audio.eval.records import EvalConfig  # noqa: E402
 
 
 def main() -> None:

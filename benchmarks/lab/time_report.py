@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval import report as installed_report
-from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, wav_name
-from octopus_audio.eval.runner import Job
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, Job
+from octopus_audio.eval.run_files import wav_name
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 from octopus_audio.wav import write_wav
 

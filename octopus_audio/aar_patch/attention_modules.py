@@ -1,5 +1,6 @@
-"""The attention modules the patch finds in a model (by the released code's attribute names) and the model's
-scales: what the patch and compile ahead (aar_patch/compile_ahead.py) both read of a model."""
+"""The attention modules the patch finds in a model (by the released code's attribute names), the model's
+scales and the tokens of its first scales (the sink scales): what the patch and compile ahead
+(aar_patch/compile_ahead.py) both read of a model."""
 
 from __future__ import annotations
 
@@ -41,3 +42,20 @@ def model_patch_nums(model: object) -> tuple[int, ...] | None:
             if patch_nums is not None:
                 return tuple(int(pn) for pn in patch_nums)
     return None
+
+
+def sink_tokens(model: object, sink_scales: int) -> int:
+    """The tokens of the model's first `sink_scales` scales (`model_patch_nums`): the native prefix that
+    keeps them. A ValueError when there are not that many scales, or when the model does not say its scales
+    and `sink_scales` is not 0."""
+    patch_nums = model_patch_nums(model)
+    if patch_nums is None:
+        if sink_scales:
+            raise ValueError(f"sink_scales={sink_scales} keeps the first scales native, but "
+                             f"{type(model).__name__} does not say its scales (patch_nums); pass "
+                             f"sink_scales=0")
+        return 0
+    if sink_scales > len(patch_nums):
+        raise ValueError(f"sink_scales must be 0 .. {len(patch_nums)} (the model's scales), got "
+                         f"{sink_scales}")
+    return sum(patch_nums[:sink_scales])

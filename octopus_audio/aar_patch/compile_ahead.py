@@ -13,7 +13,7 @@ from typing import TextIO
 import torch
 
 from . import compile_variants as ahead
-from .attention_modules import find_attention, model_patch_nums
+from .attention_modules import find_attention, model_patch_nums, sink_tokens
 
 # progress(label, done, total): `total` variants of `label` (say "octopus b=2") are not in Triton's cache yet
 # and `done` of them are compiled; called with done 0 before the first
@@ -80,17 +80,18 @@ def compile_ahead(model: object, configs: Iterable, batch: int | Iterable[int],
     found: list[tuple[str, dict[ahead.Launch, None]]] = []  # per configuration: its label and variants
     for config in configs:
         variants: dict[ahead.Launch, None] = {}
+        options = dict(v_bits=config.v_bits, window=config.window, v_group=config.v_group, backend=backend,
+                       native_prefix=sink_tokens(model, config.sink_scales))
         for shape in shapes:
             with torch.cuda.device(device):
-                variants.update(dict.fromkeys(ahead.cache_launches(
-                    config.codec, config.bits, shape, device, v_bits=config.v_bits, window=config.window,
-                    v_group=config.v_group, backend=backend)))
+                variants.update(dict.fromkeys(ahead.cache_launches(config.codec, config.bits, shape, device,
+                                                                   **options)))
         for b in batches if teacher_forced else ():
             with torch.cuda.device(device):
-                variants.update(dict.fromkeys(ahead.sequence_launches(
-                    config.codec, config.bits, generation_shapes(model, b, torch.float32), device,
-                    v_bits=config.v_bits, window=config.window, v_group=config.v_group, backend=backend)))
-        found.append((f"{config.codec} {config.bits_label}", variants))
+                forced = generation_shapes(model, b, torch.float32)
+                variants.update(dict.fromkeys(ahead.sequence_launches(config.codec, config.bits, forced,
+                                                                      device, **options)))
+        found.append((config.label, variants))
     # every configuration's variants in one pool run: the workers stay busy across configurations, and a
     # variant two configurations share (merge, value encode) compiles once
     todo = list(dict.fromkeys(v for _, variants in found for v in variants if not ahead.is_cached(v, target)))

@@ -201,20 +201,21 @@ def _unit(shapes: UnitShapes, tokens: int, device: torch.device, gen: torch.Gene
 
 def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
                    v_bits: int | None = None, window: int = 1, v_group: int = 16, backend=None,
-                   defer_checks: bool | None = None) -> list[Launch]:
+                   defer_checks: bool | None = None, native_prefix: int = 0) -> list[Launch]:
     """The distinct variants a CompressedKVCache (`codec`, key `bits`, value `v_bits`, `window`,
-    `v_group`) launches over one sequence of `shapes` on `device`: a cache is driven unit by unit (append,
-    then attend, as a patched attention layer does) with every launch recorded, not run; `backend` as
-    `target_backend` gives it (default: the current GPU's). A codec that runs no kernel gives []."""
-    from octopus_audio.cache import CompressedKVCache
+    `v_group`, `native_prefix` tokens) launches over one sequence of `shapes` on `device`: a cache is driven
+    unit by unit (append, then attend, as a patched attention layer does) with every launch recorded, not
+    run; `backend` as `target_backend` gives it (default: the current GPU's). A codec that runs no kernel
+    gives []."""
+    from octopus_audio.cache import CompressedKVCache, sequence_capacities
 
     device = torch.device(device)
     if backend is None:
         backend = target_backend()[1]
-    window_units = min(window, len(shapes.units))
-    capacity = sum(shapes.units[:len(shapes.units) - window_units]) if window else sum(shapes.units)
+    capacity, native_capacity = sequence_capacities(shapes.units, window, native_prefix)
     cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
-                              capacity=capacity, defer_checks=defer_checks)
+                              capacity=capacity, defer_checks=defer_checks, native_prefix=native_prefix,
+                              native_capacity=native_capacity)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.inference_mode(), recording() as calls:
         if device.type == "cuda":
@@ -229,7 +230,7 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
 
 def sequence_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
                       v_bits: int | None = None, window: int = 1, v_group: int = 16,
-                      backend=None) -> list[Launch]:
+                      backend=None, native_prefix: int = 0) -> list[Launch]:
     """The distinct variants one `CompressedKVCache.attend_sequence` over a whole sequence of `shapes`
     launches (teacher forcing's one pass: the encode of the tokens a generation stores, on k and v laid out
     as an attention layer makes them; its attention is PyTorch's), recorded, not run. `backend` as in
@@ -239,13 +240,14 @@ def sequence_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.d
     device = torch.device(device)
     if backend is None:
         backend = target_backend()[1]
-    cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits)
-    n_store = cache.stored_tokens(shapes.units)
-    if not n_store or cache.value_quantizer is None:
+    cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
+                              native_prefix=native_prefix)
+    start, stop = cache.stored_span(shapes.units)
+    if stop == start or cache.value_quantizer is None:
         return []
     _, k, v = _unit(shapes, sum(shapes.units), device, torch.Generator(device=device).manual_seed(0))
     with torch.inference_mode(), recording() as calls:
-        cache._encode_sequence(k[:, :, :n_store], v[:, :, :n_store])
+        cache._encode_sequence(k[:, :, start:stop], v[:, :, start:stop])
     return launches_of(calls, backend)
 
 

@@ -155,6 +155,20 @@ def load_folder(folder: str | PathLike, device: str | torch.device = "cpu") -> A
     return _pipeline(aar, sat, mf.aar_file, mf.sat_file, device)
 
 
+def model_patch_nums(aar_path: str | PathLike | None = None,
+                     sat_path: str | PathLike | None = None) -> tuple[int, ...]:
+    """The scales (tokens per scale) of the model `load_aar(aar_path, sat_path)` loads, read before loading
+    it: from `config.json` for the default model and a model folder (cheap), from the transformer's state
+    dict for a checkpoint file (read whole, as loading reads it)."""
+    if aar_path is None and sat_path is None:
+        from .default_model import default_model_dir
+
+        aar_path = default_model_dir()
+    if sat_path is None and Path(aar_path).is_dir():
+        return read_folder(aar_path).aar_config.patch_nums
+    return AARConfig.from_state_dict(read_state_dict(aar_path, "transformer")).patch_nums
+
+
 def _pipeline(aar: AAR, sat, aar_path, sat_path, device) -> AARPipeline:
     """The two parts as one pipeline, once they are checked to fit together."""
     if sat.latent_dim != aar.config.latent_dim:

@@ -40,7 +40,6 @@ the generation and unpatches anyway).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -50,147 +49,22 @@ import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
+from octopus_audio.cache import sequence_capacities
 from octopus_audio.cache_checks import check_caches, check_flags
-from octopus_audio.codecs import DEFAULT_CODEC, UNCOMPRESSED, codec_class
+from octopus_audio.codecs import DEFAULT_CODEC
 from octopus_audio.rotation import layer_seed
 
-from .attention_modules import ATTENTION_ATTRIBUTES, find_attention, model_patch_nums
+from .attention_modules import ATTENTION_ATTRIBUTES, find_attention, model_patch_nums, sink_tokens
+from .config import DEFAULT_SINK_SCALES, PatchConfig
+from .stats import CacheStats, LayerStats
 
 log = logging.getLogger(__name__)
 
 _MARK = "_octopus_kv_patch"  # instance attribute on a patched attention module -> its _LayerPatch
-_FP16_BYTES = 2
 _LN_100_F32 = float(torch.log(torch.tensor(100.0)))  # the release's max_scale_mul (a float32 ln 100)
 
 
-# 1. configuration and accounting ----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class PatchConfig:
-    """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
-    bits), native window (units), value group, base seed, and the dtype keys and values are rounded to as they
-    enter an uncompressed cache (None: kept as the model makes them)."""
-
-    codec: str = DEFAULT_CODEC
-    bits: int = 2
-    window: int = 1
-    v_group: int = 16
-    seed: int = 0
-    v_bits: int | None = None
-    kv_dtype: torch.dtype | None = None
-
-    def __post_init__(self) -> None:
-        if self.codec not in octopus_audio.CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}; allowed: {', '.join(octopus_audio.CODECS)}")
-        if self.v_bits is None:
-            object.__setattr__(self, "v_bits", self.bits)
-        for name, low in (("bits", 1), ("v_bits", 1), ("window", 0), ("v_group", 1), ("seed", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.kv_dtype is not None:
-            if not isinstance(self.kv_dtype, torch.dtype) or not self.kv_dtype.is_floating_point:
-                raise ValueError(f"kv_dtype must be a floating torch dtype such as torch.bfloat16, got "
-                                 f"{self.kv_dtype!r}")
-            if codec_class(self.codec).compressed:
-                raise ValueError(f"kv_dtype rounds the keys and values of the uncompressed cache (codec "
-                                 f"{UNCOMPRESSED}); codec {self.codec!r} encodes them itself: pass codec "
-                                 f"{UNCOMPRESSED!r} or leave kv_dtype None")
-
-    @property
-    def bits_label(self) -> str:
-        """`b=2` when keys and values share the width, else `K b=2 V b=4`; `kv_dtype` is named after it."""
-        label = f"b={self.bits}" if self.v_bits == self.bits else f"K b={self.bits} V b={self.v_bits}"
-        return label if self.kv_dtype is None else f"{label} K/V rounded to {str(self.kv_dtype)[6:]}"
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerStats:
-    """Bytes held by one layer's cache (all rows of the batch, all heads).
-
-    tokens: units' tokens in the cache; window_tokens of them native. k_bytes / v_bytes: the compressed store
-    (packed codes and side fields) of the tokens held; native_bytes: the native window (K and V, in the
-    model's dtype); fp16_bytes: what the same K and V would take in fp16; compressed_coords: B*H*d times the
-    compressed tokens (per K or V); allocated_bytes: what the buffers occupy, including any spare capacity of
-    the store (reserved for the scales before the window when the model says its `patch_nums`; past that, or
-    without them, it grows by doubling).
-    """
-
-    layer: int
-    tokens: int
-    window_tokens: int
-    k_bytes: int
-    v_bytes: int
-    native_bytes: int
-    fp16_bytes: int
-    compressed_coords: int
-    allocated_bytes: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.k_bytes + self.v_bytes + self.native_bytes
-
-    @property
-    def ratio(self) -> float:
-        """fp16 bytes / cache bytes, the native window included."""
-        return self.fp16_bytes / self.nbytes if self.nbytes else float("nan")
-
-    @property
-    def store_ratio(self) -> float:
-        """fp16 bytes / bytes of the compressed store alone (the window left out)."""
-        fp16_store = 2 * _FP16_BYTES * self.compressed_coords
-        return fp16_store / (self.k_bytes + self.v_bytes) if self.compressed_coords else float("nan")
-
-    @property
-    def k_bits(self) -> float:
-        """Effective stored bits per key coordinate in the compressed store (side fields included)."""
-        return 8 * self.k_bytes / self.compressed_coords if self.compressed_coords else float("nan")
-
-    @property
-    def v_bits(self) -> float:
-        """Effective stored bits per value coordinate in the compressed store (scales/minima included)."""
-        return 8 * self.v_bytes / self.compressed_coords if self.compressed_coords else float("nan")
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheStats:
-    """The accounting of one generation (or of the cache as it is now): per layer and in total."""
-
-    config: PatchConfig
-    layers: tuple[LayerStats, ...]
-
-    def _sum(self, name: str) -> int:
-        return sum(getattr(s, name) for s in self.layers)
-
-    @property
-    def total(self) -> LayerStats:
-        return LayerStats(layer=-1, tokens=self.layers[0].tokens if self.layers else 0,
-                          window_tokens=self.layers[0].window_tokens if self.layers else 0,
-                          k_bytes=self._sum("k_bytes"), v_bytes=self._sum("v_bytes"),
-                          native_bytes=self._sum("native_bytes"), fp16_bytes=self._sum("fp16_bytes"),
-                          compressed_coords=self._sum("compressed_coords"),
-                          allocated_bytes=self._sum("allocated_bytes"))
-
-    def line(self) -> str:
-        """One line for the CLI: total bytes, what they replace, ratio and bits per coordinate."""
-        t, c = self.total, self.config
-        mib = 2.0**20
-        return (f"kv cache [{c.codec} {c.bits_label} W={c.window}, {len(self.layers)} layers, {t.tokens} "
-                f"tokens ({t.window_tokens} native)]: {t.nbytes / mib:.2f} MiB (compressed "
-                f"{(t.k_bytes + t.v_bytes) / mib:.2f} + native window {t.native_bytes / mib:.2f}) vs fp16 "
-                f"{t.fp16_bytes / mib:.2f} MiB: {t.ratio:.2f}x ({t.store_ratio:.2f}x on the store); "
-                f"K {t.k_bits:.2f} bits/coord, V {t.v_bits:.2f} bits/coord; buffers allocated "
-                f"{t.allocated_bytes / mib:.2f} MiB")
-
-    def as_dict(self) -> dict:
-        def row(s: LayerStats) -> dict:
-            return {**dataclasses.asdict(s), "nbytes": s.nbytes, "ratio": s.ratio,
-                    "store_ratio": s.store_ratio, "k_bits": s.k_bits, "v_bits": s.v_bits}
-        config = dataclasses.asdict(self.config)
-        config["kv_dtype"] = None if self.config.kv_dtype is None else str(self.config.kv_dtype)
-        return {"config": config, "total": row(self.total),
-                "layers": [row(s) for s in self.layers]}
-
-
+# 1. reading the module (configuration: config.py; accounting: stats.py) -----------------------------------
 def _softmax_scale(m: nn.Module) -> float:
     if hasattr(m, "scale"):
         return float(m.scale)
@@ -208,7 +82,8 @@ def _is_cosine(m: nn.Module) -> bool:
 class _LayerPatch:
     """One patched attention module: its compressed cache, its original methods, its last accounting."""
 
-    def __init__(self, module: nn.Module, index: int, config: PatchConfig, capacity: int | None) -> None:
+    def __init__(self, module: nn.Module, index: int, config: PatchConfig, sink_tokens: int,
+                 capacities: tuple[int, int] | None) -> None:
         self.module = module
         self.index = index
         self.head_dim = int(module.head_dim)
@@ -216,10 +91,13 @@ class _LayerPatch:
         self.scale = _softmax_scale(module)
         self.cosine = _is_cosine(module)
         self.own_qkv = callable(getattr(module, "_qkv", None)) and callable(getattr(module, "_project", None))
+        capacity, native_capacity = capacities or (None, None)
         self.cache = octopus_audio.CompressedKVCache(config.codec, config.bits, self.head_dim,
                                                      window=config.window, v_group=config.v_group,
                                                      seed=layer_seed(config.seed, index),
-                                                     v_bits=config.v_bits, capacity=capacity)
+                                                     v_bits=config.v_bits, capacity=capacity,
+                                                     native_prefix=sink_tokens,
+                                                     native_capacity=native_capacity)
         weight = getattr(getattr(module, "mat_qkv", None), "weight", None)
         if isinstance(weight, torch.Tensor) and weight.device.type == "cuda":
             # the codec tables' host-to-device copies (host syncs) now, not in the first generation
@@ -317,9 +195,11 @@ class _LayerPatch:
         rows = b["rows"]  # batch * heads
         return LayerStats(layer=self.index, tokens=tokens, window_tokens=window_tokens, k_bytes=b["k_bytes"],
                           v_bytes=b["v_bytes"], native_bytes=b["native_bytes"],
-                          fp16_bytes=2 * rows * tokens * self.head_dim * _FP16_BYTES,
-                          compressed_coords=rows * (tokens - window_tokens) * self.head_dim,
-                          allocated_bytes=b["allocated_bytes"])
+                          fp16_bytes=b["fp16_bytes"],
+                          compressed_coords=rows * b["store_tokens"] * self.head_dim,
+                          allocated_bytes=b["allocated_bytes"], prefix_tokens=b["prefix_tokens"],
+                          prefix_bytes=b["prefix_bytes"],
+                          stored_coords=rows * (tokens - window_tokens) * self.head_dim)
 
 
 class _Absent:
@@ -432,13 +312,15 @@ class PatchHandle:
         c = self.config
         state = "active" if self.active else "removed"
         return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, v_bits={c.v_bits}, window={c.window}, "
+                f"sink_scales={c.sink_scales}, "
                 f"v_group={c.v_group}, seed={c.seed}, "
                 + (f"kv_dtype={c.kv_dtype}, " if c.kv_dtype is not None else "")
                 + f"layers={self.num_layers}, backend={self.backend}, {state})")
 
 
 def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
-              seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None) -> PatchHandle:
+              seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None,
+              sink_scales: int | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
@@ -446,10 +328,20 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     the key codec's width and `v_bits` the values' (None: `bits` for both), as KIVI's `k_bits` / `v_bits`.
     `kv_dtype` (codec none only): keys and values rounded to it as they enter the cache (the bf16-KV floor:
     `patch_aar(pipe, "none", 16, kv_dtype=torch.bfloat16)`).
+    `sink_scales` S: the first S scales stay native for the whole generation (every later scale attends to
+    them; the cache's `native_prefix` holds their tokens, counted as native bytes), the model's scales read
+    from its `patch_nums` (0 .. the number of scales). None (default): `DEFAULT_SINK_SCALES` for a model that
+    says its scales, 0 (logged once) for one that does not; a count > 0 for such a model is a ValueError.
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
+    if sink_scales is None:
+        sink_scales = DEFAULT_SINK_SCALES if model_patch_nums(model) is not None else 0
+        if DEFAULT_SINK_SCALES and not sink_scales:
+            log.info("%s does not say its scales (patch_nums): no sink scales (the default keeps the first "
+                     "%d native where a model says them)", type(model).__name__, DEFAULT_SINK_SCALES)
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
-                         kv_dtype=kv_dtype)
+                         kv_dtype=kv_dtype, sink_scales=sink_scales)
+    sinks = sink_tokens(model, sink_scales)
     modules = find_attention(model)
     if not modules:
         raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
@@ -462,24 +354,16 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
             raise RuntimeError(f"attention layer {i} is in the middle of a generation (its KV cache is not "
                                f"empty); patch the model before or after a generation, not during one")
     # every cache is built (and the arguments validated) before any module is touched
-    capacity = _store_tokens(model, window)
-    layers = [_LayerPatch(m, i, config, capacity) for i, m in enumerate(modules)]
+    patch_nums = model_patch_nums(model)
+    capacities = None if patch_nums is None else sequence_capacities(patch_nums, window, sinks)
+    layers = [_LayerPatch(m, i, config, sinks, capacities) for i, m in enumerate(modules)]
     handle = PatchHandle(model, config, layers)
     for lp in layers:
         lp.install()
-        lp.handle_repr = f"codec={codec!r}, {config.bits_label}"
+        lp.handle_repr = f"codec={codec!r}, {config.bits_label}, sink_scales={config.sink_scales}"
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle
-
-
-def _store_tokens(model: object, window: int) -> int | None:
-    """Tokens a generation leaves in the compressed store (every scale but the last `window`), when the model
-    says its scales (`model_patch_nums`); None when it does not."""
-    patch_nums = model_patch_nums(model)
-    if patch_nums is None:
-        return None
-    return sum(patch_nums[:len(patch_nums) - window]) if window else sum(patch_nums)
 
 
 def replay_check(model: object) -> Callable[[], None]:
@@ -527,13 +411,15 @@ def forced_sequence(model: object, units: tuple[int, ...]) -> Iterator[None]:
 @contextlib.contextmanager
 def compressed_kv(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1,
                   v_group: int = 16, seed: int = 0, v_bits: int | None = None,
-                  kv_dtype: torch.dtype | None = None) -> Iterator[PatchHandle]:
+                  kv_dtype: torch.dtype | None = None,
+                  sink_scales: int | None = None) -> Iterator[PatchHandle]:
     """Context manager: `with compressed_kv(pipe, "octopus", 2) as handle:` patches, and unpatches on exit
-    (`v_bits`: the values' width, None for `bits`; `kv_dtype`: see `patch_aar`)."""
+    (`v_bits`: the values' width, None for `bits`; `kv_dtype` and `sink_scales`: see `patch_aar`)."""
     with patch_aar(model, codec, bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
-                   kv_dtype=kv_dtype) as handle:
+                   kv_dtype=kv_dtype, sink_scales=sink_scales) as handle:
         yield handle
 
 
-__all__ = ["ATTENTION_ATTRIBUTES", "CacheStats", "LayerStats", "PatchConfig", "PatchHandle",
-           "compressed_kv", "find_attention", "forced_sequence", "patch_aar", "replay_check", "unpatch"]
+__all__ = ["ATTENTION_ATTRIBUTES", "DEFAULT_SINK_SCALES", "CacheStats", "LayerStats", "PatchConfig",
+           "PatchHandle", "compressed_kv", "find_attention", "forced_sequence", "patch_aar", "replay_check",
+           "unpatch"]

@@ -13,7 +13,7 @@ import numpy as np
 from octopus_audio.eval.sources import MODEL_RATE
 
 if TYPE_CHECKING:
-    from octopus_audio.eval.runner import EvalConfig
+    from octopus_audio.eval.records import EvalConfig
 
 
 class Generated(NamedTuple):
@@ -41,10 +41,10 @@ class Backend(Protocol):
         """Per row i, the guided next-token distributions (L, V) of every position of every scale (torch,
         where the model is) with `tokens[i]` (that row's tokens per scale) forced."""
 
-    def compressed(self, codec: str, bits: int | None,
-                   v_bits: int | None = None) -> contextlib.AbstractContextManager:
+    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
+                   sink_scales: int | None = None) -> contextlib.AbstractContextManager:
         """A context inside which `generate` runs under the codec (keys at `bits`, values at `v_bits`, None:
-        `bits`); its value has `stats()`."""
+        `bits`; the first `sink_scales` scales native, None: 0); its value has `stats()`."""
 
     def bf16_kv(self) -> contextlib.AbstractContextManager:
         """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
@@ -91,8 +91,9 @@ class LazyBackend:
     def teacher_forced(self, cond_BD: np.ndarray, tokens: list[list[np.ndarray]]) -> list:
         return self.backend.teacher_forced(cond_BD, tokens)
 
-    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
-        return self.backend.compressed(codec, bits, v_bits)
+    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
+                   sink_scales: int | None = None):
+        return self.backend.compressed(codec, bits, v_bits, sink_scales)
 
     def bf16_kv(self):
         return self.backend.bf16_kv()
@@ -175,10 +176,12 @@ class AARBackend:
             probs = self._teacher_forced(self.pipe, self._cond(cond_BD), tokens_Bl, cfg=self.config.cfg)
         return list(torch.cat([p.float() for p in probs], dim=1).unbind(0))
 
-    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None):
+    def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
+                   sink_scales: int | None = None):
         c = self.config
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
-                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits)
+                                   v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits,
+                                   sink_scales=sink_scales or 0)
 
     def bf16_kv(self):
         import torch

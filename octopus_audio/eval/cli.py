@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of key widths (default: --bits); with --k-bits or --v-bits every pair of "
                         "a key width and a value width is run")
     p.add_argument("--v-bits", default=None, help="comma list of value widths, 1..8 (default: --bits)")
+    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+
+    p.add_argument("--sink-scales", default=None,
+                   help=f"comma list of counts of first scales kept native in the compressed cache (each "
+                        f"count runs at every width, as --bits; their bytes count as native in the rates), "
+                        f"0 .. the model's scales (default {DEFAULT_SINK_SCALES})")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
@@ -155,6 +161,33 @@ def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None
         raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {text!r}") from e
 
 
+def parse_sink_scales(text: str | None) -> tuple[int, ...]:
+    """--sink-scales as a tuple of ints (unset: `DEFAULT_SINK_SCALES`); EvalConfig checks the values."""
+    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+
+    if text is None:
+        return (DEFAULT_SINK_SCALES,)
+    items = comma_list(text, "--sink-scales", "0,3,5")
+    try:
+        return tuple(int(s) for s in items)
+    except ValueError as e:
+        raise UsageError(f"--sink-scales must be a comma list of integers >= 0 such as 0,3,5, got "
+                         f"{text!r}") from e
+
+
+def check_sink_scales(sink_scales: tuple[int, ...], aar: str | None, sat: str | None) -> None:
+    """Every count of --sink-scales within the model's scales (read before the run: the default model's and
+    a model folder's from config.json, a checkpoint's from its state dict)."""
+    if max(sink_scales) == 0:
+        return
+    from octopus_audio.aar_patch.loading import model_patch_nums
+
+    scales = len(model_patch_nums(aar, sat))
+    if max(sink_scales) > scales:
+        raise UsageError(f"--sink-scales {max(sink_scales)} is more than the model's {scales} scales; pass "
+                         f"counts from 0 to {scales}")
+
+
 def model_name(aar: str | None, sat: str | None) -> str:
     if aar is None:
         return "default"
@@ -227,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
     from octopus_audio.eval.distributed import DistInfo, resolve_device, use_device
     from octopus_audio.eval.identity import model_identity
-    from octopus_audio.eval.runner import EvalConfig, evaluate
+    from octopus_audio.eval.records import EvalConfig
+    from octopus_audio.eval.runner import evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
     check_threads(args.threads)  # first: torch takes the count only once every other check has passed
@@ -244,12 +278,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits, --k-bits "
                          f"or --v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
                          f"--codecs {listed},{DEFAULT_CODEC})")
+    if args.sink_scales is not None and codecs and not set(codecs) & set(compressed_codecs()):
+        listed = ",".join(codecs)
+        raise UsageError(f"--codecs {listed} keeps every scale native and takes no --sink-scales; drop "
+                         f"--sink-scales {args.sink_scales}, or add a codec that compresses (for example "
+                         f"--codecs {listed},{DEFAULT_CODEC})")
     config = EvalConfig(codecs=codecs, bits=parse_bits(DEFAULT_BITS if args.bits is None else args.bits),
                         seed=args.seed, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
                         v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
                         k_bits=parse_bits(args.k_bits, "--k-bits"),
-                        v_bits=parse_bits(args.v_bits, "--v-bits"))
+                        v_bits=parse_bits(args.v_bits, "--v-bits"),
+                        sink_scales=parse_sink_scales(args.sink_scales))
     check_model_paths(args.aar, args.sat)
+    check_sink_scales(config.sink_scales, args.aar, args.sat)
     if args.batch_size is not None:
         parse_batch_size(args.batch_size, "cpu")  # refused before anything loads
     set_threads(args.threads)

@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k-bits", type=int, default=None, help="the keys' bits (default: --bits)")
     parser.add_argument("--v-bits", type=int, default=None,
                         help="the values' bits, 1..8 (default: --bits; b-bit groups of 16 channels)")
+    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+
+    parser.add_argument("--sink-scales", type=int, default=None, metavar="S",
+                        help=f"keep the first S scales native in the compressed cache (every later scale "
+                             f"attends to them; their bytes count as native), 0 .. the model's scales "
+                             f"(default {DEFAULT_SINK_SCALES}); --codec {UNCOMPRESSED} takes none")
     parser.add_argument("--aar", type=path_arg, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=path_arg, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
@@ -103,7 +109,7 @@ def _run(args: argparse.Namespace, pipe, cond_BE: np.ndarray, wavs: list[Path], 
     # recorded as generate's own before any is written, so a later run into --out knows them
     add_to_manifest(args.out, [p for p in outputs if args.out.resolve() in p.resolve().parents])
     if args.compare:
-        _compare(pipe, cond_BE, result, args, fast, ref_wavs, handle.config.bits_label)
+        _compare(pipe, cond_BE, result, args, fast, ref_wavs, handle.config)
 
     sample_rate = pipe.sat.config.sample_rate
     audio_BN = result.audio[:, 0].float().cpu().numpy()
@@ -153,6 +159,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--codec {args.codec} keeps the KV cache uncompressed and takes no --bits, "
                          f"--k-bits or --v-bits; drop {' '.join(given)}, or pass a codec that uses them (for "
                          f"example --codec {DEFAULT_CODEC})")
+    if not compressed and args.sink_scales is not None:
+        raise UsageError(f"--codec {args.codec} keeps every scale native and takes no --sink-scales; drop "
+                         f"--sink-scales {args.sink_scales}, or pass a codec that compresses (for example "
+                         f"--codec {DEFAULT_CODEC} --bits 2)")
+    if args.sink_scales is not None and args.sink_scales < 0:
+        raise UsageError(f"--sink-scales must be an integer >= 0 (the first scales kept native), got "
+                         f"{args.sink_scales}")
+    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+
+    args.sink_scales = DEFAULT_SINK_SCALES if args.sink_scales is None else args.sink_scales
     args.k_bits = args.bits if args.k_bits is None else args.k_bits
     args.v_bits = args.bits if args.v_bits is None else args.v_bits
     if compressed and (args.k_bits is None or args.v_bits is None):
@@ -188,8 +204,10 @@ def _device(choice: str) -> str:
 
 
 def _bits_tag(args: argparse.Namespace) -> str:
-    """`b2` when keys and values share the width, else `k2v4` (file names)."""
-    return f"b{args.k_bits}" if args.k_bits == args.v_bits else f"k{args.k_bits}v{args.v_bits}"
+    """`b2` when keys and values share the width, else `k2v4`; `-s3` after it with sink scales (file
+    names)."""
+    bits = f"b{args.k_bits}" if args.k_bits == args.v_bits else f"k{args.k_bits}v{args.v_bits}"
+    return bits + (f"-s{args.sink_scales}" if args.sink_scales else "")
 
 
 def _load_condition(args: argparse.Namespace, device: str) -> tuple[np.ndarray, str]:
@@ -281,20 +299,21 @@ def _apply_codec(pipe, args: argparse.Namespace):
     from octopus_audio.codecs import codec_class
 
     if not codec_class(args.codec).compressed:
-        return patch_aar(pipe, args.codec, 16)
+        return patch_aar(pipe, args.codec, 16, sink_scales=0)
     try:
-        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits)
+        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits, sink_scales=args.sink_scales)
     except ValueError as e:
         given = (f"--bits {args.bits}" if args.k_bits == args.v_bits == args.bits
                  else f"--k-bits {args.k_bits} --v-bits {args.v_bits}")
-        raise UsageError(f"--codec {args.codec} {given}: {e}") from e
+        raise UsageError(f"--codec {args.codec} {given} --sink-scales {args.sink_scales}: "
+                         f"{str(e).replace('sink_scales', '--sink-scales')}") from e
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,
-             ref_wavs: list[Path], bits: str) -> None:
+             ref_wavs: list[Path], config) -> None:
     """--compare: the uncompressed reference of the same inputs and seed (written beside the codec's WAVs)
     and one metrics line: LSD, SNR and latent cosine of the codec's output against it, over the rows
-    (`bits`: the codec's widths as the accounting line names them)."""
+    (`config`: the patch's PatchConfig, named as the accounting line names it)."""
     from octopus_audio.audio_metrics.latent import latent_cosine
     from octopus_audio.audio_metrics.lsd import lsd_db
     from octopus_audio.audio_metrics.snr import snr_db
@@ -313,7 +332,7 @@ def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: 
         spread = f" [{v.min():.4g}..{v.max():.4g}]" if v.size > 1 else ""
         parts.append(f"{name} {v.mean():.4g}{unit}{spread}")
     rows_note = f"mean [min..max] over {len(out_BN)} rows" if len(out_BN) > 1 else "1 row"
-    print(f"compare {args.codec} {bits} vs uncompressed ({rows_note}): {', '.join(parts)}")
+    print(f"compare {config.label} vs uncompressed ({rows_note}): {', '.join(parts)}")
 
 
 def _refuse_existing(wavs: list[Path], latents: Path | None, overwrite: bool) -> None:

@@ -9,9 +9,11 @@ codec, compresses nothing, and the unpatched model fed the reference's tokens is
 bf16-KV floor row (codec `reference (bf16 KV)`) follows it: bits '-', KV cells '-', every metric filled in
 (teacher-forced ones too).
 
-Plots are rate-distortion views: each metric against the bits the compressed store actually holds per
-coordinate, keys and values together, side fields included (`K+V bits/coord`, the mean of the K and V
-figures), one bold line per codec through its bit widths (its means), each clip's value a faint point; each
+Plots are rate-distortion views: each metric against the bits the cache actually holds per coordinate
+outside its native window (the compressed store, side fields included, and the sink scales at their native
+width), keys and values together (`K+V bits/coord`, the mean of the K and V figures), one bold line per codec
+(per codec and count of sink scales when the run has several) through its bit widths (its means), each
+clip's value a faint point; each
 floor's mean a horizontal line (dashed: other seed; dotted: bf16 KV) when it lies within the codecs' range,
 else named in the legend as off the scale (so a floor far away does not flatten the codecs' curves).
 `plots/rate_distortion.json` holds every plotted curve.
@@ -32,14 +34,17 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, bits_tag, wav_name
-from octopus_audio.eval.runner import Job
+from octopus_audio.eval.parting import PARTING_METRICS
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, Job
+from octopus_audio.eval.rows import row_key
+from octopus_audio.eval.run_files import bits_tag, wav_name
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 
 log = logging.getLogger(__name__)
 
-# every number an ok row holds under "metrics": the sampled output's four, then the two teacher-forced ones
-METRICS = AUDIO_METRICS + FIDELITY_METRICS
+# every number an ok row holds under "metrics": the sampled output's four, the scale where its tokens first
+# part ways with the reference's, then the two teacher-forced ones
+METRICS = AUDIO_METRICS + PARTING_METRICS + FIDELITY_METRICS
 LOG_PLOTS = ("tf_kl_nats",)  # spans decades across bit widths: a log axis when every value is positive
 FLOORS = (FLOOR, KV_FLOOR)  # rows with no codec and no bits, listed first
 FLOOR_LINES = {FLOOR: "--", KV_FLOOR: ":"}  # their line styles in the plots
@@ -48,8 +53,8 @@ FLOOR_LINES = {FLOOR: "--", KV_FLOOR: ":"}  # their line styles in the plots
 KV_FIELDS = (("kv_bits_per_coord", "K+V bits/coord"), ("ratio", "KV ratio"),
              ("k_bits_per_coord", "K bits/coord"), ("v_bits_per_coord", "V bits/coord"))
 _FORMATS = {"lsd_db": "{:.3f}", "logmel_mse": "{:.4f}", "snr_db": "{:.2f}", "latent_cos": "{:.4f}",
-            "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}", "k_bits_per_coord": "{:.2f}",
-            "v_bits_per_coord": "{:.2f}", "kv_bits_per_coord": "{:.3f}"}
+            "first_parting_scale": "{:.2f}", "tf_top1": "{:.4f}", "tf_kl_nats": "{:.5f}", "ratio": "{:.2f}",
+            "k_bits_per_coord": "{:.2f}", "v_bits_per_coord": "{:.2f}", "kv_bits_per_coord": "{:.3f}"}
 CODEC_COLUMNS = 5  # codec columns per table of the listening page (fits 1400 px)
 
 SMALL_KL = 1e-4  # a TF KL below this (and not 0) is printed as 1.23e-06: five decimals would show 0.00000
@@ -86,7 +91,7 @@ def _kv_value(row: dict, key: str) -> float | None:
 
 
 def _job_of(row: dict) -> Job:
-    return Job(row["codec"], row["bits"], row.get("v_bits", row["bits"]))
+    return Job(*row_key(row)[1:])
 
 
 def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
@@ -95,7 +100,8 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
     for job in jobs:
         mine = [r for r in rows if _job_of(r) == job]
         ok = [r for r in mine if r["status"] == "ok"]
-        group = {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "clips_ok": len(ok),
+        group = {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "sink_scales": job.sink_scales,
+                 "clips_ok": len(ok),
                  "clips_failed": len(mine) - len(ok),
                  "metrics": {m.key: _stats([r["metrics"][m.key] for r in ok
                                             if r["metrics"].get(m.key) is not None]) for m in METRICS}}
@@ -105,20 +111,21 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
     return groups
 
 
-def _bits_cells(codec: str, bits: int | None, v_bits: int | None) -> list[str]:
-    """The K bits and V bits cells of a row."""
+def _bits_cells(codec: str, bits: int | None, v_bits: int | None, sink_scales: int | None) -> list[str]:
+    """The K bits, V bits and sink scales cells of a row."""
     if codec in FLOORS:
-        return ["-", "-"]
+        return ["-", "-", "-"]
     if bits is None:
-        return ["native", "native"]
-    return [str(bits), str(bits if v_bits is None else v_bits)]
+        return ["native", "native", "-"]
+    return [str(bits), str(bits if v_bits is None else v_bits), str(sink_scales or 0)]
 
 
 def _bits_label(job: Job) -> str:
-    """`b2` or `K2 V4` (page column heads), `native` for codec none."""
+    """`b2` or `K2 V4`, ` S3` after it with sink scales (page column heads), `native` for codec none."""
     if job.bits is None:
         return "native"
-    return f"b{job.bits}" if job.v_bits in (None, job.bits) else f"K{job.bits} V{job.v_bits}"
+    bits = f"b{job.bits}" if job.v_bits in (None, job.bits) else f"K{job.bits} V{job.v_bits}"
+    return bits + (f" S{job.sink_scales}" if job.sink_scales else "")
 
 
 def _job_label(job: Job) -> str:
@@ -153,12 +160,15 @@ def _floor_texts(groups: list[dict], meta: dict) -> list[str]:
 
 
 KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bits: the nominal widths of "
-           "keys and values; bits/coord: stored bits per K or V coordinate of the compressed store (side "
-           "fields included), K+V their mean, the rate the plots put on their x axis.")
+           "keys and values; sink scales: the first scales kept native; bits/coord: stored bits per K or V "
+           "coordinate outside the native window (the compressed store, side fields included, and the sink "
+           "scales at their native width), K+V their mean, the rate the plots put on their x axis. First "
+           "parting scale: the first scale (1 = the coarsest) whose sampled tokens differ from the "
+           "reference's, the number of scales + 1 when none does; higher is better.")
 
 
 def _summary_cells(g: dict) -> list[str]:
-    cells = [g["codec"], *_bits_cells(g["codec"], g["bits"], g["v_bits"]),
+    cells = [g["codec"], *_bits_cells(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]),
              f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
     for m in METRICS:
         s = g["metrics"][m.key]
@@ -167,28 +177,41 @@ def _summary_cells(g: dict) -> list[str]:
     return cells + [_fmt(k, g[k]["mean"] if g[k] else None) for k, _ in KV_FIELDS]
 
 
-SUMMARY_HEAD = (["codec", "K bits", "V bits", "clips"] + [f"{m.label} mean [min, max]" for m in METRICS]
-                + [label for _, label in KV_FIELDS])
+SUMMARY_HEAD = (["codec", "K bits", "V bits", "sink scales", "clips"]
+                + [f"{m.label} mean [min, max]" for m in METRICS] + [label for _, label in KV_FIELDS])
 
 
 EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), free of sampling divergence
 
 
-def equal_rate_entries(groups: list[dict]) -> list[dict]:
-    """Per metric of EQUAL_RATE_METRICS: each OCTOPUS codec's mean at its K+V bits per coordinate beside every
-    other codec's curve of means read at that rate (`octopus_audio.rate_distortion.equal_rate`)."""
-    from octopus_audio.rate_distortion import equal_rate
+def curve_names(groups: list[dict]) -> dict[tuple[str, int | None], str]:
+    """The curve of each (codec, sink scales) of the rate-distortion views and equal-rate tables, by name: the
+    codec alone when the run has one count of sink scales, else `octopus S=3` (one curve per count, through
+    the bit widths)."""
+    keys = dict.fromkeys((g["codec"], g["sink_scales"]) for g in groups
+                         if g["codec"] not in FLOORS and g["bits"] is not None)
+    several = len({s for _, s in keys}) > 1
+    return {k: f"{k[0]} S={k[1]}" if several else k[0] for k in keys}
 
+
+def equal_rate_entries(groups: list[dict]) -> list[dict]:
+    """Per metric of EQUAL_RATE_METRICS: each OCTOPUS curve's mean at its K+V bits per coordinate beside every
+    other curve (`curve_names`: each codec, at each count of sink scales) read at that rate
+    (`octopus_audio.rate_distortion.equal_rate`)."""
+    from octopus_audio.rate_distortion import SUBJECTS, equal_rate
+
+    names = curve_names(groups)
+    subjects = [name for (codec, _), name in names.items() if codec in SUBJECTS]
     out = []
     for key in EQUAL_RATE_METRICS:
         points: dict[str, list] = {}
         for g in groups:
             measured = g["kv_bits_per_coord"] and g["metrics"][key]
-            if g["codec"] not in FLOORS and g["bits"] is not None and measured:
-                label = _job_label(Job(g["codec"], g["bits"], g["v_bits"]))
-                points.setdefault(g["codec"], []).append((g["kv_bits_per_coord"]["mean"],
-                                                          g["metrics"][key]["mean"], label))
-        out += [{"metric": key, **e} for e in equal_rate(points)]
+            if (g["codec"], g["sink_scales"]) in names and measured:
+                label = _job_label(Job(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]))
+                points.setdefault(names[g["codec"], g["sink_scales"]], []).append(
+                    (g["kv_bits_per_coord"]["mean"], g["metrics"][key]["mean"], label))
+        out += [{"metric": key, **e} for e in equal_rate(points, subjects)]
     return out
 
 
@@ -196,7 +219,7 @@ def _equal_rate_lines(groups: list[dict]) -> list[str]:
     from octopus_audio.rate_distortion import equal_rate_table
 
     entries = equal_rate_entries(groups)
-    codecs = list(dict.fromkeys(g["codec"] for g in groups))
+    codecs = list(curve_names(groups).values())
     lines = []
     for m in METRICS:
         mine = [e for e in entries if e["metric"] == m.key]
@@ -232,11 +255,11 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
 def table_csv(groups: list[dict]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["codec", "bits", "v_bits", "clips_ok", "clips_failed"]
+    w.writerow(["codec", "bits", "v_bits", "sink_scales", "clips_ok", "clips_failed"]
                + [f"{m.key}_{s}" for m in METRICS for s in ("min", "mean", "max")]
                + [f"{k}_mean" for k, _ in KV_FIELDS])
     for g in groups:
-        row = [g["codec"], "" if g["bits"] is None else g["bits"], "" if g["v_bits"] is None else g["v_bits"],
+        row = [g["codec"], *("" if g[k] is None else g[k] for k in ("bits", "v_bits", "sink_scales")),
                g["clips_ok"], g["clips_failed"]]
         for m in METRICS:
             s = g["metrics"][m.key]
@@ -247,21 +270,23 @@ def table_csv(groups: list[dict]) -> str:
 
 
 def rate_distortion_curves(groups: list[dict], rows: Sequence[dict]) -> dict:
-    """Per metric and codec: `curve`, the (K+V bits/coord, mean) of each bit pair, sorted by bits, and
-    `points`, each ok row's (K+V bits/coord, value); per metric the floors' means (`floors`)."""
-    codecs = list(dict.fromkeys(g["codec"] for g in groups
-                                if g["codec"] not in FLOORS and g["bits"] is not None))
+    """Per metric and curve (`curve_names`: each codec, at each count of sink scales): `curve`, the (K+V
+    bits/coord, mean) of each bit pair, sorted by bits, and `points`, each ok row's (K+V bits/coord, value);
+    per metric the floors' means (`floors`)."""
+    names = curve_names(groups)
     out = {}
     for m in METRICS:
         per_codec = {}
-        for codec in codecs:
+        for (codec, sinks), name in names.items():
             curve = sorted((g["kv_bits_per_coord"]["mean"], g["metrics"][m.key]["mean"]) for g in groups
-                           if g["codec"] == codec and g["kv_bits_per_coord"] and g["metrics"][m.key])
+                           if (g["codec"], g["sink_scales"]) == (codec, sinks) and g["kv_bits_per_coord"]
+                           and g["metrics"][m.key])
             points = sorted((kv_bits(r["kv"]), r["metrics"][m.key]) for r in rows
-                            if r["codec"] == codec and r["status"] == "ok" and r["bits"] is not None
-                            and kv_bits(r["kv"]) is not None and r["metrics"].get(m.key) is not None)
+                            if (r["codec"], row_key(r)[4]) == (codec, sinks) and r["status"] == "ok"
+                            and r["bits"] is not None and kv_bits(r["kv"]) is not None
+                            and r["metrics"].get(m.key) is not None)
             if curve:
-                per_codec[codec] = {"curve": curve, "points": points}
+                per_codec[name] = {"curve": curve, "points": points}
         floors = {g["codec"]: g["metrics"][m.key]["mean"] for g in groups
                   if g["codec"] in FLOORS and g["metrics"][m.key]}
         out[m.key] = {"label": m.label, "higher_is_better": m.higher_is_better, "codecs": per_codec,
@@ -443,23 +468,24 @@ def _clip_section(out_dir: Path, n: int, clip: dict, jobs: Sequence[Job], by_key
                                ref_id if has_ref else None, f"c{n}-floor{i}"))
     parts.append("</div>")
     codecs = list(dict.fromkeys(j.codec for j in jobs if j.codec not in FLOORS))
-    widths = list(dict.fromkeys((j.bits, j.v_bits) for j in jobs if j.codec not in FLOORS))
+    widths = list(dict.fromkeys((j.bits, j.v_bits, j.sink_scales) for j in jobs if j.codec not in FLOORS))
     for start in range(0, len(codecs), CODEC_COLUMNS):
         chunk = codecs[start:start + CODEC_COLUMNS]
         head = "<tr><th>bits</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in chunk) + "</tr>"
         body = []
-        for bits, v_bits in widths:
+        for bits, v_bits, sinks in widths:
             cells = []
             for codec in chunk:
-                job = Job(codec, bits, v_bits)
+                job = Job(codec, bits, v_bits, sinks)
                 if job not in jobs:
                     cells.append("<td></td>")
                     continue
-                audio_id = f"c{n}-{codec}-{'native' if bits is None else bits_tag(bits, v_bits)}"
+                tag = "native" if bits is None else bits_tag(bits, v_bits) + (f"-s{sinks}" if sinks else "")
+                audio_id = f"c{n}-{codec}-{tag}"
                 cells.append("<td>" + _job_cell(out_dir, cid, job, by_key.get((cid, *job)), meta,
                                                 ref_id if has_ref else None, audio_id) + "</td>")
             if any(c != "<td></td>" for c in cells):
-                label = _bits_label(Job("", bits, v_bits))
+                label = _bits_label(Job("", bits, v_bits, sinks))
                 body.append(f"<tr><th>{html.escape(label)}</th>" + "".join(cells) + "</tr>")
         parts.append("<table>" + head + "".join(body) + "</table>")
     return "".join(parts) + "</section>"
@@ -526,8 +552,8 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     jobs = [Job(*j) for j in jobs]
     meta = {**meta, "clip_count": len(clips)}
     groups = aggregate(rows, jobs)
-    failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "v_bits": _job_of(r).v_bits,
-                 "stage": r["stage"], "error": r["error"]} for r in rows if r["status"] != "ok"]
+    failures = [{"clip": r["clip"], **_job_of(r)._asdict(), "stage": r["stage"], "error": r["error"]}
+                for r in rows if r["status"] != "ok"]
     results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,
                "equal_rate": equal_rate_entries(groups)}
     _write_text(out_dir / "results.json", json.dumps(results, indent=1) + "\n")

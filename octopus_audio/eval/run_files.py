@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval.backends import Generated
+from octopus_audio.eval.records import FLOOR, KV_FLOOR
 from octopus_audio.outdir import Manifest
 from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
-KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 
-
-def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None) -> str:
+def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None,
+             sink_scales: int | None = None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
-    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`: sorting together."""
+    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`, `_s<S>` after it with S sink scales: sorting
+    together."""
     if codec in ("input", "reference"):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
@@ -33,7 +33,8 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
         return f"{clip_id}__00_reference_bf16_kv.wav"
     if bits is None:
         return f"{clip_id}__{codec}.wav"
-    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}.wav"
+    sinks = f"_s{sink_scales}" if sink_scales else ""
+    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}{sinks}.wav"
 
 
 def spectrogram_name(wav: str) -> str:

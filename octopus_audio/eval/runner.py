@@ -3,12 +3,11 @@
 Clips run in batches (`evaluate(batch_size=...)`, `run_batch`): each generation and teacher-forced pass covers
 the batch, every clip sampling from its own random stream with the run's seed, so a row is what a batch of
 one gives up to float rounding and a run resumes under any batch size (the batch size is no part of the run's
-fingerprint). Results are appended one JSON row per (clip, codec, bits) to `rows/rank<R>.jsonl` as each
-job finishes for the batch; a rerun
-skips rows already done (`status: ok`) and retries failed ones; a clip that fails to load, condition or
-generate is recorded with its error and the run goes on. Under `torchrun` the clips are sharded over the
-processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and
-writes the report.
+fingerprint). Results are appended one JSON row per (clip, codec, bits, sink scales) to `rows/rank<R>.jsonl`
+as each job finishes for the batch; a rerun skips rows already done (`status: ok`) and retries failed ones; a
+clip that fails to load, condition or generate is recorded with its error and the run goes on. Under
+`torchrun` the clips are sharded over the processes (gloo on CPU, nccl on GPUs, one GPU each); rank 0 merges
+every rank's rows into `rows.jsonl` and writes the report.
 
 Unless turned off (`EvalConfig.floor`, `--no-floor`), each clip also gets one "sampling floor" row, codec
 `reference (other seed)`: the uncompressed model generated once more with the seed `floor_seed(seed)` (the
@@ -26,8 +25,9 @@ perturbation of the cache a 16-bit store makes, i.e. how near ANY perturbation o
 sampled outputs. It has every metric a codec row has, teacher-forced ones included (the model with the
 rounded cache fed the reference's tokens), and no KV numbers (16-bit storage is what the ratios compare with).
 
-Each row holds the audio/latent metrics of the sampled output (eval/metrics.py) and two teacher-forced ones
-(eval/fidelity.py): the model under the codec is fed the reference's own tokens, so its next-scale
+Each row holds the audio/latent metrics of the sampled output (eval/metrics.py), the scale where its tokens
+first part ways with the reference's (eval/parting.py), and two teacher-forced ones (eval/fidelity.py): the
+model under the codec is fed the reference's own tokens, so its next-scale
 distributions are compared with the reference's on the same inputs, free of sampling divergence. The
 reference's tokens are saved with it (`refs/<clip>.npz`), so a resumed run computes them without generating.
 
@@ -58,19 +58,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.beside import Beside
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import MetricReference
+from octopus_audio.eval.parting import parting_metrics
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig, Job, floor_seed
 from octopus_audio.eval.rows import (
     MERGED_ROWS,
     ROWS_DIR,
@@ -80,15 +80,7 @@ from octopus_audio.eval.rows import (
     merge_rows,
     row_key,
 )
-from octopus_audio.eval.run_files import (
-    FLOOR,
-    KV_FLOOR,
-    as_generated,
-    load_reference,
-    save_reference,
-    wav_files,
-    wav_name,
-)
+from octopus_audio.eval.run_files import as_generated, load_reference, save_reference, wav_files, wav_name
 from octopus_audio.eval.run_folder import EVAL, claimed, run_fingerprint, warn_thread_change
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
 from octopus_audio.outdir import Manifest
@@ -96,154 +88,11 @@ from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-FLOOR_SEED_OFFSET = 1
-
-
 def batch_size_problem(batch_size) -> str | None:
     """The sentence for a batch size that is not an integer >= 1, else None."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         return f"--batch-size must be an integer >= 1 (clips generated together), got {batch_size!r}"
     return None
-
-
-def floor_seed(seed: int) -> int:
-    """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
-    return seed + FLOOR_SEED_OFFSET
-
-
-def compresses(codec: str) -> bool:
-    """Whether a registered codec compresses (the native one gets a single row, without bits)."""
-    from octopus_audio.codecs import codec_class
-
-    return codec_class(codec).compressed
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What is generated for each clip. `codecs` may include the native codec (one row, no bits: it checks the
-    patch);
-    `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
-    the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
-    turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
-
-    Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
-    alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
-    from `v_bits` (None: `bits`)."""
-
-    codecs: tuple[str, ...]
-    bits: tuple[int, ...] = (2, 3, 4)
-    seed: int = SamplingConfig.seed  # sampling: the released inference defaults, aar_patch's one definition
-    cfg: float = SamplingConfig.cfg
-    top_k: int = SamplingConfig.top_k
-    top_p: float = SamplingConfig.top_p
-    window: int = 1
-    v_group: int = 16
-    patch_seed: int = 0
-    floor: bool = True
-    bf16_floor: bool = False
-    k_bits: tuple[int, ...] | None = None
-    v_bits: tuple[int, ...] | None = None
-    # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
-    # keeps the rows it shares. Every other field is part of each row's identity (`identity()`), so a new
-    # setting that changes a number is one new field above.
-    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits")
-
-    def __post_init__(self) -> None:
-        from octopus_audio.codecs import CODECS
-
-        known = tuple(CODECS)
-        if not self.codecs:
-            raise UsageError(f"no codecs to evaluate; accepted: all or a comma list of {', '.join(known)}")
-        for c in self.codecs:
-            if c not in known:
-                raise UsageError(f"unknown codec {c!r}; accepted: all or a comma list of {', '.join(known)}")
-        if len(set(self.codecs)) != len(self.codecs):
-            raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
-        if any(compresses(c) for c in self.codecs):
-            for flag, widths in (("--bits", self.bits), ("--k-bits", self.k_bits), ("--v-bits", self.v_bits)):
-                if widths is None and flag != "--bits":
-                    continue
-                if not widths or any(isinstance(b, bool) or not isinstance(b, int) for b in widths):
-                    raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {widths!r}")
-                if len(set(widths)) != len(widths):
-                    raise UsageError(f"{flag} {widths!r} names a width twice")
-            from octopus_audio.codecs import bits_problem
-            from octopus_audio.values import VALUE_BITS
-
-            flag = "--bits" if self.k_bits is None else "--k-bits"
-            for c in self.codecs:  # each codec's own supported bits, before any clip is generated
-                for b in (self.k_bits or self.bits) if compresses(c) else ():
-                    if bits_problem(c, b):
-                        raise UsageError(bits_problem(c, b).replace("--bits", flag))
-            flag = "--bits" if self.v_bits is None else "--v-bits"
-            for b in self.v_bits or self.bits:
-                if b not in VALUE_BITS:
-                    raise UsageError(f"{flag} {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
-        from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
-
-        problem = seed_problem(self.seed, "--seed")
-        if problem:
-            raise UsageError(problem)
-        if self.floor and floor_seed(self.seed) > SEED_MAX:
-            raise UsageError(f"--seed {self.seed} leaves no seed for the sampling-floor row, which samples "
-                             f"with --seed + 1 (torch's generator takes 0 to {SEED_MAX}); pass --seed at "
-                             f"most {SEED_MAX - FLOOR_SEED_OFFSET}, or --no-floor")
-        for name in ("floor", "bf16_floor"):
-            if not isinstance(getattr(self, name), bool):
-                raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        from octopus_audio.aar_patch.generation import cfg_problem
-
-        problem = cfg_problem(self.cfg, "--cfg")
-        if problem:
-            raise UsageError(problem)
-        for name, low in (("window", 0), ("v_group", 1)):  # v_group must also divide the model's head dim
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise UsageError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
-
-    def bit_pairs(self) -> list[tuple[int, int]]:
-        """(key bits, value bits) of every codec row, in report order (see the class docstring)."""
-        if self.k_bits is None and self.v_bits is None:
-            return [(b, b) for b in self.bits]
-        return [(k, v) for k in (self.k_bits or self.bits) for v in (self.v_bits or self.bits)]
-
-    def jobs(self) -> list[Job]:
-        """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
-        each bit pair; the floors and a codec that does not compress get bits None."""
-        out = [Job(FLOOR)] if self.floor else []
-        if self.bf16_floor:
-            out.append(Job(KV_FLOOR))
-        for c in self.codecs:
-            out.extend([Job(c, k, v) for k, v in self.bit_pairs()] if compresses(c) else [Job(c)])
-        return out
-
-    def patch_configs(self) -> list:
-        """The KV-cache patch of each compressed job (what `AARBackend.compressed` installs), in job order."""
-        from octopus_audio.aar_patch.patch import PatchConfig
-
-        return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits)
-                for job in self.jobs() if job.bits is not None]
-
-    def identity(self) -> dict:
-        """The settings that must match for a rerun to reuse earlier rows: every field but JOB_FIELDS
-        (codecs, bits and the floors may change: a rerun adds the missing rows)."""
-        d = asdict(self)
-        for name in self.JOB_FIELDS:
-            del d[name]
-        return d
-
-
-class Job(NamedTuple):
-    """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits` (both None for
-    the floors and `none`)."""
-
-    codec: str
-    bits: int | None = None
-    v_bits: int | None = None
 
 
 KV_NUMBERS = ("ratio", "k_bits", "v_bits")  # a row's "kv": the patch stats' totals the report prints
@@ -375,10 +224,10 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
 
     def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
-        for codec, bits, v_bits in jobs:
-            emit_row({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
-                      "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
-                      "seconds": None, "threads": None})
+        for job in jobs:
+            emit_row({**clip.base, **job._asdict(), "seed": seed_of(job.codec), "status": "error",
+                      "stage": stage, "error": _error_text(e), "metrics": None, "kv": None, "seconds": None,
+                      "threads": None})
 
     def sample(seed: int) -> Callable[[list[Clip]], list]:
         return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
@@ -390,9 +239,8 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
         name = wav_name(clip.ref.clip_id, *job)
         files.add(wav_files(name))
         write_wav(out_dir / "wav" / name, out.audio, backend.sample_rate)
-        emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
-                  "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None,
-                  "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
+        emit_row({**clip.base, **job._asdict(), "seed": seed_of(job.codec), "status": "ok", "stage": None,
+                  "error": None, "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
                   "threads": torch.get_num_threads()})
 
     clips = []
@@ -422,7 +270,8 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             start = time.perf_counter()
             out = as_generated(out)
             try:  # the floor row's forced_of is empty: sampled-output metrics only (the module docstring)
-                metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
+                metrics = {**clip.metric_ref.compare(out.audio, out.fhat),
+                           **parting_metrics(clip.reference.tokens, out.tokens), **teacher_forced}
             except Exception as e:
                 fail(clip, [job], "metrics", e)
                 continue
@@ -450,7 +299,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             start = time.perf_counter()
             try:
                 context = (backend.bf16_kv() if job.codec == KV_FLOOR
-                           else backend.compressed(job.codec, job.bits, job.v_bits))
+                           else backend.compressed(job.codec, job.bits, job.v_bits, job.sink_scales))
                 with context as handle:
                     outs = _each(sample(config.seed), these)
                     kv = None

@@ -1,0 +1,168 @@
+"""The eval's shared records: what a run generates for each clip (`EvalConfig`), one row's job (`Job`) and the
+floor rows' codec names. The runner, the backends and the report read them from here, so none imports
+another's module for them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar, NamedTuple
+
+from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+from octopus_audio.aar_patch.generation import SamplingConfig
+from octopus_audio.errors import UsageError
+
+FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
+KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
+FLOOR_SEED_OFFSET = 1
+
+
+def floor_seed(seed: int) -> int:
+    """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
+    return seed + FLOOR_SEED_OFFSET
+
+
+def compresses(codec: str) -> bool:
+    """Whether a registered codec compresses (the native one gets a single row, without bits)."""
+    from octopus_audio.codecs import codec_class
+
+    return codec_class(codec).compressed
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What is generated for each clip. `codecs` may include the native codec (one row, no bits: it checks the
+    patch);
+    `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
+    the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
+    turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
+
+    Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
+    alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
+    from `v_bits` (None: `bits`). Each compressing codec runs each bit pair at every count of `sink_scales`
+    (the first scales kept native, `patch_aar(sink_scales=S)`), as it runs every width."""
+
+    codecs: tuple[str, ...]
+    bits: tuple[int, ...] = (2, 3, 4)
+    seed: int = SamplingConfig.seed  # sampling: the released inference defaults, aar_patch's one definition
+    cfg: float = SamplingConfig.cfg
+    top_k: int = SamplingConfig.top_k
+    top_p: float = SamplingConfig.top_p
+    window: int = 1
+    v_group: int = 16
+    patch_seed: int = 0
+    floor: bool = True
+    bf16_floor: bool = False
+    k_bits: tuple[int, ...] | None = None
+    v_bits: tuple[int, ...] | None = None
+    sink_scales: tuple[int, ...] = (DEFAULT_SINK_SCALES,)
+    # Fields that choose which rows a run has (each row records its own), not what any row's numbers are: a
+    # rerun may change them and keeps the rows it shares. Every other field is part of each row's identity
+    # (`identity()`), so a new setting that changes a number is one new field above.
+    JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits",
+                                             "sink_scales")
+
+    def __post_init__(self) -> None:
+        from octopus_audio.codecs import CODECS
+
+        known = tuple(CODECS)
+        if not self.codecs:
+            raise UsageError(f"no codecs to evaluate; accepted: all or a comma list of {', '.join(known)}")
+        for c in self.codecs:
+            if c not in known:
+                raise UsageError(f"unknown codec {c!r}; accepted: all or a comma list of {', '.join(known)}")
+        if len(set(self.codecs)) != len(self.codecs):
+            raise UsageError(f"codec list {','.join(self.codecs)} names a codec twice")
+        if any(compresses(c) for c in self.codecs):
+            for flag, widths in (("--bits", self.bits), ("--k-bits", self.k_bits), ("--v-bits", self.v_bits)):
+                if widths is None and flag != "--bits":
+                    continue
+                if not widths or any(isinstance(b, bool) or not isinstance(b, int) for b in widths):
+                    raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {widths!r}")
+                if len(set(widths)) != len(widths):
+                    raise UsageError(f"{flag} {widths!r} names a width twice")
+            from octopus_audio.codecs import bits_problem
+            from octopus_audio.values import VALUE_BITS
+
+            flag = "--bits" if self.k_bits is None else "--k-bits"
+            for c in self.codecs:  # each codec's own supported bits, before any clip is generated
+                for b in (self.k_bits or self.bits) if compresses(c) else ():
+                    if bits_problem(c, b):
+                        raise UsageError(bits_problem(c, b).replace("--bits", flag))
+            flag = "--bits" if self.v_bits is None else "--v-bits"
+            for b in self.v_bits or self.bits:
+                if b not in VALUE_BITS:
+                    raise UsageError(f"{flag} {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
+            scales = self.sink_scales
+            if (not scales or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in scales)
+                    or len(set(scales)) != len(scales)):
+                raise UsageError(f"--sink-scales must be a comma list of distinct integers >= 0 such as "
+                                 f"0,3,5 (the first scales kept native), got {scales!r}")
+        from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
+
+        problem = seed_problem(self.seed, "--seed")
+        if problem:
+            raise UsageError(problem)
+        if self.floor and floor_seed(self.seed) > SEED_MAX:
+            raise UsageError(f"--seed {self.seed} leaves no seed for the sampling-floor row, which samples "
+                             f"with --seed + 1 (torch's generator takes 0 to {SEED_MAX}); pass --seed at "
+                             f"most {SEED_MAX - FLOOR_SEED_OFFSET}, or --no-floor")
+        for name in ("floor", "bf16_floor"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        from octopus_audio.aar_patch.generation import cfg_problem
+
+        problem = cfg_problem(self.cfg, "--cfg")
+        if problem:
+            raise UsageError(problem)
+        for name, low in (("window", 0), ("v_group", 1)):  # v_group must also divide the model's head dim
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise UsageError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
+
+    def bit_pairs(self) -> list[tuple[int, int]]:
+        """(key bits, value bits) of every codec row, in report order (see the class docstring)."""
+        if self.k_bits is None and self.v_bits is None:
+            return [(b, b) for b in self.bits]
+        return [(k, v) for k in (self.k_bits or self.bits) for v in (self.v_bits or self.bits)]
+
+    def jobs(self) -> list[Job]:
+        """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
+        each count of sink scales at each bit pair; the floors and a codec that does not compress get bits
+        and sink scales None."""
+        out = [Job(FLOOR)] if self.floor else []
+        if self.bf16_floor:
+            out.append(Job(KV_FLOOR))
+        for c in self.codecs:
+            out.extend([Job(c, k, v, s) for s in self.sink_scales for k, v in self.bit_pairs()]
+                       if compresses(c) else [Job(c)])
+        return out
+
+    def patch_configs(self) -> list:
+        """The KV-cache patch of each compressed job (what `AARBackend.compressed` installs), in job order."""
+        from octopus_audio.aar_patch.config import PatchConfig
+
+        return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits,
+                            sink_scales=job.sink_scales)
+                for job in self.jobs() if job.bits is not None]
+
+    def identity(self) -> dict:
+        """The settings that must match for a rerun to reuse earlier rows: every field but JOB_FIELDS
+        (codecs, bits and the floors may change: a rerun adds the missing rows)."""
+        d = asdict(self)
+        for name in self.JOB_FIELDS:
+            del d[name]
+        return d
+
+
+class Job(NamedTuple):
+    """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits`, the first
+    `sink_scales` scales kept native (all three None for the floors and `none`)."""
+
+    codec: str
+    bits: int | None = None
+    v_bits: int | None = None
+    sink_scales: int | None = None
