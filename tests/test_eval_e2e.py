@@ -6,16 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import SHARED
 
+from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES as S
 from octopus_audio.eval.cli import default_clips_dir
 
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO.parent / "shared" / "aar_reference" / "golden"
+GOLDEN = SHARED / "aar_reference" / "golden"
 
 
 def golden_or_skip():
     if not (GOLDEN / "aar.pth").is_file() or not (GOLDEN / "sat_release.pt").is_file():
-        reason = f"the golden AAR checkpoint is not at {GOLDEN} (../shared beside the repository is absent)"
+        reason = f"the golden AAR checkpoint is not at {GOLDEN} (set OCTOPUS_AUDIO_SHARED to ../shared)"
         print(reason)
         pytest.skip(reason)
 
@@ -52,7 +53,7 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     import octopus_audio.aar_patch as aar_patch
     from octopus_audio.cli import main
 
-    assert "| octopus | 2 | 2 | 1 |" in printed and "index.html" in printed
+    assert f"| octopus | 2 | 2 | {S} | 1 |" in printed and "index.html" in printed  # the default sink scales
 
     results = json.loads((out / "results.json").read_text())
     assert results["failures"] == []
@@ -75,10 +76,10 @@ def check_run(out: Path, args: list[str], printed: str) -> None:
     names = sorted(p.name for p in (out / "wav").iterdir())
     assert names == ["misc_crow__00_input.wav", "misc_crow__00_reference.wav",
                      "misc_crow__00_reference_bf16_kv.wav", "misc_crow__00_reference_other_seed.wav",
-                     "misc_crow__none.wav", "misc_crow__octopus_b2.wav"]
+                     "misc_crow__none.wav", f"misc_crow__octopus_b2_s{S}.wav"]
     kv = groups[("reference (bf16 KV)", None)]  # the bf16-KV floor: on with the other floor
     assert kv["clips_ok"] == 1 and kv["ratio"] is None and kv["metrics"]["tf_kl_nats"]["mean"] < 1e-3
-    info = sf.info(out / "wav" / "misc_crow__octopus_b2.wav")
+    info = sf.info(out / "wav" / f"misc_crow__octopus_b2_s{S}.wav")
     assert (info.samplerate, info.frames) == (24000, 24000)
 
     # the reference is what aar_patch.generate gives for the stored condition and the run's sampling settings

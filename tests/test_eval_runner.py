@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
 from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
@@ -26,6 +27,7 @@ CODECS = ("none", "octopus", "turboquant-mse")
 BITS = (2, 4)
 FAKE_PATCH_NUMS = (1, 4, 16)  # scales of the fake model
 FAKE_VOCAB = 16
+SINKS = f"_s{DEFAULT_SINK_SCALES}"  # what a codec's file names end with at the default sink scales
 
 
 class FakeGeneration:
@@ -713,13 +715,14 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     tone(clips / "clip0.wav", 1234.0, seconds=1.5)  # other audio, another length, the same name
     run_fake(clips, out, cfg=first)
     assert clip_files(out, "clip0") == clip_files(fresh("replaced", first), "clip0")
+    assert f"wav/clip0__octopus_b4{SINKS}.wav" in clip_files(out, "clip0")  # the name checked gone below
     (clips / "clip0.wav").write_bytes(original)  # restored, and one more width asked for
     pipe = FakePipe()
     run_fake(clips, out, pipe=pipe, cfg=later)
     assert pipe.calls == 4 + 1  # clip0 whole again (reference, floor, b2, b3); clip1 only its b3
     restored = clip_files(out, "clip0")
     assert restored == clip_files(fresh("restored", later), "clip0")
-    assert "wav/clip0__octopus_b4.wav" not in restored  # made from the other audio: gone
+    assert f"wav/clip0__octopus_b4{SINKS}.wav" not in restored  # made from the other audio: gone
     assert {k: v for k, v in clip_files(out, "clip1").items() if k in kept} == kept
     settings = json.loads((out / "settings.json").read_text())
     with np.load(out / "refs" / "clip0.npz") as saved:
@@ -736,7 +739,7 @@ def test_every_file_a_run_writes_is_in_its_manifest(tmp_path):
                                                      bf16_floor=True))
     written = set(files_under(tmp_path / "out"))
     assert {"index.html", "results.json", "settings.json", "rows.jsonl", "rows/rank0.jsonl",
-            "spec/clip0__octopus_b2.png", "plots/rate_distortion.json"} <= written
+            f"spec/clip0__octopus_b2{SINKS}.png", "plots/rate_distortion.json"} <= written
     assert written == read_manifest(tmp_path / "out", "eval")
 
 
@@ -756,8 +759,9 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
     run_fake(clips, out, cfg=cfg, overwrite=True)
     for name, data in mine.items():
         assert (out / name).read_bytes() == data, name
-    assert not (out / "wav" / "clip0__octopus_b4.wav").exists()
-    assert not (out / "spec" / "clip0__octopus_b4.png").exists()
+    assert (out / "wav" / f"clip0__octopus_b2{SINKS}.wav").exists()  # the names the checks below use
+    assert not (out / "wav" / f"clip0__octopus_b4{SINKS}.wav").exists()
+    assert not (out / "spec" / f"clip0__octopus_b4{SINKS}.png").exists()
     rows = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
     assert [r["seed"] for r in rows] == [5, 4]
     assert clip_files(out, "clip0") == {**clip_files(fresh_run(tmp_path, clips, cfg), "clip0"),
