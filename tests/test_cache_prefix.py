@@ -147,6 +147,66 @@ def test_bad_native_prefix_is_a_clear_error(bad):
         CompressedKVCache("octopus", 2, D, native_capacity=-1)
 
 
+# ---- crop and select_rows (what octopus_audio.hf asks of a cache) with a prefix ----
+
+# (window, tokens kept): with UNITS and a prefix of 6, window 1 holds prefix [0, 6), store [6, 11), window
+# [11, 18); window 2 holds prefix [0, 6), store [6, 9), window [9, 11) and [11, 18)
+CROPS = [(1, 3), (1, 6), (1, 8), (1, 11), (1, 14), (2, 10), (2, 13)]
+
+
+@pytest.mark.parametrize("window,keep", CROPS, ids=[f"W{w}-keep{k}" for w, k in CROPS])
+@pytest.mark.parametrize("name", ["octopus", "turboquant-qjl"])
+def test_crop_keeps_the_first_tokens_and_the_prefix_fills_again(name, window, keep):
+    """A crop keeps the first `keep` tokens in sequence order (prefix, store, window), each as it was held;
+    two more units then leave the cache as a cache fed the kept tokens as one unit would hold them: the
+    prefix cut short fills again with the next tokens that leave the window, the rest are encoded."""
+    units = _units(seed=13 + keep)
+    cache = CompressedKVCache(name, 2, D, window=window, seed=9, native_prefix=6)
+    for k, v in units:
+        cache.append(k, v)
+    k_all, v_all = cache.decoded_kv()
+    cache.crop(keep)
+    assert cache.num_tokens == keep and cache.prefix_tokens == min(keep, 6)
+    k_kept, v_kept = cache.decoded_kv()
+    assert torch.equal(k_kept, k_all[:, :, :keep]) and torch.equal(v_kept, v_all[:, :, :keep])
+    more = _units(seed=14, sizes=(2, 1))
+    for k, v in more:
+        cache.append(k, v)
+    kept = tuple(torch.cat([u[i] for u in units], 2)[:, :, :keep] for i in (0, 1))
+    k_hat, v_hat, _ = _expected_kv(name, 2, 9, [kept, *more], window, 6)
+    k_got, v_got = cache.decoded_kv()
+    torch.testing.assert_close(k_got, k_hat, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(v_got, v_hat, rtol=1e-6, atol=1e-6)
+    assert cache.prefix_tokens == min(keep + 2, 6)
+    q = torch.randn(B, H, 3, D, generator=torch.Generator().manual_seed(5))
+    expect = F.scaled_dot_product_attention(q, k_hat, v_hat, scale=0.125)
+    torch.testing.assert_close(cache.attend(q, 0.125), expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["none", "octopus"])
+def test_select_rows_reorders_the_prefix_with_the_rest(name):
+    """A beam reorder takes the prefix's rows with the store's and the window's; the cache then goes on with
+    units of the new batch (the next leaving unit's tokens stored after the prefix)."""
+    units = _units(seed=15)
+    cache = CompressedKVCache(name, 2, D, window=1, seed=3, native_prefix=6)
+    for k, v in units:
+        cache.append(k, v)
+    k_before, v_before = cache.decoded_kv()
+    index = torch.tensor([1, 0, 1])  # three rows from two, one repeated
+    cache.select_rows(index)
+    k_after, v_after = cache.decoded_kv()
+    assert torch.equal(k_after, k_before[index]) and torch.equal(v_after, v_before[index])
+    assert cache.prefix_tokens == 6 and cache.bytes_breakdown()["rows"] == 3 * H
+    g = torch.Generator().manual_seed(16)
+    k, v = torch.randn(3, H, 2, D, generator=g), torch.randn(3, H, 2, D, generator=g)
+    cache.append(k, v)
+    q = torch.randn(3, H, 1, D, generator=g)
+    k_now, v_now = cache.decoded_kv()
+    assert torch.equal(k_now[:, :, :6], k_before[index][:, :, :6]) and torch.equal(k_now[:, :, -2:], k)
+    expect = F.scaled_dot_product_attention(q, k_now, v_now, scale=0.125)
+    torch.testing.assert_close(cache.attend(q, 0.125), expect, rtol=1e-5, atol=1e-5)
+
+
 # ---- the kernels (interpreted on the CPU), on the same compressed state as the reference ----
 
 @pytest.fixture
