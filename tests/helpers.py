@@ -47,6 +47,16 @@ def decoded_attention(codec, q, keys, values, length: int, k_win, v_win, scale: 
     return attend(q.detach().cpu().double(), torch.cat(k_all, 2), torch.cat(v_all, 2), scale)
 
 
+def attend_unit_by_unit(cache, units, queries, scale: float) -> torch.Tensor:
+    """Each unit (k, v) appended to `cache`, then its queries attended: the outputs [B, Hq, T, d] along T,
+    what a patched layer computes scale by scale (teacher forcing's one pass is compared with it)."""
+    out = []
+    for (k, v), q in zip(units, queries, strict=True):
+        cache.append(k, v)
+        out.append(cache.attend(q, scale))
+    return torch.cat(out, 2)
+
+
 def _blas_interpreter_dot() -> None:
     """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
     numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import attend_unit_by_unit
 
 from octopus_audio import CODECS, CompressedKVCache, attention_backend, get_codec
 from octopus_audio import backend as backend_mod
@@ -83,14 +84,6 @@ def test_codec_none_equals_plain_sdpa_exactly(window, dtype):
 SEQUENCE_UNITS = (1, 3, 5, 2, 7)
 
 
-def _attend_unit_by_unit(cache, units, queries, scale):
-    out = []
-    for (k, v), q in zip(units, queries, strict=True):
-        cache.append(k, v)
-        out.append(cache.attend(q, scale))
-    return torch.cat(out, 2)
-
-
 @pytest.mark.parametrize("window", [0, 1, 2, 7], ids=lambda w: f"W{w}")  # 7: no unit is ever stored
 @pytest.mark.parametrize("name", CODECS)
 def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, window):
@@ -99,7 +92,7 @@ def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, windo
     units = _units(seed=11 + window, sizes=SEQUENCE_UNITS)
     g = torch.Generator().manual_seed(12)
     queries = [torch.randn(B, 2 * H, t, D, generator=g) for t in SEQUENCE_UNITS]
-    expect = _attend_unit_by_unit(CompressedKVCache(name, 3, D, window=window, seed=4), units, queries, 0.3)
+    expect = attend_unit_by_unit(CompressedKVCache(name, 3, D, window=window, seed=4), units, queries, 0.3)
     cache = CompressedKVCache(name, 3, D, window=window, seed=4)
     got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
                                 torch.cat([v for _, v in units], 2), SEQUENCE_UNITS, 0.3)
@@ -113,7 +106,7 @@ def test_attend_sequence_in_half_precision_returns_the_queries_dtype(name, dtype
     units = _units(seed=21, dtype=dtype, sizes=SEQUENCE_UNITS)
     g = torch.Generator().manual_seed(22)
     queries = [torch.randn(B, H, t, D, generator=g).to(dtype) for t in SEQUENCE_UNITS]
-    expect = _attend_unit_by_unit(CompressedKVCache(name, 2, D, seed=1), units, queries, 0.125)
+    expect = attend_unit_by_unit(CompressedKVCache(name, 2, D, seed=1), units, queries, 0.125)
     got = CompressedKVCache(name, 2, D, seed=1).attend_sequence(
         torch.cat(queries, 2), torch.cat([k for k, _ in units], 2), torch.cat([v for _, v in units], 2),
         SEQUENCE_UNITS, 0.125)

@@ -17,7 +17,7 @@ if DEVICE == "cpu":
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from helpers import kernel_ops  # noqa: E402
+from helpers import attend_unit_by_unit, kernel_ops  # noqa: E402
 
 from octopus_audio import CompressedKVCache, get_codec  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
@@ -79,14 +79,6 @@ def test_codec_none_with_a_prefix_equals_plain_sdpa_exactly():
     assert torch.equal(cache.attend(q, 0.2), F.scaled_dot_product_attention(q, k_all, v_all, scale=0.2))
 
 
-def _unit_by_unit(cache, units, queries, scale):
-    out = []
-    for (k, v), q in zip(units, queries, strict=True):
-        cache.append(k, v)
-        out.append(cache.attend(q, scale))
-    return torch.cat(out, 2)
-
-
 SEQUENCE_CASES = [(w, p) for w in (0, 1, 2) for p in (4, 6, 100)]
 
 
@@ -98,7 +90,7 @@ def test_attend_sequence_keeps_the_prefix_native_as_appending_does(name, window,
     g = torch.Generator().manual_seed(12)
     queries = [torch.randn(B, 2 * H, t, D, generator=g) for t in UNITS]
     options = dict(window=window, seed=4, native_prefix=prefix)
-    expect = _unit_by_unit(CompressedKVCache(name, 3, D, **options), units, queries, 0.3)
+    expect = attend_unit_by_unit(CompressedKVCache(name, 3, D, **options), units, queries, 0.3)
     cache = CompressedKVCache(name, 3, D, **options)
     got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
                                 torch.cat([v for _, v in units], 2), UNITS, 0.3)

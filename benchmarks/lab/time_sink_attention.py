@@ -28,6 +28,7 @@ import torch
 
 from octopus_audio import CompressedKVCache
 from octopus_audio.aar_patch.aar import RELEASE_PATCH_NUMS
+from octopus_audio.apps.bench import _graphed
 from octopus_audio.cache import sequence_capacities
 
 
@@ -71,19 +72,6 @@ def timer(device, rep_ms: float):
     return wall
 
 
-def graphed(fn):
-    """`fn` captured in a CUDA graph after one warm call on a side stream (as `octopus-audio bench` does)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def row(codec: str, bits: int, batch: int, heads: int, sinks: int, device, rep_ms: float) -> dict:
     data = scales(2 * batch, heads, device)
     cache = make_cache(codec, bits, sinks)
@@ -96,7 +84,7 @@ def row(codec: str, bits: int, batch: int, heads: int, sinks: int, device, rep_m
     want = cache.attend_reference(q.float(), scale).double()
     rel = float((out.double() - want).norm() / want.norm())
     last = bench(lambda: cache.attend(q, scale))
-    last_graph = bench(graphed(lambda: cache.attend(q, scale))) if device.type == "cuda" else None
+    last_graph = bench(_graphed(lambda: cache.attend(q, scale))) if device.type == "cuda" else None
 
     def sequence():
         cache.reset()
