@@ -13,7 +13,7 @@ _LAZY = {
     "CompressedKVCache": ("octopus_audio.cache", "CompressedKVCache"),
     "ValueQuantizer": ("octopus_audio.values", "ValueQuantizer"),
     "ValueState": ("octopus_audio.values", "ValueState"),
-    "attention_backend": ("octopus_audio.backend", "attention_backend"),
+    "attention_backend": ("octopus_audio.cache.backend", "attention_backend"),
 }
 
 __all__ = ["__version__", *_LAZY]

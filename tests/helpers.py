@@ -57,6 +57,15 @@ def attend_unit_by_unit(cache, units, queries, scale: float) -> torch.Tensor:
     return torch.cat(out, 2)
 
 
+def attend_sequence_of(cache, q, k, v, units, scale: float) -> torch.Tensor:
+    """Teacher forcing's one pass (`octopus_audio.cache.attend_sequence`) with `cache`'s settings (codec,
+    value quantizer, window, native prefix), as the AAR patch calls it; the cache itself is not touched."""
+    from octopus_audio.cache import attend_sequence
+
+    return attend_sequence(q, k, v, units, scale, codec=cache.codec, value_quantizer=cache.value_quantizer,
+                           window=cache.window, native_prefix=cache.native_prefix)
+
+
 def _blas_interpreter_dot() -> None:
     """Test speed only: the interpreter's tl.dot hands np.matmul the transposed view of tl.trans, for which
     numpy skips BLAS (about 40 ms for one 128x32x128 tile instead of 0.1 ms); contiguous fp32 copies give the

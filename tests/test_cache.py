@@ -3,10 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import attend_unit_by_unit
+from helpers import attend_sequence_of, attend_unit_by_unit
 
 from octopus_audio import CODECS, CompressedKVCache, attention_backend, get_codec
-from octopus_audio import backend as backend_mod
+from octopus_audio.cache import backend as backend_mod
 from octopus_audio.values import ValueQuantizer
 
 UNIT_TOKENS = (1, 3, 5, 2)  # four units of uneven size (scales)
@@ -94,8 +94,8 @@ def test_attend_sequence_equals_appending_and_attending_unit_by_unit(name, windo
     queries = [torch.randn(B, 2 * H, t, D, generator=g) for t in SEQUENCE_UNITS]
     expect = attend_unit_by_unit(CompressedKVCache(name, 3, D, window=window, seed=4), units, queries, 0.3)
     cache = CompressedKVCache(name, 3, D, window=window, seed=4)
-    got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
-                                torch.cat([v for _, v in units], 2), SEQUENCE_UNITS, 0.3)
+    got = attend_sequence_of(cache, torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
+                             torch.cat([v for _, v in units], 2), SEQUENCE_UNITS, 0.3)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)  # fp32 rounding; a codec's error is ~1e-1
     assert cache.num_tokens == 0 and got.dtype == torch.float32
 
@@ -107,9 +107,9 @@ def test_attend_sequence_in_half_precision_returns_the_queries_dtype(name, dtype
     g = torch.Generator().manual_seed(22)
     queries = [torch.randn(B, H, t, D, generator=g).to(dtype) for t in SEQUENCE_UNITS]
     expect = attend_unit_by_unit(CompressedKVCache(name, 2, D, seed=1), units, queries, 0.125)
-    got = CompressedKVCache(name, 2, D, seed=1).attend_sequence(
-        torch.cat(queries, 2), torch.cat([k for k, _ in units], 2), torch.cat([v for _, v in units], 2),
-        SEQUENCE_UNITS, 0.125)
+    got = attend_sequence_of(CompressedKVCache(name, 2, D, seed=1), torch.cat(queries, 2),
+                             torch.cat([k for k, _ in units], 2), torch.cat([v for _, v in units], 2),
+                             SEQUENCE_UNITS, 0.125)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expect.float(), rtol=tol, atol=tol)
 
@@ -120,12 +120,12 @@ def test_attend_sequence_in_half_precision_returns_the_queries_dtype(name, dtype
 def test_attend_sequence_rejects_units_that_do_not_cover_the_sequence(units, match):
     k, v = torch.randn(B, H, 18, D), torch.randn(B, H, 18, D)
     with pytest.raises(ValueError, match=match):
-        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 18, D), k, v, units, 0.125)
+        attend_sequence_of(CompressedKVCache("octopus", 2, D), torch.randn(B, H, 18, D), k, v, units, 0.125)
     with pytest.raises(ValueError, match="one query per key"):
-        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 17, D), k, v, (18,), 0.125)
+        attend_sequence_of(CompressedKVCache("octopus", 2, D), torch.randn(B, H, 17, D), k, v, (18,), 0.125)
     k[0, 0, 3, 0] = float("nan")
     with pytest.raises(ValueError, match="keys"):
-        CompressedKVCache("octopus", 2, D).attend_sequence(torch.randn(B, H, 18, D), k, v, (18,), 0.125)
+        attend_sequence_of(CompressedKVCache("octopus", 2, D), torch.randn(B, H, 18, D), k, v, (18,), 0.125)
 
 
 @pytest.mark.parametrize("name", ["octopus-qjl", "polarquant"])
@@ -326,7 +326,7 @@ def test_defer_checks_argument_is_validated():
 def test_codec_none_attends_a_view_of_its_store_at_window_zero(window, monkeypatch):
     """Codec none at window 0 is a preallocated native cache: each unit is written in place into the store's
     buffer and attention reads a view of it, nothing concatenated; either way SDPA over every key."""
-    from octopus_audio import cache as cache_module
+    from octopus_audio.cache import layer as cache_module
 
     units = _units(seed=5)
     cache = _fill(CompressedKVCache("none", 16, D, window=window, capacity=sum(UNIT_TOKENS)), units)

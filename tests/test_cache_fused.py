@@ -13,10 +13,12 @@ if DEVICE == "cpu":
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from helpers import kernel_ops  # noqa: E402
+from helpers import attend_sequence_of, kernel_ops  # noqa: E402
 
-from octopus_audio import CompressedKVCache, cache_checks  # noqa: E402
-from octopus_audio import backend as backend_module  # noqa: E402
+from octopus_audio import CompressedKVCache  # noqa: E402
+from octopus_audio.cache import backend as backend_module  # noqa: E402
+from octopus_audio.cache import checks as cache_checks  # noqa: E402
+from octopus_audio.cache.plan import CachePlan  # noqa: E402
 
 B, H, D = 2, 2, 64
 SIZES = (1, 3, 5, 2, 4)  # five units of uneven size (scales)
@@ -46,7 +48,7 @@ def _fill(cache, units):
 
 
 def _unfused(monkeypatch):
-    monkeypatch.setattr(backend_module.CachePlan, "fused_encoder", lambda self, quantizer: None)
+    monkeypatch.setattr(CachePlan, "fused_encoder", lambda self, quantizer: None)
 
 
 # every kernel codec with a store grown from its first unit; octopus also grown once (9) and reserved (64)
@@ -174,7 +176,7 @@ def test_fused_store_with_value_bits_of_their_own(name, bits, v_bits, monkeypatc
 def test_codes_wider_than_the_kernels_take_run_on_the_reference():
     """octopus b=6 stores 19-bit codes: the plan says why and runs the library's encode and the reference
     attention (before, building the kernels' codec view raised)."""
-    from octopus_audio.backend import kernel_limit
+    from octopus_audio.cache import kernel_limit
 
     cache = CompressedKVCache("octopus", 6, D, window=1, defer_checks=True)
     assert "19-bit codes" in kernel_limit(cache.codec)
@@ -194,15 +196,15 @@ def test_attend_sequence_encodes_with_the_kernels_as_append_does(name, monkeypat
     k, v = (torch.cat([u[i] for u in units], 2) for i in (0, 1))
     q = torch.randn(B, 2 * H, sum(sizes), D, generator=torch.Generator().manual_seed(32)).to(DEVICE)
     seen = []
-    plain = backend_module.CachePlan.encode_keys
+    plain = CachePlan.encode_keys
 
     def recorded(self, codec, keys):
         seen.append((self.kernel_encode, tuple(keys.shape)))
         return plain(self, codec, keys)
 
-    monkeypatch.setattr(backend_module.CachePlan, "encode_keys", recorded)
-    got = CompressedKVCache(name, 2, D, seed=5).attend_sequence(q, k, v, sizes, 0.25)
+    monkeypatch.setattr(CachePlan, "encode_keys", recorded)
+    got = attend_sequence_of(CompressedKVCache(name, 2, D, seed=5), q, k, v, sizes, 0.25)
     with backend_module.reference_backend("test: the library's encode"):
-        expect = CompressedKVCache(name, 2, D, seed=5).attend_sequence(q, k, v, sizes, 0.25)
+        expect = attend_sequence_of(CompressedKVCache(name, 2, D, seed=5), q, k, v, sizes, 0.25)
     assert seen == [(True, (B, H, 8, D)), (False, (B, H, 8, D))]
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)

@@ -17,9 +17,10 @@ if DEVICE == "cpu":
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from helpers import attend_unit_by_unit, kernel_ops  # noqa: E402
+from helpers import attend_sequence_of, attend_unit_by_unit, kernel_ops  # noqa: E402
 
 from octopus_audio import CompressedKVCache, get_codec  # noqa: E402
+from octopus_audio.cache import stored_span  # noqa: E402
 from octopus_audio.values import ValueQuantizer  # noqa: E402
 
 B, H, D = 2, 2, 64
@@ -92,11 +93,11 @@ def test_attend_sequence_keeps_the_prefix_native_as_appending_does(name, window,
     options = dict(window=window, seed=4, native_prefix=prefix)
     expect = attend_unit_by_unit(CompressedKVCache(name, 3, D, **options), units, queries, 0.3)
     cache = CompressedKVCache(name, 3, D, **options)
-    got = cache.attend_sequence(torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
-                                torch.cat([v for _, v in units], 2), UNITS, 0.3)
+    got = attend_sequence_of(cache, torch.cat(queries, 2), torch.cat([k for k, _ in units], 2),
+                             torch.cat([v for _, v in units], 2), UNITS, 0.3)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     stop = sum(UNITS[:len(UNITS) - window])
-    assert cache.stored_span(UNITS) == (min(prefix, stop), stop)
+    assert stored_span(UNITS, window, prefix) == (min(prefix, stop), stop)
 
 
 def test_prefix_bytes_are_counted_native():
@@ -274,14 +275,14 @@ def test_fused_encode_checks_the_prefix_tokens(where, triton_backend):
 def test_fused_store_with_a_prefix_equals_the_separate_encodes(triton_backend, monkeypatch):
     """The fused encode of a unit the prefix splits (a view of its stored part) writes the codes the separate
     encodes write, and both attend alike."""
-    from octopus_audio import backend as backend_module
+    from octopus_audio.cache import plan as plan_module
 
     units = _units(seed=9, sizes=UNITS, dtype=torch.bfloat16, device=DEVICE)
     q = (torch.randn(B, 2 * H, 3, D, generator=torch.Generator().manual_seed(1)) / 4).bfloat16().to(DEVICE)
     caches = []
     for fused in (True, False):
         if not fused:
-            monkeypatch.setattr(backend_module.CachePlan, "fused_encoder", lambda self, quantizer: None)
+            monkeypatch.setattr(plan_module.CachePlan, "fused_encoder", lambda self, quantizer: None)
         cache = CompressedKVCache("octopus", 2, D, window=1, seed=5, native_prefix=6, defer_checks=True)
         for k, v in units:
             cache.append(k, v)

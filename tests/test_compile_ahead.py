@@ -169,9 +169,10 @@ same_source = ahead._source(pickle.loads(pickle.dumps(launch))).hash() == ASTSou
 before = ahead.is_cached(launch, target)
 error = ahead.compile_launch((launch, target))
 # an attention launch: its decode kind's helpers are compile-time arguments, carried by name (JitRef)
-from octopus_audio import backend as octo_backend, get_codec
+from octopus_audio import get_codec
+from octopus_audio.cache import kernel_codec
 from octopus_audio.kernels import PackedKeys, PackedValues, attention
-kc = octo_backend.kernel_codec(get_codec("octopus", 2, 64), 2, "cpu")
+kc = kernel_codec(get_codec("octopus", 2, 64), 2, "cpu")
 keys = PackedKeys(torch.zeros(1, 2, 9, kc.code_words, dtype=torch.int32), torch.ones(1, 2, 9).bfloat16())
 values = PackedValues(torch.zeros(1, 2, 9, 4, dtype=torch.int32), torch.ones(1, 2, 9, 4).half(),
                       torch.zeros(1, 2, 9, 4).half(), 2)
@@ -303,26 +304,25 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     replayed with the kernels chosen, recorded) are the variants `sequence_launches` enumerates."""
     from octopus_audio.aar_patch import generate, load_aar, patch_aar
     from octopus_audio.aar_patch.compile_ahead import generation_shapes
-    from octopus_audio.cache import CompressedKVCache
+    from octopus_audio.cache import block_causal
     from octopus_audio.eval.fidelity import teacher_forced_probs
 
     pipe = load_aar()
     cond = torch.randn(1, 512, generator=torch.Generator().manual_seed(0)) * 0.05
     tokens = generate(pipe, cond, seed=3).tokens
-    calls, encode = [], CompressedKVCache._encode_sequence
-    monkeypatch.setattr(CompressedKVCache, "_encode_sequence",
-                        lambda self, k, v: calls.append((self, k, v)) or encode(self, k, v))
+    calls, encode = [], block_causal.encode_sequence
+    monkeypatch.setattr(block_causal, "encode_sequence",
+                        lambda *args: calls.append(args) or encode(*args))
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
     with patch_aar(pipe, codec, bits, v_bits=v_bits) as handle:  # the default sink scales
         teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
         prefix = handle.caches[0].native_prefix
-    monkeypatch.setattr(CompressedKVCache, "_encode_sequence", encode)
+    monkeypatch.setattr(block_causal, "encode_sequence", encode)
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
     with ahead.recording() as launched:
-        for cache, k, v in calls:
-            CompressedKVCache(cache.codec_name, cache.bits, cache.head_dim, cache.window, cache.v_group,
-                              cache.seed, cache.v_bits, native_prefix=prefix)._encode_sequence(k, v)
+        for args in calls:  # (codec, value quantizer, k, v) as the one pass encoded them
+            encode(*args)
     from triton.backends.compiler import GPUTarget
 
     _, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))

@@ -129,7 +129,7 @@ def test_which_backend_teacher_forcing_runs(pipe_cond_ref, monkeypatch, scale_lo
     PyTorch reference (fp32 attention through the codec library), while the one pass leaves the choice to its
     caches: they encode the stored tokens as `append` would, with the kernels (its attention is PyTorch's)."""
     from octopus_audio import get_codec
-    from octopus_audio.backend import attention_backend
+    from octopus_audio.cache.backend import attention_backend
     from octopus_audio.eval import fidelity as fidelity_module
 
     pipe, cond, ref = pipe_cond_ref

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import decoded_attention, kernel_ops  # noqa: E402
 
-from octopus_audio.backend import kernel_codec  # noqa: E402
+from octopus_audio.cache import kernel_codec  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.kernels import PackedKeys, PackedValues  # noqa: E402
 

@@ -16,8 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import decoded_attention, kernel_ops  # noqa: E402
 
-from octopus_audio import backend  # noqa: E402
-from octopus_audio.cache import CompressedKVCache  # noqa: E402
+from octopus_audio.cache import CompressedKVCache, kernel_codec, kernel_limit  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.codecs.base import KeyState  # noqa: E402
 from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues  # noqa: E402
@@ -93,7 +92,7 @@ def test_attention_matches_decoded_reference(name, bits, shape):
         heads=2 if length <= 1 else 1)
     scale = 0.7 / math.sqrt(d)
     want = decoded_attention(codec, q, keys, values, length, k_win, v_win, scale)
-    kc = backend.kernel_codec(codec, keys.codes.shape[1], DEVICE)
+    kc = kernel_codec(codec, keys.codes.shape[1], DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     q_d, kw, vw = _to(DEVICE, q, k_win, v_win)
@@ -117,7 +116,7 @@ def test_octopus_direction_decodes_agree(launch):
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         "octopus", bits, tq=tq, length=200, window=window, d=64, groups=1, dtype=torch.float32, heads=2)
     want = decoded_attention(codec, q, keys, values, 200, k_win, v_win, 1 / 8)
-    kc = backend.kernel_codec(codec, 2, DEVICE)
+    kc = kernel_codec(codec, 2, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     got = kernel_ops(DEVICE).attention(*_to(DEVICE, q), keys, values, 200, *_to(DEVICE, k_win, v_win), kc,
@@ -140,7 +139,7 @@ def test_single_row_paths_agree(case):
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         name, bits, tq=1, length=300, window=window, d=64, groups=1, dtype=torch.float32, heads=2, seed=5)
     want = decoded_attention(codec, q, keys, values, 300, k_win, v_win, 1 / 8)
-    kc = backend.kernel_codec(codec, 2, DEVICE)
+    kc = kernel_codec(codec, 2, DEVICE)
     ops = kernel_ops(DEVICE)
     from octopus_audio.kernels.impls import score_tables
 
@@ -182,7 +181,7 @@ def test_launch_variants_match_decoded_reference(variant):
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         name, bits, tq=75, length=100, window=5, d=64, groups=2, dtype=dtype, seed=7)
     want = decoded_attention(codec, q, keys, values, 100, k_win, v_win, 0.125)
-    kc = backend.kernel_codec(codec, 1, DEVICE)
+    kc = kernel_codec(codec, 1, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     q_d = q.to(DEVICE)
@@ -214,7 +213,7 @@ def test_score_halves_match_decoded_reference(case):
     codec, quant, q, keys, values, ks, vs, k_win, v_win = make_case(
         name, bits, tq=20, length=70, window=2, d=128, groups=1, dtype=dtype, seed=11)
     want = decoded_attention(codec, q, keys, values, 70, k_win, v_win, 0.06)
-    kc = backend.kernel_codec(codec, 1, DEVICE)
+    kc = kernel_codec(codec, 1, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, keys.signs, keys.gamma_r))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), bits)
     got = kernel_ops(DEVICE).attention(*_to(DEVICE, q), keys, values, 70, *_to(DEVICE, k_win, v_win), kc,
@@ -230,7 +229,7 @@ def test_query_map_is_the_rotation_layout(name):
 
     d, heads = 64, 2
     codec = get_codec(name, 2, d, seed=3)
-    kc = backend.kernel_codec(codec, heads, "cpu")
+    kc = kernel_codec(codec, heads, "cpu")
     q = torch.randn(1, heads, 5, d, dtype=torch.float64)
     m = kc.query_map(torch.float32).double()
     got = torch.einsum("bhtd,hdn->bhtn", q, m)
@@ -273,7 +272,7 @@ def test_cache_attend_runs_the_kernels(monkeypatch):
 def test_attention_rejects_bad_inputs():
     codec, quant, q, keys, values, *_ = make_case("octopus", 2, tq=2, length=0, window=0, d=64, groups=1,
                                                   dtype=torch.float32, heads=2)
-    kc = backend.kernel_codec(codec, 2, DEVICE)
+    kc = kernel_codec(codec, 2, DEVICE)
     keys = PackedKeys(*_to(DEVICE, keys.codes, keys.gamma, None, None))
     values = PackedValues(*_to(DEVICE, values.codes, values.scale, values.minimum), 2)
     ops = kernel_ops(DEVICE)
@@ -310,14 +309,14 @@ def test_cache_attend_under_autocast_with_bf16_queries(monkeypatch):
 
 
 def test_fused_attention_runs_at_every_head_dim():
-    """backend.kernel_limit lets every codec's query-block attention run fused at d = 64 and at d = 128 (the
+    """kernel_limit lets every codec's query-block attention run fused at d = 64 and at d = 128 (the
     H200 d=128 defect is gone with 64-deep score dots); encode is unaffected."""
     for name in ("turboquant-mse", "turboquant-qjl", "polarquant", "octopus", "octopus-qjl"):
         for d in (64, 128):
             for bits in (2, 3, 4):
                 codec = get_codec(name, bits, d)
-                assert backend.kernel_limit(codec, for_encode=False) is None, (name, bits, d)
-    assert backend.kernel_limit(get_codec("turboquant-mse", 2, 128)) is None
+                assert kernel_limit(codec, for_encode=False) is None, (name, bits, d)
+    assert kernel_limit(get_codec("turboquant-mse", 2, 128)) is None
 
 
 @pytest.mark.parametrize("name,bits,d,folded", [
@@ -329,7 +328,7 @@ def test_directions_fold_codes_of_at_most_10_bits(name, bits, d, folded):
     kernel_ops(DEVICE)
     from octopus_audio.kernels.kinds import triplet
 
-    kc = backend.kernel_codec(get_codec(name, bits, d), 1, DEVICE)
+    kc = kernel_codec(get_codec(name, bits, d), 1, DEVICE)
     assert triplet.dir_table(kc) == (triplet.DIR_FOLDED if folded else triplet.DIR_UNFOLD)
     assert kc.kind is triplet.KIND and kc.kind.gathers(kc) is folded
 

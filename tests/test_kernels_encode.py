@@ -18,7 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from helpers import kernel_ops  # noqa: E402
 
-from octopus_audio import backend  # noqa: E402
+from octopus_audio.cache import kernel_codec  # noqa: E402
 from octopus_audio.codecs import get_codec  # noqa: E402
 from octopus_audio.kernels import bits as kbits  # noqa: E402
 from octopus_audio.kernels.kinds.triplet_search import row_words  # noqa: E402
@@ -62,7 +62,7 @@ def test_encode_keys_matches_codec(name, bits, d, dtype):
     k = _keys((1, heads, tokens, d), dtype, seed=bits * 7 + d)
     k[0, 1, 5] = 0.0  # a zero key (gamma 0, u = 0: zero triplets in octopus)
     k[0, 0, 9] *= 1e15 if dtype != torch.float16 else 1e3  # a large norm (gamma is computed scaled)
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     n = codec.code_bits if name.startswith("octopus") else (
         bits if name != "turboquant-qjl" else bits - 1)
@@ -100,7 +100,7 @@ def test_full_size_launches_match_codec(name, bits, d):
     ops = kernel_ops(DEVICE)
     heads = 2
     lib = get_codec(name, bits, d, seed=5)
-    kc = backend.kernel_codec(lib, heads, DEVICE)
+    kc = kernel_codec(lib, heads, DEVICE)
     rows = _encode_launch(d, None, kc)[0]
     tokens = _sm_count(torch.device(DEVICE)) * rows + 5  # 2 x SMs programs and a partial one: not halved
     assert _encode_launch(d, None, kc, heads * tokens, torch.device(DEVICE))[0] == rows
@@ -137,7 +137,7 @@ def test_octopus_search_paths_match_codec(name, bits, opts, d, tokens, dtype):
     codec = get_codec(name, bits, d, seed=13, **opts)
     k = _keys((1, heads, tokens, d), dtype, seed=bits * 3 + d + tokens)
     k[0, 0, 2] = 0.0
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     n, n_codes = codec.code_bits, codec.num_triplets
     frac = _mismatch(unpack(got.codes.cpu(), n, n_codes), unpack(want.codes, n, n_codes))
@@ -162,7 +162,7 @@ def test_encode_keys_aligned_blocks_match_codec(name, bits, d, dtype):
     heads, tokens = 2, 128
     codec = get_codec(name, bits, d, seed=5)
     k = _keys((1, heads, tokens, d), dtype, seed=bits + 100)
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     for field in ("codes", "gamma", "signs", "gamma_r"):
         a, b = getattr(got, field), getattr(want, field)
@@ -196,7 +196,7 @@ def test_register_caps_per_launch(name, bits, d, key_cap, unit_cap):
     from octopus_audio.kernels import EncodeConfig
     from octopus_audio.kernels.impls.encode import _encode_launch, _unit_constants
 
-    kc = backend.kernel_codec(get_codec(name, bits, d), 2, "cpu")
+    kc = kernel_codec(get_codec(name, bits, d), 2, "cpu")
     assert _encode_launch(d, None, kc)[1].get("maxnreg") == key_cap
     assert _unit_constants(kc, 2, 16, True, None, 4096, torch.device("cpu"))[2].get("maxnreg") == unit_cap
     cfg = EncodeConfig(block_t=32, num_warps=2)
@@ -229,7 +229,7 @@ def test_encode_keys_padded_heads_match_codec(name, bits, d, dtype, monkeypatch)
     codec = get_codec(name, bits, d, seed=6)
     k = _keys((2, heads, tokens, d), dtype, seed=bits + 200)
     k[1, 1, 130] = 0.0  # a zero key in the last, padded block
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device), gluon=False)
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device), gluon=False)
     want = codec.encode(k.cpu())
     for field in ("codes", "gamma", "signs", "gamma_r"):
         a, b = getattr(got, field), getattr(want, field)
@@ -245,7 +245,7 @@ def test_encode_unit_padded_heads_write_what_encode_keys_returns(name, bits, d, 
     _pad_every_unit(monkeypatch)
     ops = kernel_ops(DEVICE)
     b, h, t, cap, offset = 2, 2, 131, 140, 6
-    kc = backend.kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
+    kc = kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, dtype, seed=bits + d + 1)
     keys, values = _store(kc, b, h, cap, d, 2, 16)
     ops.encode_unit(k, v, kc, keys, values, offset)
@@ -280,7 +280,7 @@ def test_encode_keys_exact_ties_match_codec(name, bits, dtype):
     k[0, :, 6:] = torch.randn(heads, 18, d, generator=torch.Generator().manual_seed(bits))
     k = k.to(dtype).to(DEVICE)
     codec = get_codec(name, bits, d, seed=4)
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     _assert_identical(got, want)
 
@@ -322,7 +322,7 @@ def test_octopus_near_tie_redecision_matches_codec(name, bits, d, dtype, monkeyp
     codec = get_codec(name, bits, d, seed=2)
     k = _keys((1, heads, tokens, d), dtype, seed=bits + 200)
     k[0, 0, 3] = 0.0
-    got = kernel_ops(DEVICE).encode_keys(k, backend.kernel_codec(codec, heads, k.device))
+    got = kernel_ops(DEVICE).encode_keys(k, kernel_codec(codec, heads, k.device))
     want = codec.encode(k.cpu())
     _assert_identical(got, want)
 
@@ -335,7 +335,7 @@ def test_fused_unit_near_tie_redecision_matches_codec(monkeypatch):
 
     monkeypatch.setattr(triplet_rounding, "NEAR", tl.constexpr(1.0))
     b, h, t, d = 1, 2, 9, 64
-    kc = backend.kernel_codec(get_codec("octopus", 3, d, seed=8), h, DEVICE)
+    kc = kernel_codec(get_codec("octopus", 3, d, seed=8), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, torch.bfloat16, seed=9)
     keys, values = _store(kc, b, h, t, d, 2, 16)
     kernel_ops(DEVICE).encode_unit(k, v, kc, keys, values, 0)
@@ -414,7 +414,7 @@ def test_encode_values_rejects_out_of_range():
 
 def test_encode_keys_rejects_wrong_heads():
     codec = get_codec("octopus", 2, 64)
-    kc = backend.kernel_codec(codec, 2, DEVICE)
+    kc = kernel_codec(codec, 2, DEVICE)
     with pytest.raises(ValueError, match="heads"):
         kernel_ops(DEVICE).encode_keys(torch.zeros(1, 3, 4, 64, device=DEVICE), kc)
 
@@ -476,7 +476,7 @@ def test_octopus_encode_under_inference_mode():
     a tensor's version counter (inference tensors have none), and must equal the encode outside it."""
     k = torch.randn(1, 2, 33, 64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     with torch.inference_mode():  # the codec's tables are made here too, as in a generation
-        codec = backend.kernel_codec(get_codec("octopus", 2, 64, seed=11), 2, DEVICE)
+        codec = kernel_codec(get_codec("octopus", 2, 64, seed=11), 2, DEVICE)
         inside = kernel_ops(DEVICE).encode_keys(k.clone(), codec)
     outside = kernel_ops(DEVICE).encode_keys(k, codec)
     assert torch.equal(inside.codes, outside.codes) and torch.equal(inside.gamma, outside.gamma)
@@ -528,7 +528,7 @@ def test_encode_unit_writes_what_the_separate_encodes_return(name, bits, d, dtyp
     ops = kernel_ops(DEVICE)
 
     b, h, t, cap, offset = 2, 3, 7, 19, 5
-    kc = backend.kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
+    kc = kernel_codec(get_codec(name, bits, d, seed=3), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, dtype, seed=bits + d)
     k[1, 2, 4] = 0.0  # a zero key
     assert not k.is_contiguous() and not v.is_contiguous()
@@ -554,7 +554,7 @@ def test_encode_unit_flags_bad_keys_and_values(bad):
     kernel_ops(DEVICE)
 
     b, h, t, d = 1, 2, 33, 64
-    kc = backend.kernel_codec(get_codec("octopus", 2, d, seed=1), h, DEVICE)
+    kc = kernel_codec(get_codec("octopus", 2, d, seed=1), h, DEVICE)
     k, v = _qkv_views(b, t, h, d, torch.float32, seed=5)
     spot = (0, 1, 32, 63)  # the last row of the last key block
     if bad == "nan_k":
@@ -578,7 +578,7 @@ def test_encode_unit_rejects_what_it_cannot_write():
     kernel_ops(DEVICE)
 
     d = 64
-    kc = backend.kernel_codec(get_codec("octopus", 2, d), 2, DEVICE)
+    kc = kernel_codec(get_codec("octopus", 2, d), 2, DEVICE)
     k, v = _qkv_views(1, 4, 2, d, torch.float32, seed=0)
     keys, values = _store(kc, 1, 2, 10, d, 2, 16)
     with pytest.raises(ValueError, match="must fit the store's 10 tokens"):

@@ -13,8 +13,7 @@ import pytest
 import torch
 from helpers import decoded_attention
 
-from octopus_audio import backend
-from octopus_audio.cache import CompressedKVCache
+from octopus_audio.cache import CompressedKVCache, kernel_codec
 from octopus_audio.codecs import get_codec
 from octopus_audio.codecs.base import KeyState
 from octopus_audio.kernels import DecodeKind, EncodeConfig, PackedKeys, PackedValues, select
@@ -79,7 +78,7 @@ def test_out_of_scope_says_why(change):
 @pytest.mark.parametrize("name", sorted(IN_SCOPE))
 def test_codec_scope_per_bits(name):
     for bits, want in [(b, True) for b in IN_SCOPE[name]] + [(b, False) for b in OUT_OF_SCOPE[name]]:
-        kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
+        kc = kernel_codec(get_codec(name, bits, 64), 2, "cpu")
         why = gluon_scope.codec_limit(kc.kind, kc.has_qjl, kc.head_dim, kc.code_bits, 2, 16)
         assert (why is None) == want, f"{name} b={bits}: {why}"
 
@@ -112,7 +111,7 @@ def test_announce_logs_once_per_reason(caplog):
 
 
 def _tiny_call(bits=2, rows=2, heads=2):
-    codec = backend.kernel_codec(get_codec("octopus", bits, 64), heads, "cpu")
+    codec = kernel_codec(get_codec("octopus", bits, 64), heads, "cpu")
     keys = PackedKeys(torch.zeros(1, heads, 4, codec.code_words, dtype=torch.int32),
                       torch.ones(1, heads, 4, dtype=torch.bfloat16))
     values = PackedValues(torch.zeros(1, heads, 4, 4, dtype=torch.int32),
@@ -190,7 +189,7 @@ def test_encode_scope_per_bits(name):
     cases = [(b, True) for b in ENCODE_IN_SCOPE.get(name, ())]
     cases += [(b, False) for b in ENCODE_OUT_OF_SCOPE[name]]
     for bits, want in cases:
-        kc = backend.kernel_codec(get_codec(name, bits, 64), 2, "cpu")
+        kc = kernel_codec(get_codec(name, bits, 64), 2, "cpu")
         why = _encode_limit(kind=kc.kind, has_qjl=kc.has_qjl, code_bits=kc.code_bits)
         assert (why is None) == want, f"{name} b={bits}: {why}"
 
@@ -206,7 +205,7 @@ def test_encode_keys_runs_gluon_where_in_scope(monkeypatch):
         raise _ReachedTriton
 
     monkeypatch.setattr(triton_encode, "encode_keys_triton", triton_path)
-    kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
+    kc = kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
     k = torch.randn(1, 2, 5, 64).bfloat16()
     assert select.encode_keys(k, kc) == "gluon" and len(calls) == 1
     for kwargs in (dict(gluon=False), dict(config=EncodeConfig())):
@@ -216,7 +215,7 @@ def test_encode_keys_runs_gluon_where_in_scope(monkeypatch):
 
 
 def test_cpu_keys_encode_on_triton():
-    kc = backend.kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
+    kc = kernel_codec(get_codec("polarquant", 2, 64), 2, "cpu")
     assert select.encode_gluon_limit(torch.zeros(1, 2, 3, 64).bfloat16(), kc) == "not a CUDA device"
 
 
@@ -270,7 +269,7 @@ def test_gluon_matches_library_decode(case, shape):
     tq, length, window, batch, heads, groups = SHAPES[shape]
     codec, q, keys, values, k_win, v_win = make_case(name, bits, V_BITS[bits], batch=batch, heads=heads,
                                                      groups=groups, tq=tq, length=length, window=window)
-    kc = backend.kernel_codec(codec, heads, "cuda")
+    kc = kernel_codec(codec, heads, "cuda")
     dev = [t.cuda() if t is not None else None for t in (q, k_win, v_win)]
     keys_d = PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
                                                                         keys.gamma_r)])
@@ -354,7 +353,7 @@ def test_gluon_encode_matches_library_and_triton(bits, dtype, shape, caplog):
     k.view(-1, 64)[0] *= 1e15 if dtype == torch.bfloat16 else 1e3  # a large norm (gamma is computed scaled)
     k = k.to(dtype)
     codec = get_codec("polarquant", bits, 64, seed=3)
-    kc = backend.kernel_codec(codec, heads, "cuda")
+    kc = kernel_codec(codec, heads, "cuda")
     select._announced.clear()
     with caplog.at_level(logging.INFO, logger=select.__name__):
         got = select.encode_keys(k.cuda(), kc)

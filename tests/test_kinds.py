@@ -25,8 +25,7 @@ import triton.language as tl  # noqa: E402
 from helpers import decoded_attention, kernel_ops  # noqa: E402
 from test_registry import UniformScalar  # noqa: E402  (the toy codec's layout)
 
-from octopus_audio import backend  # noqa: E402
-from octopus_audio.cache import CompressedKVCache  # noqa: E402
+from octopus_audio.cache import CompressedKVCache, kernel_codec, kernel_limit  # noqa: E402
 from octopus_audio.codecs import get_codec, register, unregister  # noqa: E402
 from octopus_audio.kernels import bits, encode_math, operands, tables  # noqa: E402
 from octopus_audio.packing import pack, unpack  # noqa: E402
@@ -183,9 +182,9 @@ def test_the_kind_is_one_registration(ops):
     from octopus_audio.kernels.impls.gluon import scope
 
     codec = get_codec(Uniform.name, 3, 64)
-    kc = backend.kernel_codec(codec, 2, DEVICE)
+    kc = kernel_codec(codec, 2, DEVICE)
     assert kc.kind.name == KIND_NAME and kc.kind.id == max(k.id for k in ops.kinds())
-    assert backend.kernel_limit(codec) is None and backend.kernel_limit(codec, for_encode=False) is None
+    assert kernel_limit(codec) is None and kernel_limit(codec, for_encode=False) is None
     assert scope.codec_limit(kc.kind, False, 64, 3, 2, 16) == f"no Gluon decode for the {KIND_NAME} kind"
     with pytest.raises(ValueError, match="registered already"):
         ops.register_kind(_foreign_kind())
@@ -211,7 +210,7 @@ def test_attention_through_each_implementation(ops, case):
     tq, window, dtype, impl = ATTENTION_CASES[case]
     d, heads, bits_, length = 64, 2, 3, 77
     codec = get_codec(Uniform.name, bits_, d, seed=4)
-    kc = backend.kernel_codec(codec, heads, DEVICE)
+    kc = kernel_codec(codec, heads, DEVICE)
     keys, values = _store(codec, kc, heads, length, bits_, d, seed=tq + window)
     g = torch.Generator().manual_seed(9)
     q = (torch.randn(1, heads, tq, d, generator=g) * 2 / math.sqrt(d)).to(dtype)  # as test_kernels_attention
@@ -230,7 +229,7 @@ def test_key_encode_and_unit_encode(ops, dtype):
     gamma; the fused unit encode writes what encode_keys gives, at the store's offset."""
     d, heads, bits_, t = 64, 2, 2, 131
     codec = get_codec(Uniform.name, bits_, d, seed=6)
-    kc = backend.kernel_codec(codec, heads, DEVICE)
+    kc = kernel_codec(codec, heads, DEVICE)
     g = torch.Generator().manual_seed(1)
     k = torch.randn(2, heads, t, d, generator=g).to(dtype)
     v = torch.randn(2, heads, t, d, generator=g).to(dtype)

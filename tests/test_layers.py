@@ -198,6 +198,7 @@ def test_the_walk_finds_every_layer_in_its_real_folder():
                       ("octopus_audio.aar_patch.patch", "octopus_audio/aar_patch/patch.py"),
                       ("octopus_audio.eval.runner", "octopus_audio/eval/runner.py"),
                       ("octopus_audio.codecs.registry", "octopus_audio/codecs/registry.py"),
+                      ("octopus_audio.cache.layer", "octopus_audio/cache/layer.py"),
                       ("octopus_audio.cli", "octopus_audio/cli.py")):
         assert by_name.get(name) == (REPO / rel).resolve(), f"{name} not found at {rel}"
     walked = {path for path, _, _ in MODULES}
@@ -280,7 +281,7 @@ UPWARD = [
      "from .bits import pack\nfrom .. import cache\n", 2, "octopus_audio.cache"),
     ("relative-from-a-package-init", "octopus_audio.kernels", True,
      "from ..values import ValueState\n", 1, "octopus_audio.values.ValueState"),
-    ("from-the-package-import-a-layer", "octopus_audio.backend", False,
+    ("from-the-package-import-a-layer", "octopus_audio.cache.backend", False,
      "from octopus_audio import eval as e\n", 1, "octopus_audio.eval"),
     ("import-module-literal", "octopus_audio.aar_patch.loading", False,
      "import importlib\n\nm = importlib.import_module('octopus_audio.eval.cli')\n", 3,
@@ -312,7 +313,7 @@ DOWNWARD = [
     ("eval-imports-every-lower-layer", "octopus_audio.eval.runner",
      "from octopus_audio.aar_patch import patch\nfrom octopus_audio.codecs import CODECS\n"
      "import octopus_audio.kernels\nfrom . import rows\n"),
-    ("core-imports-kernels-and-itself", "octopus_audio.backend",
+    ("core-imports-kernels-and-itself", "octopus_audio.cache.plan",
      "def f():\n    import octopus_audio.kernels as ops\n"
      "    from octopus_audio.codecs.qjl import QJL_STREAM\n"),
     ("outside-the-package", "octopus_audio.kernels.bits", "import triton\nimport triton.language as tl\n"),

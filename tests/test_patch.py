@@ -15,8 +15,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import octopus_audio
-from octopus_audio import cache_checks
 from octopus_audio.aar_patch.patch import compressed_kv, find_attention, patch_aar, replay_check, unpatch
+from octopus_audio.cache import checks as cache_checks
 from octopus_audio.rotation import layer_seed
 
 PATCH_NUMS = (1, 2, 3, 5, 8)  # a short next-scale schedule: cache lengths 0, 1, 3, 6, 11 before each scale

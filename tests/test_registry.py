@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from helpers import SHARED, kernel_ops
 
 import octopus_audio
-from octopus_audio import backend as backend_mod
+from octopus_audio.cache import backend as backend_mod
 from octopus_audio.codecs import CODECS, RotationCodec, codec_class, get_codec, register, unregister
 from octopus_audio.codecs.turboquant import quantize_scalar
 from octopus_audio.packing import pack, unpack
@@ -120,7 +120,7 @@ def test_the_cache_runs_it_on_the_reference_path_and_says_so(toy, monkeypatch, c
     monkeypatch.setattr(backend_mod, "_announced", set())
     cache = octopus_audio.CompressedKVCache(toy, 3, 64, window=1)
     g = torch.Generator().manual_seed(1)
-    with caplog.at_level(logging.INFO, logger="octopus_audio.backend"):
+    with caplog.at_level(logging.INFO, logger="octopus_audio.cache.backend"):
         for t in (5, 7, 3):
             cache.append(torch.randn(1, 2, t, 64, generator=g), torch.randn(1, 2, t, 64, generator=g))
     assert cache.backend == "reference" and cache.length == 12 and cache.window_tokens == 3

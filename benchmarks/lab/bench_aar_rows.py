@@ -35,9 +35,10 @@ def main() -> int:
                "--no-encode"]
     if not args.producer_regs:
         return cli(command + ["--out", args.out])
-    from octopus_audio import backend, get_codec
+    from octopus_audio import get_codec
+    from octopus_audio.cache import kernel_codec
 
-    kc = backend.kernel_codec(get_codec(args.codecs, int(args.bits), 64), 16, "cpu")
+    kc = kernel_codec(get_codec(args.codecs, int(args.bits), 64), 16, "cpu")
     cid = codec_id(kc.kind, kc.has_qjl)
     for regs in (int(r) for r in args.producer_regs.split(",")):
         gluon_flash.PRODUCER_REGS[cid] = regs  # the warm-up workers would not see it: compile in process

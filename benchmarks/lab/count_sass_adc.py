@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from octopus_audio import backend
+from octopus_audio.cache import kernel_codec
 from octopus_audio.codecs import get_codec
 from octopus_audio.kernels import PackedValues
 from octopus_audio.kernels.impls import score_tables
@@ -48,7 +48,7 @@ def launch_shape(d: int) -> tuple[int, int, int]:
 
 
 def count(name: str, bits: int, d: int, group: int | None, maxnreg: int | None = None) -> dict:
-    kc = backend.kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
+    kc = kernel_codec(get_codec(name, bits, d), HEADS, "cpu")
     lay = kc.kind.score_tables.layout(kc, group)
     block_k, block_v, nw = launch_shape(d)
     values = PackedValues(torch.zeros(1, 1, 1, -(-d * bits // 32), dtype=torch.int32),

@@ -88,12 +88,12 @@ def sass_stats(kernel) -> dict:
 def key_constants(name: str, bits: int, d: int, block_t: int | None,
                   native: bool = True):
     """(the kernel's constexprs, rows per program, launch options) exactly as encode_keys launches it."""
-    from octopus_audio import backend
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import EncodeConfig
     from octopus_audio.kernels.impls import encode
 
-    kc = backend.kernel_codec(get_codec(name, bits, d), 16, "cpu")
+    kc = kernel_codec(get_codec(name, bits, d), 16, "cpu")
     cfg = EncodeConfig(block_t=block_t)
     return encode._key_constants(kc, native=native, split=True, config=cfg)
 

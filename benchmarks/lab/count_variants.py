@@ -29,11 +29,11 @@ RELEASE_UNITS = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)
 def _imitate_cuda() -> None:
     """The launchers' CUDA-only decisions on CPU tensors: the kernels as the backend (never run here), the
     SM count and the encode's device check."""
-    from octopus_audio import backend
+    from octopus_audio.cache import plan
     from octopus_audio.kernels import launch, select
     from octopus_audio.kernels.impls import encode, flash, score_tables
 
-    backend.attention_backend = lambda device=None, codec=None: (
+    plan.attention_backend = lambda device=None, codec=None: (
         "triton" if codec is None or (codec.compressed and codec.kernel_decode is not None) else "reference")
 
     for module in (launch, flash, encode, score_tables, select):

@@ -19,7 +19,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from octopus_audio import CODECS, backend, get_codec
+from octopus_audio import CODECS, get_codec
+from octopus_audio.cache import kernel_codec, kernel_limit
 from octopus_audio.codecs import SUPPORTED_BITS
 from octopus_audio.kernels import select
 from octopus_audio.kernels.impls.gluon import encode as gluon_encode
@@ -41,10 +42,10 @@ def in_scope() -> list[tuple[str, int, int]]:
     for name in CODECS:
         for bits in SUPPORTED_BITS.get(name, ()):
             codec = get_codec(name, bits, gluon_scope.HEAD_DIM)
-            if not codec.compressed or backend.kernel_limit(codec, for_encode=False) is not None:
+            if not codec.compressed or kernel_limit(codec, for_encode=False) is not None:
                 continue
             try:
-                kc = backend.kernel_codec(codec, HEADS, "cpu")
+                kc = kernel_codec(codec, HEADS, "cpu")
             except ValueError:  # no kernel view at these bits (e.g. octopus b >= 6: codes over 16 bits)
                 continue
             for v_bits in gluon_scope.VALUE_BITS:
@@ -55,7 +56,7 @@ def in_scope() -> list[tuple[str, int, int]]:
 
 
 def compile_one(name: str, bits: int, v_bits: int) -> dict:
-    kc = backend.kernel_codec(get_codec(name, bits, gluon_scope.HEAD_DIM), HEADS, "cpu")
+    kc = kernel_codec(get_codec(name, bits, gluon_scope.HEAD_DIM), HEADS, "cpu")
     kernel = gluon_flash._gluon_attn_kernel
     consts = gluon_flash.kernel_constants(kc, v_bits, gluon_scope.VALUE_GROUP)
     types = {**TYPES, "tab_ptr": TABLE_TYPES[gluon_flash.key_table(kc).element_size()]}

@@ -32,8 +32,8 @@ def _time(fn, rep_ms: int) -> float:
 
 
 def main() -> int:
-    from octopus_audio import backend
     from octopus_audio.apps.bench import AttnShape, _random_store
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues, attention
 
@@ -60,7 +60,7 @@ def main() -> int:
             ks, vs = _random_store(shape, codec, 2, gen, torch.device("cuda"))
             keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
             values = PackedValues(vs.codes, vs.scale, vs.minimum, 2)
-            kc = backend.kernel_codec(codec, HEADS, torch.device("cuda"))
+            kc = kernel_codec(codec, HEADS, torch.device("cuda"))
             k_win, v_win = k[:, :, n:].contiguous(), v[:, :, n:].contiguous()
             call = (q, keys, values, n, k_win, v_win, kc)
             out[name] = _time(lambda call=call: attention(*call, scale=0.125), args.rep_ms)

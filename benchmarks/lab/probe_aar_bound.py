@@ -32,8 +32,8 @@ ROWS_PER_B, HEADS, TQ, T_COMP, T_WIN, D = 2, 16, 75, 380, 75, 64
 
 
 def _inputs(codec_name: str, bits: int, batch: int, gen: torch.Generator):
-    from octopus_audio import backend
     from octopus_audio.apps.bench import AttnShape, _random_store
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues
 
@@ -42,7 +42,7 @@ def _inputs(codec_name: str, bits: int, batch: int, gen: torch.Generator):
     ks, vs = _random_store(shape, codec, bits, gen, torch.device("cuda"))
     keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
     values = PackedValues(vs.codes, vs.scale, vs.minimum, bits)
-    return keys, values, backend.kernel_codec(codec, HEADS, torch.device("cuda"))
+    return keys, values, kernel_codec(codec, HEADS, torch.device("cuda"))
 
 
 def _cases(batch: int, gen: torch.Generator):

@@ -116,14 +116,14 @@ def _run_case(case: int, variant: int):
     """(output on the device, float64 reference on the CPU) of one case under one variant."""
     import torch
 
-    from octopus_audio import backend
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, ops
 
     name, bits = CASES[case]
     v = VARIANTS[variant]
     codec, quant, q, ks, vs, k_win, v_win, scale, want = _make_case(name, bits, v.dtype)
     dev = torch.device(DEVICE)
-    kc = backend.kernel_codec(codec, 1, dev)
+    kc = kernel_codec(codec, 1, dev)
     keys = PackedKeys(*[None if t is None else t.to(dev) for t in (ks.codes, ks.gamma, ks.signs, ks.gamma_r)])
     values = PackedValues(vs.codes.to(dev), vs.scale.to(dev), vs.minimum.to(dev), bits)
     got = ops.attention(q.to(dev), keys, values, LENGTH, k_win.to(dev), v_win.to(dev), kc, scale=scale,

@@ -79,7 +79,7 @@ def _run_case(case) -> None:
     import torch
 
     import octopus_audio.kernels as kernels
-    from octopus_audio import backend
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
 
     kind, name, bits, d, h, tq, length, win, dt, grp = case
@@ -89,7 +89,7 @@ def _run_case(case) -> None:
         kernels.encode_values(torch.randn(2, h, 100, d, generator=g).to(dtype), bits, check_range=False)
         return
     codec = get_codec(name, bits, d, seed=3)
-    kc = backend.kernel_codec(codec, h, "cpu")
+    kc = kernel_codec(codec, h, "cpu")
     if kind == "enc":
         kernels.encode_keys(torch.randn(2, h, 100, d, generator=g).to(dtype), kc)
         return

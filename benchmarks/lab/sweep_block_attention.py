@@ -76,8 +76,8 @@ def _inputs(codec_name: str, bits: int, batch: int, dtype_name: str = "bfloat16"
     """(library codec, value quantizer, key/value states, q, window K/V, kernel codec) on cuda."""
     import torch
 
-    from octopus_audio import backend
     from octopus_audio.apps.bench import _random_store
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.values import ValueQuantizer
 
@@ -90,7 +90,7 @@ def _inputs(codec_name: str, bits: int, batch: int, dtype_name: str = "bfloat16"
     q = torch.randn(s.rows, s.heads, s.tq, s.d, generator=gen, device=dev).to(dtype)
     k_win = torch.randn(s.rows, s.heads, s.window, s.d, generator=gen, device=dev).to(dtype)
     v_win = torch.randn(s.rows, s.heads, s.window, s.d, generator=gen, device=dev).to(dtype)
-    kc = backend.kernel_codec(codec, s.heads, dev)
+    kc = kernel_codec(codec, s.heads, dev)
     return codec, ValueQuantizer(bits, s.d), ks, vs, q, k_win, v_win, kc
 
 

@@ -26,9 +26,9 @@ import triton
 
 
 def main() -> int:
-    from octopus_audio import backend
     from octopus_audio.apps.bench import _graphed
-    from octopus_audio.cache_store import empty_store
+    from octopus_audio.cache import kernel_codec
+    from octopus_audio.cache.store import empty_store
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues, encode_keys, encode_unit, kinds
     from octopus_audio.kernels.impls import encode
@@ -73,7 +73,7 @@ def main() -> int:
         bits, block, warps, cap = int(bits), int(block), int(warps), int(cap) or None
         unit_cap = int(unit_cap[0]) if unit_cap else None
         codec = get_codec(name, bits, args.dim)
-        kc = backend.kernel_codec(codec, 16, x.device)
+        kc = kernel_codec(codec, 16, x.device)
         key = encode.launch_key(kc)
         launch_bits, unit_caps = kc.kind.encode.launch_bits, kc.kind.encode.unit_caps
         restore_tables()

@@ -17,8 +17,8 @@ SETTINGS = [(16, 1), (16, 2), (16, 4), (4, 4), (64, 4), (64, 1)]  # (groups a pr
 
 
 def main() -> int:
-    from octopus_audio import backend
     from octopus_audio.apps.bench import _graphed
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import encode_keys
     from octopus_audio.kernels.impls import encode
@@ -31,7 +31,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(99)
     x = torch.randn(1, 16, 65536, 64, generator=gen, device="cuda").bfloat16()
     for bits in (int(b) for b in args.bits.split(",")):
-        kc = backend.kernel_codec(get_codec(args.codec, bits, 64), 16, x.device)
+        kc = kernel_codec(get_codec(args.codec, bits, 64), 16, x.device)
         base = None
         for groups, warps in SETTINGS:
             encode.REDO_GROUPS, encode.REDO_WARPS = groups, warps

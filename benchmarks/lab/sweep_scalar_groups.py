@@ -18,8 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from octopus_audio import backend
 from octopus_audio.apps import bench
+from octopus_audio.cache import kernel_codec
 from octopus_audio.codecs import get_codec
 from octopus_audio.kernels import PackedKeys, PackedValues, attention
 from octopus_audio.kernels.impls import score_tables
@@ -58,7 +58,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     codec = get_codec(name, bits, d)
     gen = torch.Generator(device=dev).manual_seed(5)
     ks, vs = bench._random_store(shape, codec, bits, gen, dev)
-    kc = backend.kernel_codec(codec, heads, dev)
+    kc = kernel_codec(codec, heads, dev)
     q, kw, vw = (torch.randn(1, heads, 1, d, device=dev, dtype=torch.bfloat16, generator=gen)
                  for _ in range(3))
     call = (q, PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r),

@@ -36,8 +36,8 @@ def _time(fn, rep_ms: int) -> float:
 
 
 def main() -> int:
-    from octopus_audio import backend
     from octopus_audio.apps.bench import AttnShape, _random_store
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import AttnConfig, PackedKeys, PackedValues, attention
 
@@ -80,7 +80,7 @@ def main() -> int:
             ks, vs = _random_store(shape, codec, 2, gen, torch.device("cuda"))
             keys = PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r)
             values = PackedValues(vs.codes, vs.scale, vs.minimum, 2)
-            kc = backend.kernel_codec(codec, h, torch.device("cuda"))
+            kc = kernel_codec(codec, h, torch.device("cuda"))
             win = torch.randn(1, h, 1, d, generator=gen, device="cuda").bfloat16()
             call = (q, keys, values, args.keys - 1, win, win, kc)
             for var, (bn, nw, pps, bv, *cap) in ((v, c) for v in variants for c in configs[d]):

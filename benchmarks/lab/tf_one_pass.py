@@ -24,7 +24,7 @@ from bench_aar import build_pipeline  # noqa: E402  (the benchmarks folder is no
 
 from octopus_audio import CODECS  # noqa: E402
 from octopus_audio.aar_patch import compressed_kv, generate, load_aar  # noqa: E402
-from octopus_audio.backend import reference_backend  # noqa: E402
+from octopus_audio.cache.backend import reference_backend  # noqa: E402
 from octopus_audio.eval.fidelity import fidelity, teacher_forced_probs  # noqa: E402
 
 

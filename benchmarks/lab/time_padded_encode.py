@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import triton
 
-from octopus_audio import backend, get_codec
+from octopus_audio import get_codec
+from octopus_audio.cache import kernel_codec
 from octopus_audio.kernels import encode_keys
 from octopus_audio.kernels.impls import encode
 
@@ -32,7 +33,7 @@ def main() -> int:
     rows = []
     default = encode.PAD_MIN_BLOCKS
     for name in CODECS:
-        kc = backend.kernel_codec(get_codec(name, 2, 64), args.heads, dev)
+        kc = kernel_codec(get_codec(name, 2, 64), args.heads, dev)
         for t in (int(x) for x in args.tokens.split(",")):
             g = torch.Generator(device=dev).manual_seed(t)
             k = torch.randn(1, args.heads, t, 64, generator=g, device=dev).bfloat16()

@@ -231,23 +231,23 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
 def sequence_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
                       v_bits: int | None = None, window: int = 1, v_group: int = 16,
                       backend=None, native_prefix: int = 0) -> list[Launch]:
-    """The distinct variants one `CompressedKVCache.attend_sequence` over a whole sequence of `shapes`
+    """The distinct variants one `cache.block_causal.attend_sequence` over a whole sequence of `shapes`
     launches (teacher forcing's one pass: the encode of the tokens a generation stores, on k and v laid out
     as an attention layer makes them; its attention is PyTorch's), recorded, not run. `backend` as in
     `cache_launches`. A codec that runs no kernel, or a sequence that stores nothing, gives []."""
-    from octopus_audio.cache import CompressedKVCache
+    from octopus_audio.cache import CompressedKVCache, encode_sequence, stored_span
 
     device = torch.device(device)
     if backend is None:
         backend = target_backend()[1]
     cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
                               native_prefix=native_prefix)
-    start, stop = cache.stored_span(shapes.units)
+    start, stop = stored_span(shapes.units, window, native_prefix)
     if stop == start or cache.value_quantizer is None:
         return []
     _, k, v = _unit(shapes, sum(shapes.units), device, torch.Generator(device=device).manual_seed(0))
     with torch.inference_mode(), recording() as calls:
-        cache._encode_sequence(k[:, :, start:stop], v[:, :, start:stop])
+        encode_sequence(cache.codec, cache.value_quantizer, k[:, :, start:stop], v[:, :, start:stop])
     return launches_of(calls, backend)
 
 

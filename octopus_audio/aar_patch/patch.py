@@ -10,7 +10,7 @@ Per patched module it replaces two instance attributes and nothing else:
   `handle.stats()` describes the generation that just ended.
 - `forward(x, attn_bias)`: outside caching mode (training) it is the original forward, except inside
   `forced_sequence(model, units)` (teacher forcing), where a whole sequence attends as the compressed cache
-  would serve each scale (`CompressedKVCache.attend_sequence`), in one pass.
+  would serve each scale (`cache.block_causal.attend_sequence`), in one pass.
   In caching mode one call is one unit (one scale): q, k, v are computed as the original does, k and v
   ([B, H, L, d], k unit-norm under cosine attention) are appended to the cache, and q attends over the
   compressed scales and the native window in one softmax with the module's softmax scale; then `proj`
@@ -49,8 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import octopus_audio
-from octopus_audio.cache import sequence_capacities
-from octopus_audio.cache_checks import check_caches, check_flags
+from octopus_audio.cache import attend_sequence, check_caches, check_flags, sequence_capacities
 from octopus_audio.codecs import DEFAULT_CODEC
 from octopus_audio.rotation import layer_seed
 
@@ -161,7 +160,9 @@ class _LayerPatch:
             self.units += 1
             o_BHLD = cache.attend(q_BHLD, self.scale)
         else:  # a whole sequence (`forced_sequence`): what the cache gives each scale, in one pass
-            o_BHLD = cache.attend_sequence(q_BHLD, k_BHLD, v_BHLD, self.forced_units, self.scale)
+            o_BHLD = attend_sequence(q_BHLD, k_BHLD, v_BHLD, self.forced_units, self.scale, codec=cache.codec,
+                                     value_quantizer=cache.value_quantizer, window=cache.window,
+                                     native_prefix=cache.native_prefix)
         return m._project(o_BHLD) if self.own_qkv else self._project(o_BHLD)
 
     # the released math, for modules without their own _qkv / _project
@@ -390,7 +391,7 @@ def unpatch(model: object) -> None:
 def forced_sequence(model: object, units: tuple[int, ...]) -> Iterator[None]:
     """Inside, each patched attention layer of `model` called outside caching mode takes its input as one
     whole sequence of `units` (tokens per scale, in order) and attends as its compressed cache would have
-    served each scale's queries in a generation with those inputs (`CompressedKVCache.attend_sequence`: the
+    served each scale's queries in a generation with those inputs (`cache.block_causal.attend_sequence`: the
     window's scales native, older ones through the codec), in one pass; the mask it is called with is not
     used. Teacher forcing runs a patched model this way (`eval.fidelity.teacher_forced_probs`). Layers without
     the patch are untouched: their own masked forward already is the uncompressed answer."""

@@ -166,7 +166,8 @@ def _attention_inputs(job: Job, device) -> dict:
     random packed codes given to the kernels' `attention` launcher with that configuration."""
     import torch
 
-    from octopus_audio import CompressedKVCache, backend
+    from octopus_audio import CompressedKVCache
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import PackedKeys, PackedValues
     from octopus_audio.values import ValueQuantizer
@@ -191,7 +192,7 @@ def _attention_inputs(job: Job, device) -> dict:
     return {"codec": codec, "quant": ValueQuantizer(job.bits, s.d), "ks": ks, "vs": vs, "q": q,
             "k_win": k_win, "v_win": v_win, "keys": PackedKeys(ks.codes, ks.gamma, ks.signs, ks.gamma_r),
             "values": PackedValues(vs.codes, vs.scale, vs.minimum, job.bits),
-            "kernel": backend.kernel_codec(codec, s.heads, device)}
+            "kernel": kernel_codec(codec, s.heads, device)}
 
 
 def _ours_attention(job: Job, inputs: dict):
@@ -216,31 +217,31 @@ def _encode_inputs(job: Job, device):
 
 
 def _ours_encode(job: Job, x):
-    from octopus_audio import backend
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import encode_keys, encode_values
 
     if job.kind == "encode-v":
         return lambda: encode_values(x, job.bits, check_range=False, config=job.config)
-    kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
+    kc = kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
     gluon = _gluon_requested()
     return lambda: encode_keys(x, kc, config=job.config, gluon=gluon)
 
 
 def _gluon_requested() -> bool:
     """Whether the Gluon kernels may run (OCTOPUS_AUDIO_KERNELS, as the cache reads it)."""
-    from octopus_audio import backend
+    from octopus_audio.cache.backend import requested
 
-    return backend.requested() != "triton"
+    return requested() != "triton"
 
 
 def _key_encode_kernel(job: Job, x) -> str:
     """Which kernel `_ours_encode` runs for an encode-k row: gluon or triton."""
-    from octopus_audio import backend
+    from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels.select import encode_gluon_limit
 
-    kc = backend.kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
+    kc = kernel_codec(get_codec(job.codec, job.bits, ENCODE_DIM), ENCODE_HEADS, x.device)
     ok = job.config is None and _gluon_requested() and encode_gluon_limit(x, kc) is None
     return "gluon" if ok else "triton"
 

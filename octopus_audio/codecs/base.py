@@ -245,7 +245,7 @@ class RotationCodec(KeyCodec):
     def bits_per_key(self) -> int:
         return self.layout.bits_per_key
 
-    # ---- what the fused kernels read (octopus_audio.backend builds their KernelCodec from it) ----
+    # ---- what the fused kernels read (octopus_audio.cache.kernel_view builds their KernelCodec) ----
     def kernel_tables(self, device) -> dict[str, torch.Tensor]:
         """The tables the `kernel_decode` kind reads, by name, on `device`."""
         return {}

@@ -28,7 +28,7 @@ from octopus_audio.aar_patch.generation import (
     run_scales,
 )
 from octopus_audio.aar_patch.patch import forced_sequence
-from octopus_audio.backend import reference_backend
+from octopus_audio.cache.backend import reference_backend
 from octopus_audio.eval.metrics import MetricInfo
 
 FIDELITY_METRICS: tuple[MetricInfo, ...] = (
@@ -90,7 +90,7 @@ def teacher_forced_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor]
 def _scale_loop_probs(pipe, cond_BE: torch.Tensor, tokens: list[torch.Tensor],
                       cfg: float) -> list[torch.Tensor]:
     """`teacher_forced_probs(..., scale_loop=True)`: the generation loop with the forced tokens drawn, every
-    cache on the PyTorch reference (`backend.reference_backend`), whatever the device."""
+    cache on the PyTorch reference (`cache.backend.reference_backend`), whatever the device."""
     probs: list[torch.Tensor] = []
     patch_nums = pipe.aar.config.patch_nums
 

@@ -8,8 +8,7 @@ import logging
 from transformers.cache_utils import Cache, get_layer_types_and_kwargs
 
 import octopus_audio
-from octopus_audio.cache import CompressedKVCache
-from octopus_audio.cache_checks import check_caches
+from octopus_audio.cache import CompressedKVCache, check_caches
 from octopus_audio.codecs import DEFAULT_CODEC, codec_class
 from octopus_audio.hf.attention import ATTENTION
 from octopus_audio.hf.layer import OctopusLayer

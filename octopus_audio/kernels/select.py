@@ -13,8 +13,8 @@ launch configuration is forced), else `triton` (impls/encode.py; a kind without 
 
 The Gluon modules are imported only where the device and the installed Triton allow (`gluon_api`). Which
 implementations a caller allows comes from the caller: the cache reads OCTOPUS_AUDIO_KERNELS once per sequence
-(octopus_audio/backend.py) and passes `gluon`; `record` (a dict) collects, per op, the implementations that
-ran and why (the cache's `repr` shows them).
+(octopus_audio/cache/backend.py) and passes `gluon`; `record` (a dict) collects, per op, the implementations
+that ran and why (the cache's `repr` shows them).
 """
 
 from __future__ import annotations

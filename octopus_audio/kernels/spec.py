@@ -20,7 +20,8 @@ def _fp32(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class KernelCodec:
-    """A key codec as the kernels see it, built from the codec's declaration (octopus_audio.backend):
+    """A key codec as the kernels see it, built from the codec's declaration (octopus_audio.cache.kernel_view
+    builds it):
 
     kind: the decode kind of its keys (a DecodeKind, or its registered name: a codec's `kernel_decode`);
     head_dim d; the `codes` field: num_codes codes of code_bits bits per key (little-endian int32 words);

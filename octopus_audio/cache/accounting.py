@@ -3,8 +3,8 @@ tokens."""
 
 from __future__ import annotations
 
-from octopus_audio.cache_native import NativeSegment
-from octopus_audio.cache_store import CacheStore
+from octopus_audio.cache.native import NativeSegment
+from octopus_audio.cache.store import CacheStore
 
 FP16_BYTES = 2
 

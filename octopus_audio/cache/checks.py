@@ -1,9 +1,10 @@
-"""The data checks of a KV cache's units: immediate (one host sync a unit) or deferred to a device-side record
-read once per sequence."""
+"""The checks of what a KV cache is given: a unit's layout and data (immediate, one host sync a unit, or
+deferred to a device-side record read once per sequence) and a query's shape, scale and data."""
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -152,3 +153,30 @@ def check_layout(k: torch.Tensor, v: torch.Tensor, head_dim: int, layout: tuple 
     if layout is not None and got != layout:
         raise ValueError(f"this cache holds units of (batch, heads, dtype, device) = {layout}; "
                          f"got {got}; reset() first to change them")
+
+
+def check_query(q: torch.Tensor, scale: float, batch: int, heads: int, head_dim: int, what: str = "attend",
+                data: bool = False) -> int:
+    """q's type and shape [B=batch, Hq, Tq, head_dim] with Hq a multiple of `heads` (the KV heads), and the
+    scale (finite, > 0); `data` (the checked path: one host sync) also refuses NaN or Inf in q. Returns the
+    query heads per KV head, Hq // heads. `what` names the call in the sentence."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
+        raise ValueError(f"{what} takes a finite positive scale (the softmax temperature, usually "
+                         f"1/sqrt(head_dim)), got {scale!r}")
+    require_tensor(q, f"{what}'s q")
+    expected = f"q [B={batch}, Hq, Tq, {head_dim}] with Hq a multiple of H={heads}"
+    if q.ndim != 4:
+        problem = f"q has {q.ndim} dims"
+    elif q.shape[0] != batch:
+        problem = f"q's batch is {q.shape[0]}, the cache's {batch}"
+    elif q.shape[-1] != head_dim:
+        problem = f"q's head_dim is {q.shape[-1]}, the cache's {head_dim}"
+    elif q.shape[1] % heads:
+        problem = f"q's {q.shape[1]} heads are not a multiple of the cache's H={heads} KV heads"
+    else:
+        problem = None
+    if problem:
+        raise ValueError(f"{what} takes {expected}; {problem} (got {tuple(q.shape)})")
+    if data and not bool(torch.isfinite(q).all()):
+        raise ValueError(f"{what} got non-finite queries (NaN or Inf): q must be finite")
+    return q.shape[1] // heads

@@ -1,24 +1,24 @@
 """Compressed KV cache of one attention layer: the newest W units and the first P tokens native, the other
-units encoded once into packed buffers. Its parts live beside it: the store and its growth (cache_store), the
-native tokens (cache_native), the backend plan (backend), the data checks (cache_checks), the byte accounting
-(cache_accounting)."""
+units encoded once into packed buffers. Its parts live beside it in this package: the store and its growth
+(store), the native tokens (native), the ops a sequence runs (plan, chosen by backend), the checks (checks),
+the byte accounting (accounting), the held tokens read back (readback)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
-from octopus_audio import backend as _backend
-from octopus_audio.cache_accounting import bytes_breakdown, fp16_bytes
-from octopus_audio.cache_checks import DeferredFlags, check_caches, check_layout, check_unit
-from octopus_audio.cache_native import NativeSegment
-from octopus_audio.cache_store import CacheStore, empty_store
+from octopus_audio.cache.accounting import bytes_breakdown, fp16_bytes
+from octopus_audio.cache.backend import attention_backend
+from octopus_audio.cache.checks import DeferredFlags, check_caches, check_layout, check_query, check_unit
+from octopus_audio.cache.native import NativeSegment
+from octopus_audio.cache.plan import CachePlan
+from octopus_audio.cache.readback import DecodedStore, held_kv, plain_kv
+from octopus_audio.cache.store import CacheStore, empty_store
 from octopus_audio.codecs import get_codec
-from octopus_audio.codecs.base import require_tensor
 from octopus_audio.reference import attend
 from octopus_audio.values import ValueQuantizer
 
@@ -29,33 +29,15 @@ class _Sequence:
     (B, H, dtype, device), the ops (`plan`), whether checks are deferred, the fused encode (or None)."""
 
     layout: tuple
-    plan: _backend.CachePlan
+    plan: CachePlan
     deferred: bool
     fused: Callable | None
     native: NativeSegment | None = None  # the prefix and the window (None before the first native token)
     store: CacheStore | None = None
     units_left: int = 0  # units that have left the window (their tokens to the prefix or the store)
     flushed: int = 0  # units whose deferred record is complete (fused: the window is recorded late)
-    # dtype -> (decoded K chunks, decoded V chunks, store tokens they cover): the reference path decodes each
-    # stored token once a sequence
-    decoded: dict = dataclasses.field(default_factory=dict)
-
-
-def sequence_capacities(units: Sequence[int], window: int, native_prefix: int = 0) -> tuple[int, int]:
-    """(store tokens, native tokens at their peak) of one sequence of `units` (tokens per unit, in order)
-    appended to a cache with `window` and `native_prefix`: the `capacity` and `native_capacity` that hold the
-    sequence with no growth and no spare room."""
-    prefix = store = peak = 0
-    held: list[int] = []  # the window's units
-    for t in units:
-        held.append(t)
-        if len(held) > window:  # the oldest leaves: its first tokens to the prefix, the rest stored
-            leaving = held.pop(0)
-            keep = min(max(native_prefix - prefix, 0), leaving)
-            prefix += keep
-            store += leaving - keep
-        peak = max(peak, prefix + sum(held))
-    return store, peak
+    # the reference path decodes each stored token once a sequence
+    decoded: DecodedStore = dataclasses.field(default_factory=DecodedStore)
 
 
 class CompressedKVCache:
@@ -68,8 +50,8 @@ class CompressedKVCache:
     the tokens of its first S scales). Tokens, not units: a unit's size is the caller's chunking (a language
     model may append a whole prompt as one unit), and a unit leaving the window is split where the prefix
     ends (its first tokens native, the rest encoded). The prefix and the window are held back to back in one
-    native buffer (`cache_native`), so attention reads them as one native segment with no concatenation,
-    and the accounting counts the prefix as native bytes.
+    native buffer (`native.NativeSegment`), so attention reads them as one native segment with no
+    concatenation, and the accounting counts the prefix as native bytes.
     attend(q [B, Hq, Tq, d], scale) -> [B, Hq, Tq, d] in q's dtype: one softmax over the compressed store and
     the native tokens (prefix and window); Hq = G * H, query head j uses KV head j // G. Codec `none` stores
     native K/V and attends with plain SDPA in the native dtype (bit-identical to SDPA over the concatenated
@@ -78,8 +60,8 @@ class CompressedKVCache:
     Values use `v_bits` bits (None: the same `bits` as keys), in groups of `v_group` channels.
     capacity: tokens the compressed store is allocated for when it is first written (None: just the first
     unit); past it the store grows by doubling. native_capacity: the same for the native buffer (prefix and
-    window), sized at the first unit. A caller that knows the sequence (AAR: `sequence_capacities`) avoids the
-    growth copies and the spare capacity.
+    window), sized at the first unit. A caller that knows the sequence (AAR: `layout.sequence_capacities`)
+    avoids the growth copies and the spare capacity.
 
     Data checks (finite keys; values finite, and within the fp16 range when quantized): `defer_checks` None
     (default) checks each unit at `append` on the CPU and defers the check on CUDA, where reading the result
@@ -91,6 +73,9 @@ class CompressedKVCache:
     Compared with a transformers cache layer (`update(k, v)` returns the whole K/V for the model's own
     attention), this cache never hands out K/V: the layer calls `append` then `attend`, so the store stays
     packed and attention runs from it. `num_tokens` is the layer's sequence length; `reset` its `reset`.
+    A whole sequence attending at once as this cache would serve it unit by unit (teacher forcing) is no part
+    of this per-layer contract: `block_causal.attend_sequence`, given this cache's codec, value quantizer,
+    window and native prefix.
     """
 
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
@@ -142,7 +127,7 @@ class CompressedKVCache:
         return None if self._seq is None else self._seq.native
 
     @property
-    def _plan(self) -> _backend.CachePlan | None:
+    def _plan(self) -> CachePlan | None:
         return None if self._seq is None else self._seq.plan
 
     @property
@@ -185,7 +170,7 @@ class CompressedKVCache:
         """The attention backend that runs for this cache ("triton" or "reference")."""
         if self._seq is not None:
             return self._seq.plan.backend
-        return _backend.attention_backend(None, self.codec)
+        return attention_backend(None, self.codec)
 
     @property
     def checks_deferred(self) -> bool:
@@ -218,7 +203,7 @@ class CompressedKVCache:
         return fp16_bytes(self._rows, self.num_tokens, self.head_dim)
 
     def bytes_breakdown(self) -> dict[str, int]:
-        """Key, value, prefix and window bytes plus token counts (`cache_accounting.bytes_breakdown`)."""
+        """Key, value, prefix and window bytes plus token counts (`accounting.bytes_breakdown`)."""
         return bytes_breakdown(self.store, self._native, self._rows, self.head_dim)
 
     def prepare(self, num_heads: int, device: torch.device | str) -> None:
@@ -230,7 +215,7 @@ class CompressedKVCache:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # as a tensor's device says it: "cuda:0"
             device = torch.device("cuda", torch.cuda.current_device())
-        _backend.CachePlan(self.codec, num_heads, device)
+        CachePlan(self.codec, num_heads, device)
         if self.codec.compressed:
             from octopus_audio.codecs.qjl import QJL_STREAM
 
@@ -238,7 +223,7 @@ class CompressedKVCache:
             if self.codec.qjl:
                 self.codec.signs(num_heads, device, stream=QJL_STREAM)
 
-    # ---- data checks (cache_checks) ----
+    # ---- data checks (checks) ----
     def check(self) -> None:
         """Run the deferred data checks of the units appended so far (one host sync; nothing to do when the
         checks are immediate or already done). Raises the ValueError `append` would have raised."""
@@ -278,7 +263,7 @@ class CompressedKVCache:
     def _begin(self, k: torch.Tensor) -> _Sequence:
         """The first unit of a sequence: fix its layout and the ops and checks the sequence runs."""
         device = k.device
-        plan = _backend.CachePlan(self.codec, k.shape[1], device)
+        plan = CachePlan(self.codec, k.shape[1], device)
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
             # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
@@ -346,11 +331,8 @@ class CompressedKVCache:
             if seq.store is None:
                 seq.store = empty_store(self.codec, self.value_quantizer, k, capacity)
             seq.store.reserve(n)
-            from octopus_audio.kernels import PackedKeys, PackedValues
-
-            keys, values = seq.store.packed(PackedKeys, PackedValues, self.value_quantizer)
             flags = self._flags.row(seq.units_left) if seq.deferred and kernel_checks else None
-            seq.fused(k, v, seq.plan.kernel, keys, values, seq.store.length, flags)
+            seq.fused(k, v, seq.store, flags)
             seq.store.length += n
         else:
             k_state = seq.plan.encode_keys(self.codec, k)
@@ -408,42 +390,25 @@ class CompressedKVCache:
         seq.flushed = min(seq.flushed, self.num_units)
 
     # ---- attend ----
-    def _check_query(self, q: torch.Tensor, scale: float, layout: tuple | None = None,
-                     what: str = "attend", data: bool = False) -> int:
-        """q's type and shape against the cache's (or `layout`'s) batch, heads and head dim, and the scale;
-        `data` (the checked path: one host sync) also refuses NaN or Inf in q."""
-        layout = layout or (None if self._seq is None else self._seq.layout)
-        if layout is None:
+    def _check_query(self, q: torch.Tensor, scale: float, data: bool) -> None:
+        """q's type and shape against the cache's batch, heads and head dim, and the scale
+        (`checks.check_query`; `data`: also refuse NaN or Inf in q, one host sync)."""
+        if self._seq is None:
             raise ValueError("attend called on an empty cache: append a unit first")
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
-            raise ValueError(f"{what} takes a finite positive scale (the softmax temperature, usually "
-                             f"1/sqrt(head_dim)), got {scale!r}")
-        require_tensor(q, f"{what}'s q")
-        B, H = layout[:2]
-        expected = f"q [B={B}, Hq, Tq, {self.head_dim}] with Hq a multiple of H={H}"
-        if q.ndim != 4:
-            problem = f"q has {q.ndim} dims"
-        elif q.shape[0] != B:
-            problem = f"q's batch is {q.shape[0]}, the cache's {B}"
-        elif q.shape[-1] != self.head_dim:
-            problem = f"q's head_dim is {q.shape[-1]}, the cache's {self.head_dim}"
-        elif q.shape[1] % H:
-            problem = f"q's {q.shape[1]} heads are not a multiple of the cache's H={H} KV heads"
-        else:
-            problem = None
-        if problem:
-            raise ValueError(f"{what} takes {expected}; {problem} (got {tuple(q.shape)})")
-        if data and not bool(torch.isfinite(q).all()):
-            raise ValueError(f"{what} got non-finite queries (NaN or Inf): q must be finite")
-        return q.shape[1] // H
+        B, H = self._seq.layout[:2]
+        check_query(q, scale, B, H, self.head_dim, data=data)
 
     def attend(self, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype.
-        Where the data checks are immediate (the CPU by default), NaN or Inf in q is refused too."""
-        checked = self._seq is not None and not self._seq.deferred
+        """Attention of q [B, Hq, Tq, d] over all held tokens (one softmax) -> [B, Hq, Tq, d], q's dtype: the
+        fused kernels where the sequence's plan runs them, else `attend_reference`. Where the data checks are
+        immediate (the CPU by default), NaN or Inf in q is refused too."""
+        seq = self._seq
+        checked = seq is not None and not seq.deferred
         # the reference plan runs attend_reference, which checks q itself: one query check an attend
-        self._check_query(q, scale, data=checked and self._seq.plan.backend != "reference")
-        return self._seq.plan.attention(self, q, scale)
+        self._check_query(q, scale, data=checked and seq.plan.backend != "reference")
+        if not seq.plan.kernel_attention:
+            return self.attend_reference(q, scale)
+        return seq.plan.attention(q, scale, seq.store, self.native_kv(), self.value_quantizer)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """All held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the decoded store, the
@@ -453,137 +418,21 @@ class CompressedKVCache:
         self.check()
         return self._decoded_kv(dtype)
 
-    def _decoded_store(self, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The store's tokens decoded in `dtype`, as chunks along T. Each token is decoded once a sequence:
-        the tokens stored since the last call are decoded and kept. A token's decode does not depend on the
-        others (the codecs and the value quantizer decode token by token), so the chunks equal one decode of
-        the whole store, bit for bit (tests/test_cache.py checks it for every codec)."""
-        ks, vs, done = self._seq.decoded.get(dtype, ([], [], 0))
-        if done < self.length:
-            k_state, v_state = self.store.valid()
-            ks.append(self.codec.decode(k_state.slice_t(done, self.length), dtype))
-            vs.append(self.value_quantizer.decode(v_state.slice_t(done, self.length), dtype))
-            self._seq.decoded[dtype] = (ks, vs, self.length)
-        return ks, vs
-
-    def _in_order(self, store_k: list[torch.Tensor],
-                  store_v: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The native prefix, then the store's parts (`store_k`, `store_v`), then the window: every held token
-        in sequence order, empty parts left out."""
-        native = self._native
-        ks, vs = [], []
-        if native is not None and native.prefix_tokens:
-            k, v = native.prefix_kv()
-            ks.append(k)
-            vs.append(v)
-        ks += store_k
-        vs += store_v
-        if native is not None and native.window_tokens:
-            k, v = native.window_kv()
-            ks.append(k)
-            vs.append(v)
-        return ks, vs
-
     def _decoded_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        store_k, store_v = [], []
-        if self.length:
-            if self.value_quantizer is None:
-                k_state, v_state = self.store.valid()
-                store_k, store_v = [k_state.native], [v_state.native]
-            else:
-                store_k, store_v = self._decoded_store(dtype)
-        ks, vs = self._in_order(store_k, store_v)
-        return torch.cat([k.to(dtype) for k in ks], 2), torch.cat([v.to(dtype) for v in vs], 2)
-
-    def _plain_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codec none: every held token in sequence order (the prefix, the store's valid tokens, the window),
-        one concatenation each (as the unpatched model's cache), cast to `dtype` when it differs. With nothing
-        native (window 0, no prefix) the store's valid tokens are returned as a view, nothing copied: a
-        preallocated native cache."""
-        store_k, store_v = [], []
-        if self.length:
-            store_k = [self.store.keys.native.narrow(2, 0, self.length)]
-            store_v = [self.store.values.native.narrow(2, 0, self.length)]
-        ks, vs = self._in_order(store_k, store_v)
-        k_all, v_all = (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, 2), torch.cat(vs, 2))
-        if k_all.dtype != dtype:
-            k_all, v_all = k_all.to(dtype), v_all.to(dtype)
-        return k_all, v_all
+        seq = self._seq
+        return held_kv(seq.native, seq.store, self.codec, self.value_quantizer, seq.decoded, dtype)
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
         """Reference: decode the store, one SDPA over cat(prefix, decoded, window) in fp32 (codec none:
         native). NaN or Inf in q is refused where the data checks are immediate."""
         self._check_query(q, scale, data=self._seq is not None and not self._seq.deferred)
         if self.value_quantizer is None:
-            k_all, v_all = self._plain_kv(q.dtype)
+            k_all, v_all = plain_kv(self._native, self.store, q.dtype)
             q_c = q
         else:
             k_all, v_all = self._decoded_kv(torch.float32)
             q_c = q.to(torch.float32)
         return attend(q_c, k_all, v_all, scale).to(q.dtype)
-
-    def attend_sequence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Sequence[int],
-                        scale: float) -> torch.Tensor:
-        """A whole sequence in one pass: what each unit's queries get from `attend` when the units are
-        appended one by one (`reset`, then per unit `append` and `attend` of that unit's queries), computed
-        for all units at once on the reference path and without touching the cache.
-
-        q [B, Hq, T, d], k and v [B, H, T, d], `units` the tokens of each unit in order (summing to T).
-        Returns [B, Hq, T, d] in q's dtype. A query of unit i attends, in one softmax, to the native keys and
-        values of units i-W+1 .. i (the window W as it stands after unit i's append) and of the native prefix
-        (the sequence's first `native_prefix` tokens), and to the other tokens of units 0 .. i-W as the store
-        holds them: each token encoded as `append` encodes it (the backend's choice: the encode kernels for
-        CUDA tensors, the library otherwise; they give the same codes but at exact near-ties) and decoded by
-        the codec library and the value quantizer (a token's code does not depend on the others, so one
-        encode of the sequence is the per-unit encode; the prefix and the last W units, never stored, are not
-        encoded: `stored_span`), in fp32 as `attend_reference`. Codec none: the native keys of units 0 .. i,
-        SDPA in q's dtype. This is teacher forcing's pass (`eval.fidelity`): one masked attention a layer
-        instead of one a unit; it equals the unit-by-unit reference up to float rounding
-        (tests/test_cache.py). Runs the immediate data checks on every token.
-        """
-        check_layout(k, v, self.head_dim, None)
-        self._check_query(q, scale, (k.shape[0], k.shape[1]), "attend_sequence", data=True)
-        if isinstance(units, (str, bytes)) or any(isinstance(n, bool) or not isinstance(n, numbers.Integral)
-                                                  or n < 1 for n in units) or sum(units) != k.shape[2]:
-            raise ValueError(f"attend_sequence takes units, the tokens of each unit (integers >= 1), summing "
-                             f"to the T = {k.shape[2]} tokens of k and v; got {list(units)!r}")
-        if q.shape[2] != k.shape[2] or q.device != k.device:
-            raise ValueError(f"attend_sequence takes q with one query per key (T = {k.shape[2]}) on k's "
-                             f"device, got {tuple(q.shape)} on {q.device}")
-        self.codec.check_keys(k)
-        check_unit(k, v, self.value_quantizer is not None)
-        unit_T = torch.repeat_interleave(torch.arange(len(units), device=k.device),
-                                         torch.tensor(list(units), device=k.device))
-        age_TT = unit_T[:, None] - unit_T[None, :]  # query's unit - key's unit: >= 0 where the key is visible
-        if self.value_quantizer is None:
-            return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
-        start, stop = self.stored_span(units)
-        keys, values, visible = [], [], []
-        if stop > start:
-            k_state, v_state = self._encode_sequence(k[:, :, start:stop], v[:, :, start:stop])
-            keys.append(self.codec.decode(k_state, torch.float32))
-            values.append(self.value_quantizer.decode(v_state, torch.float32))
-            visible.append((age_TT >= self.window)[:, start:stop])
-        if self.window or start:  # the native keys (window and prefix) beside the store's decoded ones
-            prefix_T = torch.arange(k.shape[2], device=k.device) < start
-            keys.append(k.float())
-            values.append(v.float())
-            visible.append((age_TT >= 0) & ((age_TT < self.window) | prefix_T[None, :]))
-        return attend(q.float(), torch.cat(keys, 2), torch.cat(values, 2), scale,
-                      torch.cat(visible, 1)).to(q.dtype)
-
-    def stored_span(self, units: Sequence[int]) -> tuple[int, int]:
-        """The tokens [start, stop) of a sequence of `units` that a generation encodes into the store: those
-        that leave the window (all but the last `window` units'; no later query sees those stored) past the
-        native prefix (the first `native_prefix` tokens). `attend_sequence` encodes just these."""
-        stop = sum(units[:max(len(units) - self.window, 0)])
-        return min(self.native_prefix, stop), stop
-
-    def _encode_sequence(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """(KeyState, ValueState) of tokens k, v [B, H, T, d] encoded as `append` would encode them: the
-        backend's choice for their device (`CachePlan`), the data checks left to the caller."""
-        plan = _backend.CachePlan(self.codec, k.shape[1], k.device)
-        return plan.encode_keys(self.codec, k), plan.encode_values(self.value_quantizer, v)
 
     def __repr__(self) -> str:
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "
