@@ -40,6 +40,23 @@ class _Sequence:
     decoded: DecodedStore = dataclasses.field(default_factory=DecodedStore)
 
 
+class _SequencePart:
+    """A read-only cache attribute that is a field of its current sequence (`_Sequence`), None before the
+    sequence's first unit."""
+
+    def __init__(self, field: str, doc: str) -> None:
+        self.field, self.__doc__ = field, doc
+
+    def __get__(self, cache, owner=None):
+        if cache is None:
+            return self
+        seq = cache._seq
+        return None if seq is None else getattr(seq, self.field)
+
+    def __set__(self, cache, value) -> None:
+        raise AttributeError(f"the cache's {self.field} is read-only (it belongs to the current sequence)")
+
+
 class CompressedKVCache:
     """KV cache of one attention layer with compressed keys (any codec) and group-quantized values.
 
@@ -117,22 +134,11 @@ class CompressedKVCache:
         self._seq: _Sequence | None = None
         self.checks_pending = False
 
-    @property
-    def store(self) -> CacheStore | None:
-        """The compressed store of the current sequence (None before its first encoded unit)."""
-        return None if self._seq is None else self._seq.store
-
-    @property
-    def _native(self) -> NativeSegment | None:
-        return None if self._seq is None else self._seq.native
-
-    @property
-    def _plan(self) -> CachePlan | None:
-        return None if self._seq is None else self._seq.plan
-
-    @property
-    def _fused(self) -> Callable | None:
-        return None if self._seq is None else self._seq.fused
+    store = _SequencePart("store", "The compressed store of the current sequence (a CacheStore; None before "
+                                   "its first encoded unit).")
+    _native = _SequencePart("native", "The native prefix and window (a NativeSegment), or None.")
+    _plan = _SequencePart("plan", "The CachePlan the current sequence runs, or None.")
+    _fused = _SequencePart("fused", "The plan's fused unit encode the sequence runs, or None.")
 
     @property
     def length(self) -> int:
