@@ -1,0 +1,225 @@
+"""Distribution metrics over an eval's draws: the Frechet distance between Gaussian fits of two sets of
+embeddings (FAD), the mean condition adherence, seeded bootstrap intervals over clips, and the verdict.
+
+How to read the numbers:
+- `frechet_distance(mu1, cov1, mu2, cov2) = |mu1 - mu2|^2 + tr(cov1) + tr(cov2) - 2 tr sqrt(cov1^1/2 cov2
+  cov1^1/2)`, the squared 2-Wasserstein distance between the two Gaussians (FAD, as fadtk and
+  frechet-audio-distance compute it from the embeddings' means and covariances, the covariances normalised by
+  n - 1). 0 for identical fits; in squared embedding units, so only rows of one embedding compare.
+- Bias: from n vectors a Gaussian fit is noisy, and the noise raises the distance (two sets of the same
+  distribution lie apart by about tr-terms / n). Every distance here compares sets of equal size (a row's
+  outputs against as many outputs of the uncompressed model: the same clips and draws), and each row is read
+  against the floor measured on the same clips, so rows with the same number of outputs compare fairly.
+- Intervals: a bootstrap over clips (`bootstrap_weights`: each resample draws the clips with replacement, a
+  clip's draws and frames going with it), seeded, so a report is a function of its rows; the 95% interval is
+  the 2.5th and 97.5th percentile of RESAMPLES resamples, the point estimate the statistic of the whole set.
+  All sets of one comparison are resampled with the same clip weights (paired). A resample repeats clips,
+  which makes its fits noisier, so a FAD interval may sit above its point estimate; a difference between two
+  rows, taken on the same resamples, carries that shift on both sides.
+- Verdict (`verdict`): a row is "not distinguishable from uncompressed at this sample size" when, for every
+  FAD embedding and for the adherence, the 95% interval of its difference from the uncompressed model's
+  value (on the same resamples) contains 0; otherwise it names each measure whose interval lies entirely
+  above or below 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+CONFIDENCE = 0.95
+RESAMPLES = 1000
+BOOTSTRAP_SEED = 0  # the resamples are a function of the number of clips alone: reports are reproducible
+MIN_CLIPS = 2  # a bootstrap over fewer clips has no spread: no interval, no verdict
+CHUNK = 100  # resamples fitted at once (covariance stacks of CHUNK x C x C float64)
+
+
+def frechet_distance(mu1: np.ndarray, cov1: np.ndarray, mu2: np.ndarray, cov2: np.ndarray) -> float:
+    """The Frechet distance between N(mu1, cov1) and N(mu2, cov2) (module docstring); float64, covariances
+    symmetric positive semi-definite (C, C)."""
+    d = frechet_distances(np.asarray(mu1, np.float64)[None], np.asarray(cov1, np.float64)[None],
+                          np.asarray(mu2, np.float64)[None], np.asarray(cov2, np.float64)[None])
+    return float(d[0])
+
+
+def psd_sqrt(cov_BCC: np.ndarray) -> np.ndarray:
+    """The symmetric square root of each PSD matrix (eigenvalues below 0, rounding, clipped to 0)."""
+    w_BC, v_BCC = np.linalg.eigh(cov_BCC)
+    return (v_BCC * np.sqrt(np.clip(w_BC, 0.0, None))[:, None, :]) @ np.swapaxes(v_BCC, 1, 2)
+
+
+def frechet_distances(mu1_BC: np.ndarray, cov1_BCC: np.ndarray, mu2_BC: np.ndarray, cov2_BCC: np.ndarray,
+                      sqrt2_BCC: np.ndarray | None = None) -> np.ndarray:
+    """`frechet_distance` of each of B pairs; `sqrt2_BCC` (`psd_sqrt(cov2_BCC)`) when the caller has it:
+    tr sqrt(cov1^1/2 cov2 cov1^1/2) = tr sqrt(cov2^1/2 cov1 cov2^1/2), the sum of the square roots of the
+    eigenvalues of a symmetric PSD matrix."""
+    s2 = psd_sqrt(cov2_BCC) if sqrt2_BCC is None else sqrt2_BCC
+    m_BCC = s2 @ cov1_BCC @ s2
+    m_BCC = 0.5 * (m_BCC + np.swapaxes(m_BCC, 1, 2))
+    tr_sqrt = np.sqrt(np.clip(np.linalg.eigvalsh(m_BCC), 0.0, None)).sum(-1)
+    diff = mu1_BC - mu2_BC
+    traces = np.trace(cov1_BCC, axis1=1, axis2=2) + np.trace(cov2_BCC, axis1=1, axis2=2)
+    return (diff * diff).sum(-1) + traces - 2.0 * tr_sqrt
+
+
+def bootstrap_weights(n_clips: int, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """(1 + resamples, n_clips) int64 clip counts: row 0 all ones (the whole set: the point estimate), each
+    other row the counts of n_clips clips drawn with replacement (from a generator seeded with `seed`); row 0
+    alone below MIN_CLIPS clips."""
+    if n_clips < 1:
+        raise ValueError(f"a bootstrap needs at least one clip, got {n_clips}")
+    if n_clips < MIN_CLIPS:
+        return np.ones((1, n_clips), dtype=np.int64)
+    picks = np.random.default_rng(seed).integers(0, n_clips, size=(resamples, n_clips))
+    counts = np.zeros((resamples, n_clips), dtype=np.int64)
+    np.add.at(counts, (np.arange(resamples)[:, None], picks), 1)
+    return np.concatenate([np.ones((1, n_clips), dtype=np.int64), counts])
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic on the whole set (`value`) and its bootstrap interval [`low`, `high`] (None, None with
+    fewer than MIN_CLIPS clips)."""
+
+    value: float
+    low: float | None
+    high: float | None
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+def estimate(replicates: np.ndarray, confidence: float = CONFIDENCE) -> Estimate:
+    """Row 0 of `replicates` (the whole set, `bootstrap_weights`' row 0) with the percentile interval of the
+    others (the resamples; none below MIN_CLIPS clips: no interval)."""
+    value = float(replicates[0])
+    if replicates.shape[0] < 2:
+        return Estimate(value, None, None)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(replicates[1:], [tail, 100.0 - tail])
+    return Estimate(value, float(low), float(high))
+
+
+class ClipFrames:
+    """One set's embeddings of one kind, per clip: every frame of every draw of the clip as a row (a
+    clip-level embedding is one frame an output). Gaussian fits of any clip weighting come from the per-clip
+    sums, taken around a common `shift` (any point near the data: it only keeps the sums well conditioned)."""
+
+    def __init__(self, frames: Sequence[np.ndarray], shift_C: np.ndarray) -> None:
+        if not frames:
+            raise ValueError("a set needs at least one clip")
+        self.frames = [np.asarray(f, dtype=np.float64) - shift_C for f in frames]
+        dims = {f.shape[1] for f in self.frames}
+        if len(dims) != 1 or any(f.ndim != 2 or f.shape[0] < 1 for f in self.frames):
+            raise ValueError(f"each clip's frames must be (n >= 1, C) with one C, got "
+                             f"{[f.shape for f in self.frames]}")
+        self.n_K = np.array([f.shape[0] for f in self.frames], dtype=np.float64)
+        self.s1_KC = np.stack([f.sum(0) for f in self.frames])
+        self._s2_KCC: np.ndarray | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.s1_KC.shape[1]
+
+    def fit(self, weights_BK: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mu_BC, cov_BCC): the Gaussian fit of the frames with clip k counted weights_BK[b, k] times (the
+        covariance normalised by the count - 1, as numpy's `cov`)."""
+        if self._s2_KCC is None:
+            self._s2_KCC = np.stack([f.T @ f for f in self.frames])
+        w = np.asarray(weights_BK, dtype=np.float64)
+        n_B = w @ self.n_K
+        if np.any(n_B < 2):
+            raise ValueError("a Gaussian fit needs at least two frames")
+        mu_BC = (w @ self.s1_KC) / n_B[:, None]
+        s2_BCC = (w @ self._s2_KCC.reshape(len(self.frames), -1)).reshape(-1, self.dim, self.dim)
+        outer_BCC = mu_BC[:, :, None] * mu_BC[:, None, :]
+        return mu_BC, (s2_BCC - n_B[:, None, None] * outer_BCC) / (n_B - 1)[:, None, None]
+
+
+def frechet_replicates(sets: Mapping[str, ClipFrames], against: ClipFrames,
+                       weights_BK: np.ndarray) -> dict[str, np.ndarray]:
+    """Per set, `frechet_distance` between its fit and `against`'s under each row of clip weights (the same
+    clips, in the same order, in every set), computed CHUNK rows at a time; `against`'s square root once a
+    row. A set whose frames are fewer than their dimension (CLAP: one 512-d vector an output) goes through
+    `_gram_replicates`, whose cost follows the frame count instead of the dimension."""
+    dim = against.dim
+    small = min([against.n_K.sum(), *(s.n_K.sum() for s in sets.values())]) < dim
+    if small:
+        return {name: _gram_replicates(s, against, weights_BK) for name, s in sets.items()}
+    out: dict[str, list[np.ndarray]] = {name: [] for name in sets}
+    for start in range(0, weights_BK.shape[0], CHUNK):
+        w = weights_BK[start:start + CHUNK]
+        mu_a, cov_a = against.fit(w)
+        sqrt_a = psd_sqrt(cov_a)
+        for name, s in sets.items():
+            mu, cov = s.fit(w)
+            out[name].append(frechet_distances(mu, cov, mu_a, cov_a, sqrt_a))
+    return {name: np.concatenate(parts) for name, parts in out.items()}
+
+
+def _gram_replicates(x: ClipFrames, y: ClipFrames, weights_BK: np.ndarray) -> np.ndarray:
+    """`frechet_distance` of the weighted fits of x and y through their n-by-m products instead of C-by-C
+    covariances: with cov_x = A A^T and cov_y = B B^T (A the weighted, centred frames over sqrt(n - 1)),
+    tr sqrt(cov_x^1/2 cov_y cov_x^1/2) is the sum of the singular values of A^T B."""
+    fx, fy = np.concatenate(x.frames), np.concatenate(y.frames)
+    clip_x = np.repeat(np.arange(len(x.frames)), x.n_K.astype(np.int64))
+    clip_y = np.repeat(np.arange(len(y.frames)), y.n_K.astype(np.int64))
+    gram_xy, sq_x, sq_y = fx @ fy.T, (fx * fx).sum(1), (fy * fy).sum(1)
+    out = np.empty(weights_BK.shape[0])
+    for b, w in enumerate(np.asarray(weights_BK, dtype=np.float64)):
+        wx, wy = w[clip_x], w[clip_y]
+        nx, ny = wx.sum(), wy.sum()
+        if nx < 2 or ny < 2:
+            raise ValueError("a Gaussian fit needs at least two frames")
+        mux, muy = wx @ fx / nx, wy @ fy / ny
+        # (x_i - mux).(y_j - muy) from the raw products, then weighted
+        cross = gram_xy - (fx @ muy)[:, None] - (fy @ mux)[None, :] + mux @ muy
+        g = np.sqrt(wx)[:, None] * cross * np.sqrt(wy)[None, :] / math.sqrt((nx - 1) * (ny - 1))
+        tr_x = (wx @ sq_x - nx * mux @ mux) / (nx - 1)
+        tr_y = (wy @ sq_y - ny * muy @ muy) / (ny - 1)
+        nuclear = np.linalg.svd(g[wx > 0][:, wy > 0], compute_uv=False).sum()
+        out[b] = ((mux - muy) ** 2).sum() + tr_x + tr_y - 2.0 * nuclear
+    return out
+
+
+def mean_replicates(values_K: Sequence[np.ndarray], weights_BK: np.ndarray) -> np.ndarray:
+    """The mean of every value (each clip's values: one per output) with clip k counted weights_BK[b, k]
+    times."""
+    sums = np.array([float(np.sum(v)) for v in values_K])
+    counts = np.array([float(np.size(v)) for v in values_K])
+    w = np.asarray(weights_BK, dtype=np.float64)
+    return (w @ sums) / (w @ counts)
+
+
+# the verdict ---------------------------------------------------------------------------------------------
+
+SAME = "not distinguishable from uncompressed at this sample size"
+
+
+def distinguishable(difference: Estimate) -> bool:
+    """Whether the interval of a difference (row minus uncompressed) lies entirely above or below 0."""
+    if difference.low is None or difference.high is None:
+        raise ValueError("a difference without an interval has no verdict")
+    return difference.low > 0.0 or difference.high < 0.0
+
+
+def verdict(differences: Mapping[str, Estimate], fmt: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(distinguishable, the verdict in words) from each measure's difference to the uncompressed model
+    (label -> Estimate of row minus uncompressed, e.g. {"latent FAD": ..., "adherence": ...}): SAME when every
+    interval contains 0, else `differs from uncompressed: <measure> higher|lower (difference <value> [<low>,
+    <high>]); ...` for each measure whose interval lies above or below 0. `fmt`: a format per label (default
+    3 significant digits)."""
+    if not differences:
+        raise ValueError("a verdict needs at least one measure")
+    parts = []
+    for label, d in differences.items():
+        if distinguishable(d):
+            f = (fmt or {}).get(label, "{:+.3g}")
+            parts.append(f"{label} {'higher' if d.low > 0 else 'lower'} (difference {f.format(d.value)} "
+                         f"[{f.format(d.low)}, {f.format(d.high)}])")
+    if not parts:
+        return False, SAME
+    return True, "differs from uncompressed: " + "; ".join(parts)
