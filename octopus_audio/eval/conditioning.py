@@ -54,6 +54,9 @@ def l2_normalise(v: np.ndarray, what: str) -> np.ndarray:
     return (v / norm).astype(np.float32)
 
 
+SPECTRAL_FFT, SPECTRAL_HOP, SPECTRAL_BANDS = 2048, 480, 64
+
+
 class SpectralConditioner:
     """Deterministic 512-d stand-in: 8 statistics of each of 64 log-mel bands, centred and L2-normalised.
 
@@ -70,9 +73,22 @@ class SpectralConditioner:
         from octopus_audio.audio_metrics.logmel import mel_filterbank
 
         x = np.asarray(audio_T, dtype=np.float64)
-        power = np.abs(stft_frames(x, 2048, 480)) ** 2
-        logmel_FM = np.log10(np.einsum("fk,mk->fm", power, mel_filterbank(CLAP_RATE, 2048, 64)) + 1e-10)
-        delta = np.abs(np.diff(logmel_FM, axis=0)).mean(axis=0) if logmel_FM.shape[0] > 1 else np.zeros(64)
+        # frames after the last nonzero sample (a short clip padded to 10 s) have zero power and a zero mel
+        # spectrum: only the frames before are transformed (a 1 s output: 6 ms instead of 41 ms), the same
+        # numbers as transforming all (tests/test_eval_conditioning.py)
+        frames = 1 + x.size // SPECTRAL_HOP
+        nonzero = x[::-1] != 0
+        last = x.size - 1 - int(np.argmax(nonzero)) if nonzero.any() else -1  # the last nonzero sample
+        # frame t reads samples t * hop - n_fft / 2 .. t * hop + n_fft / 2
+        used = min(frames, (last + SPECTRAL_FFT // 2) // SPECTRAL_HOP + 1) if last >= 0 else 0
+        mel_FM = np.zeros((frames, SPECTRAL_BANDS))
+        if used:
+            power = np.abs(stft_frames(x[:used * SPECTRAL_HOP], SPECTRAL_FFT, SPECTRAL_HOP)[:used]) ** 2
+            bank = mel_filterbank(CLAP_RATE, SPECTRAL_FFT, SPECTRAL_BANDS)
+            mel_FM[:used] = np.einsum("fk,mk->fm", power, bank)
+        logmel_FM = np.log10(mel_FM + 1e-10)
+        delta = (np.abs(np.diff(logmel_FM, axis=0)).mean(axis=0) if logmel_FM.shape[0] > 1
+                 else np.zeros(SPECTRAL_BANDS))
         stats = [logmel_FM.mean(0), logmel_FM.std(0), logmel_FM.min(0),
                  *np.percentile(logmel_FM, [10, 50, 90], axis=0), logmel_FM.max(0), delta]
         v = np.concatenate(stats)
