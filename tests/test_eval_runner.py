@@ -32,9 +32,22 @@ class FakeGeneration:
         self.tokens, self.audio, self.fhat = tokens, audio, fhat
 
 
+class FakeSAT:
+    """The tokenizer's encoder as the eval's latent embedding uses it: (B, 1, N) -> (B, 8, N // 400)
+    frames, a fixed mix of each frame's samples."""
+
+    mix = torch.from_numpy(np.random.default_rng(7).standard_normal((400, 8))).float()
+
+    def encode_latent(self, audio_B1N):
+        frames = audio_B1N.reshape(audio_B1N.shape[0], -1, 400)
+        return (frames @ self.mix).transpose(1, 2)
+
+
 class FakePipe:
     """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec;
     remembers the tokens each teacher-forced pass was given."""
+
+    sat = FakeSAT()
 
     def __init__(self, interrupt_at=None, fail_codec=None, fail_cond=None):
         self.active = None
@@ -129,6 +142,7 @@ def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=N
 class FakeConditioner:
     name = "fake-cond"
     fingerprint = "fake-cond-v1"
+    clap = False
 
     def embed(self, audio_T):
         v = np.random.default_rng(int(abs(audio_T).sum() * 1000) % 2**32).standard_normal(512)

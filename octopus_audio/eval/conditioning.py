@@ -11,6 +11,9 @@ Backends (`--clap SPEC`):
   that used `spectral` too. Reports say which conditioner was used.
 - `auto` (the CLI default): `hf:laion/larger_clap_general` when that model is in the local hub cache, else
   `spectral`, with a warning in the log.
+
+Each conditioner has `name`, `fingerprint` (its weights' identity), `clap` (a CLAP model: the eval then also
+computes a FAD on its embeddings of the outputs) and `embed(audio_48k_T)`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class SpectralConditioner:
 
     name = "spectral"
     fingerprint = "spectral-v1"
+    clap = False  # a stand-in: its embeddings give adherence, not a CLAP FAD
 
     def embed(self, audio_T: np.ndarray) -> np.ndarray:
         from octopus_audio.audio_metrics.audio_pair import stft_frames
@@ -107,6 +111,7 @@ class HFClapConditioner:
                              f"*.safetensors or *.bin weights); pass a folder saved with save_pretrained")
         self.source = source
         self.device = device
+        self.clap = True
         self.name = f"hf:{source}"
         self._model = None
         self._features = None
@@ -158,6 +163,7 @@ class LaionClapConditioner:
         self.checkpoint = str(path.resolve())
         self.amodel = amodel
         self.device = device
+        self.clap = True
         self.name = f"laion:{path.name}#{amodel}"
         self._model = None
 
@@ -268,6 +274,10 @@ class CachedConditioner:
     @property
     def fingerprint(self) -> str:
         return self.inner.fingerprint
+
+    @property
+    def clap(self) -> bool:
+        return self.inner.clap
 
     def path_for(self, audio_T: np.ndarray) -> Path:
         samples = np.ascontiguousarray(audio_T, dtype=np.float32)

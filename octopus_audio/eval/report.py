@@ -32,7 +32,7 @@ import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
-from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, bits_tag, wav_name
+from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, REFERENCE, bits_tag, wav_name
 from octopus_audio.eval.runner import Job
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 
@@ -209,11 +209,17 @@ def _equal_rate_lines(groups: list[dict]) -> list[str]:
     return lines
 
 
-def table_markdown(groups: list[dict], meta: dict) -> str:
+def table_markdown(groups: list[dict], meta: dict, dist: dict | None = None) -> str:
+    """The report's table.md: the paired table (draw 0 of each clip against the reference), the distribution
+    table (`dist`, eval/dist_report.py) and the equal-rate sections."""
+    draws = meta.get("draws", 1)
     lines = [f"# octopus-audio eval: {meta.get('clip_count', '?')} clips, model {meta.get('model')}, "
-             f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}", "",
+             f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}"
+             + (f", {draws} draws a clip" if draws > 1 else ""), "",
              "Each metric compares the output under the codec with the uncompressed output for the same "
-             "clip, condition and seed. LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
+             "clip, condition and seed"
+             + (f" (draw 0 of each clip, seed {meta.get('seed')})" if draws > 1 else "")
+             + ". LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
              "is better. " + KV_TEXT, "",
              "TF top-1 agreement and TF KL are teacher-forced: the model under the codec is fed the "
              "reference's own tokens at every scale (the same inputs as the reference) and its guided "
@@ -225,6 +231,10 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
         lines += [text, ""]
     lines += ["| " + " | ".join(SUMMARY_HEAD) + " |", "|" + " --- |" * len(SUMMARY_HEAD)]
     lines += ["| " + " | ".join(_summary_cells(g)) + " |" for g in groups]
+    if dist is not None:
+        from octopus_audio.eval import dist_report
+
+        lines += ["", *dist_report.table_lines(meta, dist)]
     lines += _equal_rate_lines(groups)
     return "\n".join(lines) + "\n"
 
@@ -462,7 +472,7 @@ def _clip_section(out_dir: Path, n: int, clip: dict, jobs: Sequence[Job], by_key
 
 
 def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
-               groups: list[dict], meta: dict, plots: list[str]) -> str:
+               groups: list[dict], meta: dict, plots: list[str], dist: dict | None = None) -> str:
     by_key = {(r["clip"], *_job_of(r)): r for r in rows}
     meta_items = "".join(f"<li>{html.escape(str(k))}: {html.escape(_shown_path(str(v), out_dir))}</li>"
                          for k, v in sorted(meta.items()))
@@ -476,6 +486,11 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
             shown.append(html.escape(mean) + (f"<br><small>[{html.escape(spread)}</small>" if spread else ""))
         summary.append("<tr>" + "".join(f"<td>{c}</td>" for c in shown) + "</tr>")
     summary.append("</table>")
+    if dist is not None:
+        from octopus_audio.eval import dist_report
+
+        summary.append(f"<h2>Distribution over draws</h2><p>{html.escape(dist_report.text(meta, dist))}</p>"
+                       + dist_report.page_table(dist))
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p[:-4])} against stored bits'>"
                         for p in plots)
     sections = [_clip_section(out_dir, n, clip, jobs, by_key, meta) for n, clip in enumerate(clips)]
@@ -502,26 +517,37 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
-                 meta: dict) -> dict:
+                 meta: dict, device: str = "cpu") -> dict:
     """Write every report file under out_dir from the merged rows; returns what results.json holds.
 
-    rows: one per (clip, job) of this run (see runner); clips: [{clip, origin}] in run order; jobs: in report
-    order; meta: settings to print (model, conditioner, seed, ...). The spectrograms are drawn on worker
-    threads while this thread draws the plots (`spectrograms_drawn`); index.html is written after both.
+    rows: one per (clip, job, draw) of this run, the reference's own rows (REFERENCE) included (see runner);
+    clips: [{clip, origin}] in run order; jobs: in report order (without REFERENCE); meta: settings to print
+    (model, conditioner, seed, draws, ...). The paired table, its plots and the page's clips are draw 0's
+    rows of `jobs`; the distribution part (eval/dist_report.py) reads every row and its embeddings. The
+    spectrograms are drawn on worker threads while this thread draws the plots (`spectrograms_drawn`);
+    index.html is written after both. `device`: where the distribution's fits run (float64).
     """
+    from octopus_audio.eval import dist_report
+
     out_dir = Path(out_dir)
     jobs = [Job(*j) for j in jobs]
     meta = {**meta, "clip_count": len(clips)}
-    groups = aggregate(rows, jobs)
+    paired = [r for r in rows if r.get("draw", 0) == 0 and r["codec"] != REFERENCE]
+    groups = aggregate(paired, jobs)
+    dist = dist_report.distribution(out_dir, rows, jobs, meta, device)
     failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "v_bits": _job_of(r).v_bits,
-                 "stage": r["stage"], "error": r["error"]} for r in rows if r["status"] != "ok"]
+                 "draw": r.get("draw", 0), "stage": r["stage"], "error": r["error"]}
+                for r in rows if r["status"] != "ok"]
     results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,
-               "equal_rate": equal_rate_entries(groups)}
+               "rows": {"ok": len(rows) - len(failures), "failed": len(failures)},
+               "equal_rate": equal_rate_entries(groups), "distribution": dist}
     _write_text(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
-    _write_text(out_dir / "table.md", table_markdown(groups, meta))
+    _write_text(out_dir / "table.md", table_markdown(groups, meta, dist))
     _write_text(out_dir / "table.csv", table_csv(groups))
+    _write_text(out_dir / "distribution.csv", dist_report.table_csv(dist))
     with spectrograms_drawn(out_dir, clips, jobs):  # on worker threads, while this one draws the plots
-        plots = plot_metrics(groups, rows, out_dir / "plots")
-    _write_text(out_dir / "index.html", index_html(out_dir, rows, clips, jobs, groups, meta, plots))
+        plots = plot_metrics(groups, paired, out_dir / "plots")
+        plots += dist_report.plot(dist, out_dir / "plots")
+    _write_text(out_dir / "index.html", index_html(out_dir, paired, clips, jobs, groups, meta, plots, dist))
     log.info("report written to %s (%d rows, %d failed)", out_dir, len(rows), len(failures))
     return results

@@ -1,5 +1,5 @@
-"""The eval's result rows on disk: one JSON line per (clip, codec, bits) in `rows/rank<R>.jsonl`, appended as
-each finishes (a torn last line from a killed writer is dropped), merged over ranks and reruns."""
+"""The eval's result rows on disk: one JSON line per (clip, codec, bits, draw) in `rows/rank<R>.jsonl`,
+appended as each finishes (a torn last line from a killed writer is dropped), merged over ranks and reruns."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 
 
-def row_key(row: dict) -> tuple[str, str, int | None, int | None]:
-    """(clip, codec, key bits, value bits); a row written before value bits were recorded had both equal."""
-    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"])
+def row_key(row: dict) -> tuple[str, str, int | None, int | None, int]:
+    """(clip, codec, key bits, value bits, draw); a row written before value bits were recorded had both
+    equal, one written before draws were recorded is draw 0."""
+    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"]), row.get("draw", 0)
 
 
 def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:

@@ -15,6 +15,7 @@ from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
+REFERENCE = "reference"  # the uncompressed draws' rows (codec field): what every row is compared with
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
 
@@ -23,7 +24,7 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
     width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`: sorting together."""
-    if codec in ("input", "reference"):
+    if codec in ("input", REFERENCE):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
         return f"{clip_id}__00_reference_other_seed.wav"

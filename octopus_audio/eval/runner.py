@@ -47,6 +47,7 @@ tokens)`, `compressed(codec, bits)`, `bf16_kv()`; eval/backends.py) so tests can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -65,6 +66,14 @@ from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import Backend, Generated
 from octopus_audio.eval.beside import Beside
 from octopus_audio.eval.distributed import DistInfo, ProcessGroup
+from octopus_audio.eval.embeddings import (
+    adherence,
+    conditioner_vector,
+    embedding_path,
+    embeddings_of,
+    save_embeddings,
+    spectral_frames,
+)
 from octopus_audio.eval.identity import audio_sha256, clip_sha256, digest
 from octopus_audio.eval.metrics import MetricReference
 from octopus_audio.eval.rows import (
@@ -79,6 +88,7 @@ from octopus_audio.eval.rows import (
 from octopus_audio.eval.run_files import (
     FLOOR,
     KV_FLOOR,
+    REFERENCE,
     as_generated,
     load_reference,
     save_reference,
@@ -90,7 +100,14 @@ from octopus_audio.wav import write_wav
 
 log = logging.getLogger(__name__)
 
-FLOOR_SEED_OFFSET = 1
+# worker threads that finish a GPU run's rows (metrics, embeddings, WAVs) beside the next generation: numpy's
+# FFTs and ufuncs release the GIL for most of an output's host work (compare eval/spectrograms.py's count),
+# and one thread would lag a job of 128 outputs (about 15 ms of host work each). Not measured on a GPU.
+BESIDE_THREADS = 4
+
+def clips_per_batch(batch_size: int, draws: int) -> int:
+    """Clips a batch takes with all their draws: batch_size generations at most, at least one clip."""
+    return max(1, batch_size // draws)
 
 
 def batch_size_problem(batch_size) -> str | None:
@@ -100,9 +117,10 @@ def batch_size_problem(batch_size) -> str | None:
     return None
 
 
-def floor_seed(seed: int) -> int:
-    """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
-    return seed + FLOOR_SEED_OFFSET
+def floor_seed(seed: int, draws: int = 1, draw: int = 0) -> int:
+    """The seed of the sampling floor's draw `draw`: the run's seed + draws + draw, apart from the seeds of
+    the reference's and the codecs' draws (seed .. seed + draws - 1); seed + 1 with one draw."""
+    return seed + draws + draw
 
 
 def compresses(codec: str) -> bool:
@@ -119,6 +137,12 @@ class EvalConfig:
     `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
     the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
     turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
+
+    Draws: each row (the reference, the floors and every codec at every width) is sampled `draws` times per
+    clip, draw d with seed `seed + d` (`sample_seed`; the FLOOR row with `floor_seed(seed, draws, d)`, apart
+    from those). The paired metrics, teacher forcing and the WAVs are draw 0's; every draw gives the
+    embeddings and the adherence of the distribution metrics (eval/distribution.py). `draws` changes the
+    floor's seeds, so it is part of every row's identity.
 
     Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
     alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
@@ -137,6 +161,7 @@ class EvalConfig:
     bf16_floor: bool = False
     k_bits: tuple[int, ...] | None = None
     v_bits: tuple[int, ...] | None = None
+    draws: int = 1
     # Fields that choose which rows a run has, not what any row's numbers are: a rerun may change them and
     # keeps the rows it shares. Every other field is part of each row's identity (`identity()`), so a new
     # setting that changes a number is one new field above.
@@ -178,10 +203,16 @@ class EvalConfig:
         problem = seed_problem(self.seed, "--seed")
         if problem:
             raise UsageError(problem)
-        if self.floor and floor_seed(self.seed) > SEED_MAX:
-            raise UsageError(f"--seed {self.seed} leaves no seed for the sampling-floor row, which samples "
-                             f"with --seed + 1 (torch's generator takes 0 to {SEED_MAX}); pass --seed at "
-                             f"most {SEED_MAX - FLOOR_SEED_OFFSET}, or --no-floor")
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise UsageError(f"--draws must be an integer >= 1 (samples of every row per clip), got "
+                             f"{self.draws!r}")
+        last = floor_seed(self.seed, self.draws, self.draws - 1) if self.floor else self.seed + self.draws - 1
+        if last > SEED_MAX:
+            which = (f"the sampling-floor row, which samples with --seed + {last - self.seed}" if self.floor
+                     else f"draw {self.draws - 1}, which samples with --seed + {last - self.seed}")
+            raise UsageError(f"--seed {self.seed} leaves no seed for {which} (torch's generator takes 0 to "
+                             f"{SEED_MAX}); pass --seed at most {SEED_MAX - (last - self.seed)}"
+                             + (", or --no-floor" if self.floor else "") + " or fewer --draws")
         for name in ("floor", "bf16_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -197,6 +228,19 @@ class EvalConfig:
         if self.k_bits is None and self.v_bits is None:
             return [(b, b) for b in self.bits]
         return [(k, v) for k in (self.k_bits or self.bits) for v in (self.v_bits or self.bits)]
+
+    def sample_seed(self, codec: str, draw: int) -> int:
+        """The seed of a row's draw: `floor_seed(seed, draws, draw)` for the FLOOR row, else seed + draw."""
+        return floor_seed(self.seed, self.draws, draw) if codec == FLOOR else self.seed + draw
+
+    def units(self) -> list[Unit]:
+        """Every row of a clip: each of `row_jobs()` at each draw."""
+        return [Unit(job, draw) for job in self.row_jobs() for draw in range(self.draws)]
+
+    def row_jobs(self) -> list[Job]:
+        """Every job a clip has rows of, each for every draw: the reference's own (REFERENCE, the uncompressed
+        draws the distribution metrics compare with), then `jobs()`."""
+        return [Job(REFERENCE), *self.jobs()]
 
     def jobs(self) -> list[Job]:
         """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
@@ -250,11 +294,24 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-class Clip:
-    """One clip of a batch while it runs: its ref, the jobs it still needs, its rows' common fields, and (once
-    loaded) its condition, reference output and reference teacher-forced distributions."""
+class Unit(NamedTuple):
+    """One row of a clip: a job (REFERENCE, a floor or a codec at its widths) at one draw."""
 
-    def __init__(self, ref: ClipRef, todo: Sequence[Job], run_id: str) -> None:
+    job: Job
+    draw: int
+
+
+def _teacher_forced(job: Job) -> bool:
+    """Whether a job's draw-0 row has teacher-forced numbers: every job but the reference's own rows and the
+    sampling floor (the unpatched model fed the reference's tokens is the reference itself)."""
+    return job.codec not in (REFERENCE, FLOOR)
+
+
+class Clip:
+    """One clip of a batch while it runs: its ref, the rows (units) it still needs, its rows' common fields,
+    and (once loaded) its condition, draw-0 reference output and reference teacher-forced distributions."""
+
+    def __init__(self, ref: ClipRef, todo: Sequence[Unit], run_id: str) -> None:
         self.ref = ref
         self.todo = list(todo)
         self.base = {"clip": ref.clip_id, "origin": ref.origin, "run": run_id, "clip_sha256": None}
@@ -262,6 +319,12 @@ class Clip:
         self.reference: Generated | None = None
         self.metric_ref: MetricReference | None = None  # the reference's spectra, computed once for its rows
         self.probs_ref: list | None = None
+
+    @property
+    def identity(self) -> str:
+        """The JSON of the row identity (the run's fingerprint digest, the clip's audio hash) that its saved
+        reference and its outputs' embedding files carry."""
+        return json.dumps({"run": self.base["run"], "clip_sha256": self.base["clip_sha256"]}, sort_keys=True)
 
 
 def _each(call: Callable[[list], list], items: list) -> list:
@@ -295,9 +358,8 @@ def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -
     missing = []
     for i, clip in enumerate(clips):
         path = out_dir / "refs" / f"{clip.ref.clip_id}.npz"
-        wav = out_dir / "wav" / wav_name(clip.ref.clip_id, "reference", None)
-        identity = json.dumps({"run": clip.base["run"], "clip_sha256": clip.base["clip_sha256"]},
-                              sort_keys=True)
+        wav = out_dir / "wav" / wav_name(clip.ref.clip_id, REFERENCE, None)
+        identity = clip.identity
         saved = load_reference(path, clip.cond_D, identity) if path.is_file() else None
         if saved is None:
             missing.append((i, identity))
@@ -321,29 +383,34 @@ def _references(out_dir: Path, clips: list[Clip], backend: Backend, seed: int) -
     return [results[i] for i in range(len(clips))]
 
 
-def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, config: EvalConfig,
+def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Unit]]], out_dir: Path, config: EvalConfig,
               backend: Backend, conditioner, emit: Callable[[dict], None], run_id: str = "",
               finish_beside: bool = False) -> None:
-    """Every job each clip of `batch` still needs (its `todo`); each finished or failed job is passed to
-    `emit` as one row, each job's rows as soon as that job has run for the whole batch.
+    """Every row (`Unit`: a job at a draw) each clip of `batch` still needs (its `todo`); each finished or
+    failed row is passed to `emit`, each job's rows as soon as that job has run for the whole batch.
 
-    Per batch: the reference (one generation of every clip without a saved one), the floor rows, the
-    reference's teacher-forced pass, then each job: one generation of the batch under the codec (patched once
-    for the batch) and one teacher-forced pass, then each clip's metrics and row. Every row of clip i samples
-    from its own random stream (`backend.generate`'s per-row seeds, the same seed a batch of one uses), so
-    batching changes no row but through float rounding. A clip that fails to load or condition gets its error
-    rows and leaves the batch; a batched call that raises is retried clip by clip (`_each`), so a bad clip
-    fails only its own rows.
+    Per batch: the draw-0 reference (one generation of every clip without a saved one), then each job of
+    `config.row_jobs()` in order: one generation of all its draws of all clips (patched once for the batch;
+    the reference's draw 0 is the one just made), the reference's teacher-forced pass before the first job
+    that needs it, each codec's own for its draw-0 rows, the latent embeddings of every output
+    (`backend.latents`), then each row: at draw 0 (but the reference's own) the sampled output's metrics
+    against the reference, its teacher-forced numbers and its WAV; at every draw its embeddings
+    (`emb/...npz`, eval/embeddings.py) and its condition adherence. Every row samples from its own random
+    stream (`backend.generate`'s per-row seeds: `config.sample_seed`, the seed a batch of one uses), so
+    batching changes no row but through float rounding. A clip that fails to load or condition gets its
+    error rows and leaves the batch; a batched call that raises is retried row by row (`_each`), so a bad
+    clip fails only its own rows.
 
     Every row carries its identity: `run` (`run_id`, the digest of the run's fingerprint) and `clip_sha256`
-    (the hash of the audio decoded here, None when it fails to load). An ok row records its wall time
-    (`seconds`: its share of its batch's generation and teacher forcing, plus its own metrics) and the
-    intra-op thread count it ran with (`threads`); neither reaches the report. Every row records the sampling
-    seed of its output (`seed`): the run's seed, or `floor_seed(seed)` for the FLOOR row. The KV_FLOOR row
-    runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and records no KV numbers.
+    (the hash of the audio decoded here, None when it fails to load), its `draw` and its `seed`. An ok row
+    records its wall time (`seconds`: its share of its job's generation and teacher forcing, plus its own
+    metrics and embeddings) and the intra-op thread count it ran with (`threads`); neither reaches the
+    report. The KV_FLOOR row runs as a codec row does, under `backend.bf16_kv()` instead of a codec, and
+    records no KV numbers.
 
-    `finish_beside` (a GPU run): each job's rows are finished (host metrics, WAVs, emits) on a worker thread
-    while the next job generates (`eval.beside.Beside`); the rows are the same, `emit` one call at a time.
+    `finish_beside` (a GPU run): each job's rows are finished (host metrics, embeddings, WAVs, emits) on
+    BESIDE_THREADS worker threads while the next job generates (`eval.beside.Beside`); the rows are the
+    same, `emit` one call at a time.
     """
     import torch
 
@@ -355,96 +422,115 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
         with emit_lock:
             emit(row)
 
-    def seed_of(codec: str) -> int:
-        return floor_seed(config.seed) if codec == FLOOR else config.seed
-
-    def fail(clip: Clip, jobs, stage: str, e: BaseException) -> None:
+    def fail(clip: Clip, units: Sequence[Unit], stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
-        for codec, bits, v_bits in jobs:
-            emit_row({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "seed": seed_of(codec),
-                      "status": "error", "stage": stage, "error": _error_text(e), "metrics": None, "kv": None,
-                      "seconds": None, "threads": None})
+        for (codec, bits, v_bits), draw in units:
+            emit_row({**clip.base, "codec": codec, "bits": bits, "v_bits": v_bits, "draw": draw,
+                      "seed": config.sample_seed(codec, draw), "status": "error", "stage": stage,
+                      "error": _error_text(e), "metrics": None, "kv": None, "adherence": None,
+                      "embeddings": None, "seconds": None, "threads": None})
 
-    def sample(seed: int) -> Callable[[list[Clip]], list]:
-        return lambda cs: backend.generate(_stack(cs), [seed] * len(cs))
+    def sample(job: Job) -> Callable[[list], list]:
+        """Generation of (clip, draw) pairs, each with its own seed."""
+        return lambda pairs: backend.generate(np.stack([c.cond_D for c, _ in pairs]),
+                                              [config.sample_seed(job.codec, d) for _, d in pairs])
 
     def forced(cs: list[Clip]) -> list:
         return backend.teacher_forced(_stack(cs), [c.reference.tokens for c in cs])
 
-    def ok(clip: Clip, job: Job, out: Generated, metrics: dict, kv, seconds: float) -> None:
-        write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
-        emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits,
-                  "seed": seed_of(job.codec), "status": "ok", "stage": None, "error": None,
-                  "metrics": metrics, "kv": kv, "seconds": round(seconds, 3),
-                  "threads": torch.get_num_threads()})
+    def latents(outs: list[Generated]) -> list:
+        return backend.latents(np.stack([o.audio for o in outs]))
 
     clips = []
     for ref, todo in batch:
         clip = Clip(ref, todo, run_id)
         if _prepare(clip, out_dir, backend, conditioner, fail):
             clips.append(clip)
-    for clip, out in zip(clips, _references(out_dir, clips, backend, config.seed), strict=True):
+    first = [c for c in clips if any(u.draw == 0 for u in c.todo)]  # what draw 0's rows compare with
+    for clip, out in zip(first, _references(out_dir, first, backend, config.seed), strict=True):
         if isinstance(out, Exception):
             fail(clip, clip.todo, "reference", out)
+            clip.todo = []
         else:
             clip.reference = out
             clip.metric_ref = MetricReference(out.audio, out.fhat, backend.sample_rate)
-    clips = [c for c in clips if c.reference is not None]
+    clips = [c for c in clips if c.todo]
 
-    def finish(these: list[Clip], job: Job, outs: list, forced_of: dict, kv, share: float) -> None:
-        """Each clip's row of `job`: its sampled output's metrics (and teacher-forced numbers, when
-        `forced_of` has them), its WAV, emitted; or its error row."""
-        for clip, out in zip(these, outs, strict=True):
+    def finish(units: list[tuple[Clip, int]], job: Job, outs: list, embedded: list, forced_of: dict, kv,
+               share: float) -> None:
+        """Each (clip, draw)'s row of `job`: its embeddings and adherence, at draw 0 (not the reference's
+        own) also its sampled output's metrics, teacher-forced numbers (when `forced_of` has them) and WAV;
+        emitted; or its error row."""
+        for (clip, draw), out, latent in zip(units, outs, embedded, strict=True):
+            unit = Unit(job, draw)
             if isinstance(out, Exception):
-                fail(clip, [job], "generate", out)
+                fail(clip, [unit], "generate", out)
                 continue
-            teacher_forced = forced_of.get(clip, {})
+            if isinstance(latent, Exception):
+                fail(clip, [unit], "embed", latent)
+                continue
+            paired = draw == 0 and job.codec != REFERENCE
+            teacher_forced = forced_of.get(clip, {}) if paired else {}
             if isinstance(teacher_forced, Exception):
-                fail(clip, [job], "fidelity", teacher_forced)
+                fail(clip, [unit], "fidelity", teacher_forced)
                 continue
             start = time.perf_counter()
             out = as_generated(out)
+            metrics = None
             try:  # the floor row's forced_of is empty: sampled-output metrics only (the module docstring)
-                metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
+                if paired:
+                    metrics = {**clip.metric_ref.compare(out.audio, out.fhat), **teacher_forced}
             except Exception as e:
-                fail(clip, [job], "metrics", e)
+                fail(clip, [unit], "metrics", e)
                 continue
-            ok(clip, job, out, metrics, kv, share + time.perf_counter() - start)
-
-    with Beside(finish_beside) as beside:
-        floor = [c for c in clips if Job(FLOOR) in c.todo]
-        start = time.perf_counter()
-        others = _each(sample(floor_seed(config.seed)), floor)
-        beside.submit(finish, floor, Job(FLOOR), others, {}, None,
-                      (time.perf_counter() - start) / max(len(floor), 1))
-
-        clips = [c for c in clips if any(job != Job(FLOOR) for job in c.todo)]
-        # the unpatched model on the reference's own tokens: what every codec is compared with
-        probs = _each(forced, clips)
-        for clip, p in zip(clips, probs, strict=True):
-            if isinstance(p, Exception):
-                fail(clip, [job for job in clip.todo if job != Job(FLOOR)], "fidelity", p)
-            else:
-                clip.probs_ref = p
-        clips = [c for c in clips if c.probs_ref is not None]
-
-        for job in dict.fromkeys(job for c in clips for job in c.todo if job != Job(FLOOR)):
-            these = [c for c in clips if job in c.todo]
-            start = time.perf_counter()
             try:
-                context = (backend.bf16_kv() if job.codec == KV_FLOOR
-                           else backend.compressed(job.codec, job.bits, job.v_bits))
-                with context as handle:
-                    outs = _each(sample(config.seed), these)
-                    kv = None
-                    if job.codec != KV_FLOOR and any(not isinstance(o, Exception) for o in outs):
-                        kv = kv_summary(handle.stats())
-                    done = [c for c, o in zip(these, outs, strict=True) if not isinstance(o, Exception)]
-                    probs_hats = _each(forced, done)
-            except Exception as e:  # the patch itself (or its stats) failed: every clip's row of this job
-                for clip in these:
-                    fail(clip, [job], "generate", e)
+                cond = conditioner_vector(out.audio, conditioner)
+                frames = spectral_frames(out.audio, backend.sample_rate)
+                adhere = adherence(cond, clip.cond_D)
+            except Exception as e:
+                fail(clip, [unit], "embed", e)
                 continue
+            emb = embedding_path(clip.ref.clip_id, *job, draw)
+            save_embeddings(out_dir, emb, clip.identity, latent, frames, cond)
+            if paired:
+                write_wav(out_dir / "wav" / wav_name(clip.ref.clip_id, *job), out.audio, backend.sample_rate)
+            emit_row({**clip.base, "codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "draw": draw,
+                      "seed": config.sample_seed(job.codec, draw), "status": "ok", "stage": None,
+                      "error": None, "metrics": metrics, "kv": kv, "adherence": adhere, "embeddings": emb,
+                      "seconds": round(share + time.perf_counter() - start, 3),
+                      "threads": torch.get_num_threads()})
+
+    with Beside(finish_beside, BESIDE_THREADS) as beside:
+        for job in config.row_jobs():
+            units = [(c, u.draw) for c in clips for u in c.todo if u.job == job]
+            if not units:
+                continue
+            if _teacher_forced(job):
+                _reference_probs(clips, forced, fail)
+                # a clip whose reference distributions failed has its draw-0 rows failed already
+                units = [(c, d) for c, d in units if d != 0 or c.probs_ref is not None]
+            start = time.perf_counter()
+            made = {(c, 0): c.reference for c, d in units if job.codec == REFERENCE and d == 0}
+            pending = [u for u in units if u not in made]
+            kv = None
+            try:
+                context = (contextlib.nullcontext() if job.codec in (REFERENCE, FLOOR) else backend.bf16_kv()
+                           if job.codec == KV_FLOOR else backend.compressed(job.codec, job.bits, job.v_bits))
+                with context as handle:
+                    made.update(zip(pending, _each(sample(job), pending), strict=True))
+                    ok = [u for u in pending if not isinstance(made[u], Exception)]
+                    if job.codec not in (REFERENCE, FLOOR, KV_FLOOR) and ok:
+                        kv = kv_summary(handle.stats())
+                    done = [c for c, d in ok if d == 0 and _teacher_forced(job)]
+                    probs_hats = _each(forced, done)
+            except Exception as e:  # the patch itself (or its stats) failed: every row of this job
+                for clip, draw in units:
+                    fail(clip, [Unit(job, draw)], "generate", e)
+                continue
+            outs = [made[u] for u in units]
+            ok = [as_generated(o) for o in outs if not isinstance(o, Exception)]
+            found = iter(_each(latents, ok))
+            embedded = [o if isinstance(o, Exception) else next(found) for o in outs]
             # every clip's teacher-forced numbers at once, where the distributions are
             forced_of = dict(zip(done, probs_hats, strict=True))  # clip -> its distributions or their error
             compared = [c for c in done if not isinstance(forced_of[c], Exception)]
@@ -453,7 +539,23 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Job]]], out_dir: Path, con
             except Exception as e:
                 rows = [e] * len(compared)
             forced_of.update(zip(compared, rows, strict=True))  # clip -> its two numbers or their error
-            beside.submit(finish, these, job, outs, forced_of, kv, (time.perf_counter() - start) / len(these))
+            beside.submit(finish, units, job, outs, embedded, forced_of, kv,
+                          (time.perf_counter() - start) / len(units))
+
+
+def _reference_probs(clips: list[Clip], forced: Callable, fail: Callable) -> None:
+    """The unpatched model on each clip's reference tokens (`clip.probs_ref`), once, for the clips whose
+    draw-0 rows need them: what every codec's teacher-forced numbers are compared with. A clip whose pass
+    fails gets those rows failed and dropped from its todo."""
+    need = [c for c in clips if c.probs_ref is None and any(u.draw == 0 and _teacher_forced(u.job)
+                                                            for u in c.todo)]
+    for clip, p in zip(need, _each(forced, need), strict=True):
+        if isinstance(p, Exception):
+            lost = [u for u in clip.todo if u.draw == 0 and _teacher_forced(u.job)]
+            fail(clip, lost, "fidelity", p)
+            clip.todo = [u for u in clip.todo if u not in lost]
+        else:
+            clip.probs_ref = p
 
 
 def _prepare(clip: Clip, out_dir: Path, backend: Backend, conditioner, fail: Callable) -> bool:
@@ -491,9 +593,9 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
     make_backend(device) builds the model backend once the device is known; `conditioner` has `name`,
     `fingerprint` and `embed(audio_48k_T)`. `meta` is added to the report (clip source, requested n, ...).
     `overwrite` starts afresh in a folder holding another run or other files (`claim_out_dir`).
-    `batch_size`: clips generated together (`run_batch`); it schedules the work and changes no row but
-    through float rounding, so it is no part of the run's fingerprint. Returns the report's results on rank 0
-    and None on the other ranks.
+    `batch_size`: generations run together (`run_batch`): a batch takes `clips_per_batch(batch_size, draws)`
+    clips with all their draws; it schedules the work and changes no row but through float rounding, so it
+    is no part of the run's fingerprint. Returns the report's results on rank 0 and None on the other ranks.
     """
     from tqdm import tqdm
 
@@ -516,13 +618,13 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
             except UsageError as e:  # every rank raises it (start_together), none waits for rank 0
                 problem = str(e)
         group.start_together(problem, fingerprint, [(r.clip_id, clip_hashes[r.clip_id]) for r in refs])
-        jobs = config.jobs()
+        units = config.units()
         earlier = [r for r in merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes)).values()
                    if r["status"] == "ok"]
         done = {row_key(r) for r in earlier}
         mine = list(refs)[info.rank::info.world]
-        total = len(mine) * len(jobs)
-        finished = sum((r.clip_id, *job) in done for r in mine for job in jobs)
+        total = len(mine) * len(units)
+        finished = sum((r.clip_id, *job, draw) in done for r in mine for job, draw in units)
         if finished < total:
             warn_thread_change(earlier, info.rank)
         writer = RowWriter(out_dir / ROWS_DIR / f"rank{info.rank}.jsonl")
@@ -539,13 +641,16 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
                  info.rank, device, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "unset"))
         start = time.perf_counter()
         try:
-            work = [(ref, [job for job in jobs if (ref.clip_id, *job) not in done]) for ref in mine]
+            work = [(ref, [u for u in units if (ref.clip_id, *u.job, u.draw) not in done]) for ref in mine]
             work = [(ref, todo) for ref, todo in work if todo]
-            if work:  # the sizes its generations run at (the last batch may be short): kernels compile ahead
-                backend.expect_batches(sorted({min(batch_size, len(work) - i)
-                                               for i in range(0, len(work), batch_size)}))
-            for i in range(0, len(work), batch_size):
-                run_batch(work[i:i + batch_size], out_dir, config, backend, conditioner, emit, run_id,
+            step = clips_per_batch(batch_size, config.draws)
+            batches = [work[i:i + step] for i in range(0, len(work), step)]
+            sizes = {sum(u.job == job for _, todo in b for u in todo)
+                     for b in batches for job in config.jobs()}
+            if work:  # the sizes its generations run at (a last batch may be short): kernels compile ahead
+                backend.expect_batches(sorted(sizes - {0}))
+            for b in batches:
+                run_batch(b, out_dir, config, backend, conditioner, emit, run_id,
                           finish_beside=str(device).startswith("cuda"))
         finally:
             bar.close()
@@ -554,7 +659,8 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
                  total - finished, time.perf_counter() - start, torch.get_num_threads())
         group.barrier()
         settings = {k: v for k, v in fingerprint.items() if k != "written_by"}
-        results = (_finish(out_dir, refs, jobs, settings, meta or {}, run_id, clip_hashes)
+        meta = {**(meta or {}), "fad_embeddings": list(embeddings_of(conditioner.clap))}
+        results = (_finish(out_dir, refs, config, settings, meta, run_id, clip_hashes, device)
                    if info.rank == 0 else None)
         group.barrier()
         return results
@@ -562,14 +668,14 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         group.close()
 
 
-def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: dict, run_id: str,
-            clip_hashes: dict[str, str | None]) -> dict:
-    """Rank 0: merge every rank's rows of this run's identity (only this run's clips and jobs; each row's
-    origin is where its clip is now), write rows.jsonl and the report."""
+def _finish(out_dir: Path, refs: Sequence[ClipRef], config: EvalConfig, settings: dict, meta: dict,
+            run_id: str, clip_hashes: dict[str, str | None], device: str = "cpu") -> dict:
+    """Rank 0: merge every rank's rows of this run's identity (only this run's clips, jobs and draws; each
+    row's origin is where its clip is now), write rows.jsonl and the report."""
     from octopus_audio.eval import report
 
     merged = merge_rows(current_rows(all_rows(out_dir), run_id, clip_hashes))
-    wanted = [(r.clip_id, *job) for r in refs for job in jobs]
+    wanted = [(r.clip_id, *job, draw) for r in refs for job, draw in config.units()]
     missing = [k for k in wanted if k not in merged]
     if missing:
         raise RuntimeError(f"{len(missing)} rows are missing after every rank finished (first: {missing[0]})")
@@ -581,6 +687,6 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], jobs, settings: dict, meta: 
             f.write(json.dumps(row, sort_keys=True) + "\n")
     os.replace(tmp, out_dir / MERGED_ROWS)
     clips = [{"clip": r.clip_id, "origin": r.origin} for r in refs]
-    if Job(FLOOR) in jobs:
-        meta = {**meta, "floor_seed": floor_seed(settings["seed"])}
-    return report.write_report(out_dir, rows, clips, jobs, {**settings, **meta})
+    if config.floor:
+        meta = {**meta, "floor_seed": config.sample_seed(FLOOR, 0)}
+    return report.write_report(out_dir, rows, clips, config.jobs(), {**settings, **meta}, device)
