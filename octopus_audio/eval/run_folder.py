@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.embeddings import EMBEDDINGS_DIR
 from octopus_audio.eval.rows import MERGED_ROWS, ROWS_DIR
 from octopus_audio.outdir import refuse_foreign
 
 SETTINGS_FILE = "settings.json"
 WRITTEN_BY = "octopus-audio eval"  # settings.json's mark: the folder is an eval run's
 CLIPS_KEY = "clip_sha256"  # settings.json: {clip id: sha256 of its decoded audio} of every clip run here
-RUN_STATE = (SETTINGS_FILE, ROWS_DIR, MERGED_ROWS, "refs", "wav")  # what --overwrite deletes to start afresh
+RUN_STATE = (SETTINGS_FILE, ROWS_DIR, MERGED_ROWS, "refs", "wav", EMBEDDINGS_DIR)  # what --overwrite deletes
 
 log = logging.getLogger(__name__)
 
