@@ -16,8 +16,10 @@ from octopus_audio.eval.distribution import (
     estimate,
     frechet_distance,
     frechet_replicates,
+    judge,
     mean_replicates,
     verdict,
+    verdict_level,
 )
 
 scipy_linalg = pytest.importorskip("scipy.linalg")
@@ -136,14 +138,31 @@ def test_distinguishable_at_both_sides_of_the_boundary(low, high, expected):
 
 def test_the_verdict_in_words_names_each_measure_outside_the_floor():
     inside = {"latent FAD": Estimate(0.1, -0.05, 0.3), "adherence": Estimate(-0.01, -0.02, 0.001)}
-    assert verdict(inside) == (False, SAME)
+    assert judge(inside, 0.975) == (False, SAME)
     outside = {"latent FAD": Estimate(0.4, 0.01, 0.8), "spectral FAD": Estimate(0.0, -0.1, 0.1),
                "adherence": Estimate(-0.03, -0.05, -0.002)}
-    hit, text = verdict(outside)
-    assert hit and text == ("differs from uncompressed: latent FAD higher (difference +0.4 [+0.01, +0.8]); "
-                            "adherence lower (difference -0.03 [-0.05, -0.002])")
+    hit, text = judge(outside, 0.9833)
+    assert hit and text == ("differs from uncompressed: latent FAD higher (difference +0.4, 98.3% interval "
+                            "[+0.01, +0.8]); adherence lower (difference -0.03, 98.3% interval [-0.05, "
+                            "-0.002])")
     with pytest.raises(ValueError):
-        verdict({"adherence": Estimate(0.0, None, None)})
+        judge({"adherence": Estimate(0.0, None, None)}, 0.95)
+
+
+def test_each_measure_of_a_verdict_is_read_at_the_bonferroni_level():
+    # made-up replicates of a difference: 2% of the resamples at or below 0, the rest above. A 95% interval
+    # excludes 0 (one measure: differs); with three measures each interval is at 98.3% and holds 0
+    assert verdict_level(1) == pytest.approx(0.95) and verdict_level(3) == pytest.approx(1 - 0.05 / 3)
+    reps = np.concatenate([[0.5], np.linspace(-0.1, 0.0, 20), np.linspace(0.01, 1.0, 980)])
+    zero = np.zeros_like(reps)
+    alone = verdict({"latent FAD": reps})
+    assert alone[0] and alone[2]["latent FAD"].low > 0
+    among_three = verdict({"latent FAD": reps, "spectral FAD": zero, "adherence": zero})
+    assert among_three[:2] == (False, SAME) and among_three[2]["latent FAD"].low < 0
+    # 0.5% at or below 0: outside even the 98.3% interval
+    reps = np.concatenate([[0.5], np.linspace(-0.1, 0.0, 5), np.linspace(0.01, 1.0, 995)])
+    hit, text, _ = verdict({"latent FAD": reps, "spectral FAD": zero, "adherence": zero})
+    assert hit and text.startswith("differs from uncompressed: latent FAD higher (difference +0.5, 98.3%")
 
 
 def test_a_shifted_set_is_told_apart_and_a_second_sample_is_not():

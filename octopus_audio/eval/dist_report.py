@@ -31,14 +31,14 @@ import numpy as np
 
 from octopus_audio.eval import distribution as stats
 from octopus_audio.eval.distribution import (
-    MIN_CLIPS,
+    MIN_VERDICT_CLIPS,
     ClipFrames,
-    Estimate,
     bootstrap_weights,
     estimate,
     frechet_replicates,
     mean_replicates,
     verdict,
+    verdict_level,
 )
 from octopus_audio.eval.embeddings import CLAP, LATENT, SPECTRAL, load_embeddings
 from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, REFERENCE
@@ -146,26 +146,29 @@ def distribution(out_dir: Path, rows: Sequence[dict], jobs: Sequence, meta: dict
         differences = {}
         for emb in embeddings if key in fads else ():
             row, floor = fads[key][clips][emb], fads[ref_key][clips][emb]
-            diff = estimate(row - floor)
             group["fad"][emb] = {**estimate(row).as_dict(), "floor": estimate(floor).as_dict(),
-                                 "difference": diff.as_dict()}
-            differences[FAD_LABELS[emb]] = diff
-        differences[ADHERENCE] = estimate(adh - adh_ref)
+                                 "difference": estimate(row - floor).as_dict()}
+            differences[FAD_LABELS[emb]] = row - floor
+        differences[ADHERENCE] = adh - adh_ref
         _judge(group, key, differences, has_floor, len(clips))
     return {"embeddings": embeddings, "draws": draws, "resamples": stats.RESAMPLES, "groups": groups}
 
 
-def _judge(group: dict, key: tuple, differences: dict[str, Estimate], has_floor: bool, clips: int) -> None:
+def _judge(group: dict, key: tuple, differences: dict[str, np.ndarray], has_floor: bool, clips: int) -> None:
+    """The group's verdict: `verdict` on its measures' difference replicates, or why there is none."""
     if key[0] == REFERENCE:
         group["verdict"] = "the floor: the uncompressed model's draws against its other-seed draws"
     elif key[0] == FLOOR:
         group["verdict"] = "the other-seed draws every FAD is measured against"
     elif not has_floor:
         group["verdict"] = "no verdict: the other-seed draws are off (--no-floor)"
-    elif clips < MIN_CLIPS:
-        group["verdict"] = f"no verdict: fewer than {MIN_CLIPS} clips with every draw"
+    elif clips < MIN_VERDICT_CLIPS:
+        group["verdict"] = (f"no verdict: {clips} clips with every draw, fewer than {MIN_VERDICT_CLIPS} (a "
+                            "bootstrap over so few clips understates its spread)")
     else:
-        group["distinguishable"], group["verdict"] = verdict(differences, DIFF_FORMATS)
+        group["distinguishable"], group["verdict"], used = verdict(differences, DIFF_FORMATS)
+        group["verdict_level"] = verdict_level(len(differences))
+        group["verdict_differences"] = {label: e.as_dict() for label, e in used.items()}
 
 
 # the table, the CSV, the plots, the page ------------------------------------------------------------------
@@ -174,6 +177,7 @@ def text(meta: dict, dist: dict) -> str:
     """What the distribution table's numbers are, for the Markdown table and the page."""
     draws, seed = dist["draws"], meta.get("seed")
     labels = ", ".join(FAD_LABELS[e] for e in dist["embeddings"])
+    measures = len(dist["embeddings"]) + 1
     seeds = (f"seeds {seed}..{seed + draws - 1}" if isinstance(seed, int) and draws > 1 else f"seed {seed}")
     floor = meta.get("floor_seed")
     other = (f"; the other-seed draws (`{FLOOR}`) use seeds {floor}..{floor + draws - 1}"
@@ -188,10 +192,12 @@ def text(meta: dict, dist: dict) -> str:
             f"over clips ({dist['resamples']} seeded resamples, each clip's draws kept together). Outputs: "
             "clips x draws the row is measured on (a clip with a failed draw in the row, the reference or the"
             " other-seed draws is left out), every FAD comparing sets of that size, so rows with equal "
-            "outputs compare fairly (small sets raise FAD). Verdict: not distinguishable from uncompressed at"
-            " this sample size when the 95% interval of the row's difference from the reference row (same "
-            "resamples) contains 0 for every FAD and for the adherence; otherwise the measures that differ, "
-            "with that interval.")
+            f"outputs compare fairly (small sets raise FAD). Verdict (from {MIN_VERDICT_CLIPS} clips): not "
+            "distinguishable from uncompressed at this sample size when, for every FAD and for the adherence,"
+            " the bootstrap interval of the row's difference from the reference row (same resamples) contains"
+            " 0; otherwise the measures that differ, with that interval. With m measures each interval is at "
+            f"1 - 5%/m ({100 * verdict_level(measures):.3g}% here), so the verdict of a row as a whole holds "
+            "at 95%.")
 
 
 def _cell(e: dict | None, fmt: str) -> str:

@@ -17,9 +17,13 @@ How to read the numbers:
   which makes its fits noisier, so a FAD interval may sit above its point estimate; a difference between two
   rows, taken on the same resamples, carries that shift on both sides.
 - Verdict (`verdict`): a row is "not distinguishable from uncompressed at this sample size" when, for every
-  FAD embedding and for the adherence, the 95% interval of its difference from the uncompressed model's
-  value (on the same resamples) contains 0; otherwise it names each measure whose interval lies entirely
-  above or below 0.
+  measure (each FAD embedding and the adherence), the bootstrap interval of its difference from the
+  uncompressed model's value (on the same resamples) contains 0; otherwise it names each measure whose
+  interval lies entirely above or below 0. With m measures each interval is at 1 - 5%/m (Bonferroni: 98.3%
+  for three), so the row's verdict as a whole holds at 95%, not each measure alone. A verdict needs
+  MIN_VERDICT_CLIPS clips: a percentile bootstrap over few clips is narrower than its level (over n clips
+  about as a normal interval with sqrt((n - 1) / n) of the spread and no t correction; three clips all of
+  one sign exclude 0).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import torch
 CONFIDENCE = 0.95
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0  # the resamples are a function of the number of clips alone: reports are reproducible
-MIN_CLIPS = 2  # a bootstrap over fewer clips has no spread: no interval, no verdict
+MIN_CLIPS = 2  # a bootstrap over fewer clips has no spread: no interval
+MIN_VERDICT_CLIPS = 10  # fewer clips: intervals shown, no verdict (module docstring)
 CHUNK = 250  # resamples fitted at once (covariance stacks of CHUNK x C x C float64)
 # the Cholesky factor of the covariance compared with: JITTER times its mean variance on its diagonal, so a
 # singular covariance factors too. It moves a distance by about JITTER of its size where the covariance is
@@ -230,20 +235,38 @@ def distinguishable(difference: Estimate) -> bool:
     return difference.low > 0.0 or difference.high < 0.0
 
 
-def verdict(differences: Mapping[str, Estimate], fmt: Mapping[str, str] | None = None) -> tuple[bool, str]:
-    """(distinguishable, the verdict in words) from each measure's difference to the uncompressed model
-    (label -> Estimate of row minus uncompressed, e.g. {"latent FAD": ..., "adherence": ...}): SAME when every
-    interval contains 0, else `differs from uncompressed: <measure> higher|lower (difference <value> [<low>,
-    <high>]); ...` for each measure whose interval lies above or below 0. `fmt`: a format per label (default
-    3 significant digits)."""
+def verdict_level(measures: int, confidence: float = CONFIDENCE) -> float:
+    """The level of each measure's interval in a verdict over `measures` measures (Bonferroni): the verdict
+    as a whole then holds at `confidence`."""
+    if measures < 1:
+        raise ValueError("a verdict needs at least one measure")
+    return 1.0 - (1.0 - confidence) / measures
+
+
+def verdict(differences: Mapping[str, np.ndarray], fmt: Mapping[str, str] | None = None
+            ) -> tuple[bool, str, dict[str, Estimate]]:
+    """(distinguishable, the verdict in words, each measure's Estimate) from each measure's bootstrap
+    replicates of (row minus uncompressed) (label -> replicates, row 0 the whole set; e.g. {"latent FAD":
+    ..., "adherence": ...}), each interval at `verdict_level(len(differences))` (`judge`)."""
+    level = verdict_level(len(differences))
+    estimates = {label: estimate(reps, level) for label, reps in differences.items()}
+    return (*judge(estimates, level, fmt), estimates)
+
+
+def judge(differences: Mapping[str, Estimate], level: float,
+          fmt: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(distinguishable, the verdict in words) from each measure's difference to the uncompressed model with
+    its interval at `level`: SAME when every interval contains 0, else `differs from uncompressed:
+    <measure> higher|lower (difference <value>, <level> interval [<low>, <high>]); ...` for each measure
+    whose interval lies above or below 0. `fmt`: a format per label (default 3 significant digits)."""
     if not differences:
         raise ValueError("a verdict needs at least one measure")
     parts = []
     for label, d in differences.items():
         if distinguishable(d):
             f = (fmt or {}).get(label, "{:+.3g}")
-            parts.append(f"{label} {'higher' if d.low > 0 else 'lower'} (difference {f.format(d.value)} "
-                         f"[{f.format(d.low)}, {f.format(d.high)}])")
+            parts.append(f"{label} {'higher' if d.low > 0 else 'lower'} (difference {f.format(d.value)}, "
+                         f"{100 * level:.3g}% interval [{f.format(d.low)}, {f.format(d.high)}])")
     if not parts:
         return False, SAME
     return True, "differs from uncompressed: " + "; ".join(parts)
