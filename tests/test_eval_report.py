@@ -62,7 +62,7 @@ def test_tables_agree_with_the_rows(report_dir):
             "0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
     assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
-    assert len(results["failures"]) == 6 + 2  # the broken clip's 6 rows, octopus b4 on 2 clips
+    assert len(results["failures"]) == 7 + 2  # the broken clip's 7 rows, octopus b4 on 2 clips
     for name in METRIC_KEYS:
         assert (report_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -180,8 +180,8 @@ def text(meta: dict, dist: dict) -> str:
     measures = len(dist["embeddings"]) + 1
     seeds = (f"seeds {seed}..{seed + draws - 1}" if isinstance(seed, int) and draws > 1 else f"seed {seed}")
     floor = meta.get("floor_seed")
-    other = (f"; the other-seed draws (`{FLOOR}`) use seeds {floor}..{floor + draws - 1}"
-             if isinstance(floor, int) else "")
+    other = ("" if not isinstance(floor, int) else f"; the other-seed draws (`{FLOOR}`) use seed {floor}"
+             if draws == 1 else f"; the other-seed draws (`{FLOOR}`) use seeds {floor}..{floor + draws - 1}")
     return (f"Distribution over {draws} draw{'s' if draws > 1 else ''} a clip: the reference and every row "
             f"sample each clip with {seeds}{other}. {labels}: the Frechet distance between Gaussian fits of "
             "the row's output embeddings and those of the other-seed draws of the same clips (latent: the "

@@ -113,7 +113,7 @@ def clips_per_batch(batch_size: int, draws: int) -> int:
 def batch_size_problem(batch_size) -> str | None:
     """The sentence for a batch size that is not an integer >= 1, else None."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        return f"--batch-size must be an integer >= 1 (clips generated together), got {batch_size!r}"
+        return f"--batch-size must be an integer >= 1 (generations run together), got {batch_size!r}"
     return None
 
 
