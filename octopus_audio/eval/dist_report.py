@@ -98,14 +98,12 @@ def _kv_bits(rows: Sequence[dict], key: tuple) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def distribution(out_dir: Path, rows: Sequence[dict], jobs: Sequence, meta: dict,
-                 device: str = "cpu") -> dict:
+def distribution(out_dir: Path, rows: Sequence[dict], jobs: Sequence, meta: dict) -> dict:
     """The distribution results of a run (module docstring): {"embeddings", "draws", "resamples", "groups":
     one per row in report order (REFERENCE first, then `jobs`)}; each group holds its clips and outputs, per
     embedding the FAD (value, low, high) with the floor on the same clips and the difference, the adherence
     likewise, the verdict (text, distinguishable: bool or None) and its mean K+V bits per coordinate. Rows
-    measured on the same clips share one bootstrap (and one fit of the floor's sets per resample); the fits
-    run in float64 on `device` (the eval's: a GPU where it ran on one)."""
+    measured on the same clips share one bootstrap (and one fit of the floor's sets per resample)."""
     draws = int(meta.get("draws", 1))
     embeddings = list(meta.get("fad_embeddings", [LATENT, SPECTRAL]))
     data = _collect(out_dir, rows, draws, embeddings)
@@ -123,9 +121,9 @@ def distribution(out_dir: Path, rows: Sequence[dict], jobs: Sequence, meta: dict
         measured = [k for k in keys if clips_of[k] == clips and k != floor_key]
         for emb in embeddings:
             shift = floors[clips[0]]["frames"][emb].astype(np.float64).mean(0)
-            sets = {k: ClipFrames([data[k][c]["frames"][emb] for c in clips], shift, device)
+            sets = {k: ClipFrames([data[k][c]["frames"][emb] for c in clips], shift)
                     for k in dict.fromkeys([ref_key, *measured])}
-            against = ClipFrames([floors[c]["frames"][emb] for c in clips], shift, device)
+            against = ClipFrames([floors[c]["frames"][emb] for c in clips], shift)
             for k, reps in frechet_replicates(sets, against, weights).items():
                 fads.setdefault(k, {}).setdefault(clips, {})[emb] = reps
     groups = []

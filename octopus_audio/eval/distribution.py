@@ -28,6 +28,7 @@ How to read the numbers:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ BOOTSTRAP_SEED = 0  # the resamples are a function of the number of clips alone:
 MIN_CLIPS = 2  # a bootstrap over fewer clips has no spread: no interval
 MIN_VERDICT_CLIPS = 10  # fewer clips: intervals shown, no verdict (module docstring)
 CHUNK = 250  # resamples fitted at once (covariance stacks of CHUNK x C x C float64)
+THREADS = 16  # (chunk, set) pieces at once, at most one a core
 # the Cholesky factor of the covariance compared with: JITTER times its mean variance on its diagonal, so a
 # singular covariance factors too. It moves a distance by about JITTER of its size where the covariance is
 # regular, by about sqrt(JITTER) (1e-5) of its size along directions where it is exactly singular but the
@@ -57,9 +59,9 @@ def frechet_distance(mu1: np.ndarray, cov1: np.ndarray, mu2: np.ndarray, cov2: n
 
 
 def frechet_distances(mu1_BC: np.ndarray, cov1_BCC: np.ndarray, mu2_BC: np.ndarray,
-                      cov2_BCC: np.ndarray, device: str = "cpu") -> np.ndarray:
-    """`frechet_distance` of each of B pairs (computed in float64 on `device`)."""
-    mu1, cov1, mu2, cov2 = (torch.as_tensor(np.asarray(a, dtype=np.float64), device=device)
+                      cov2_BCC: np.ndarray) -> np.ndarray:
+    """`frechet_distance` of each of B pairs."""
+    mu1, cov1, mu2, cov2 = (torch.as_tensor(np.asarray(a, dtype=np.float64))
                             for a in (mu1_BC, cov1_BCC, mu2_BC, cov2_BCC))
     return _frechet(mu1, cov1, mu2, cov2, _factor(cov2)).cpu().numpy()
 
@@ -130,9 +132,9 @@ class ClipFrames:
     """One set's embeddings of one kind, per clip: every frame of every draw of the clip as a row (a
     clip-level embedding is one frame an output). Gaussian fits of any clip weighting come from the per-clip
     sums, taken around a common `shift` (any point near the data: it only keeps the sums well conditioned),
-    in float64 on `device`."""
+    in float64 on the CPU (torch's batched eigenvalues on CUDA loop over the matrices above 32 x 32)."""
 
-    def __init__(self, frames: Sequence[np.ndarray], shift_C: np.ndarray, device: str = "cpu") -> None:
+    def __init__(self, frames: Sequence[np.ndarray], shift_C: np.ndarray) -> None:
         if not frames:
             raise ValueError("a set needs at least one clip")
         self.frames = [np.asarray(f, dtype=np.float64) - shift_C for f in frames]
@@ -140,26 +142,23 @@ class ClipFrames:
         if len(dims) != 1 or any(f.ndim != 2 or f.shape[0] < 1 for f in self.frames):
             raise ValueError(f"each clip's frames must be (n >= 1, C) with one C, got "
                              f"{[f.shape for f in self.frames]}")
-        self.device = device
         self.n_K = np.array([f.shape[0] for f in self.frames], dtype=np.float64)
         self.s1_KC = np.stack([f.sum(0) for f in self.frames])
-        self._s2_KCC: torch.Tensor | None = None
+        self.s2_KCC = torch.as_tensor(np.stack([f.T @ f for f in self.frames]))
 
     @property
     def dim(self) -> int:
         return self.s1_KC.shape[1]
 
     def fit(self, weights_BK: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mu_BC, cov_BCC) on `device`: the Gaussian fit of the frames with clip k counted weights_BK[b, k]
-        times (the covariance normalised by the count - 1, as numpy's `cov`)."""
-        if self._s2_KCC is None:
-            self._s2_KCC = torch.as_tensor(np.stack([f.T @ f for f in self.frames]), device=self.device)
-        w = torch.as_tensor(np.asarray(weights_BK, dtype=np.float64), device=self.device)
-        n_B = w @ torch.as_tensor(self.n_K, device=self.device)
+        """(mu_BC, cov_BCC): the Gaussian fit of the frames with clip k counted weights_BK[b, k] times (the
+        covariance normalised by the count - 1, as numpy's `cov`)."""
+        w = torch.as_tensor(np.asarray(weights_BK, dtype=np.float64))
+        n_B = w @ torch.as_tensor(self.n_K)
         if bool((n_B < 2).any()):
             raise ValueError("a Gaussian fit needs at least two frames")
-        mu_BC = (w @ torch.as_tensor(self.s1_KC, device=self.device)) / n_B[:, None]
-        s2_BCC = (w @ self._s2_KCC.reshape(len(self.frames), -1)).reshape(-1, self.dim, self.dim)
+        mu_BC = (w @ torch.as_tensor(self.s1_KC)) / n_B[:, None]
+        s2_BCC = (w @ self.s2_KCC.reshape(len(self.frames), -1)).reshape(-1, self.dim, self.dim)
         outer_BCC = mu_BC[:, :, None] * mu_BC[:, None, :]
         return mu_BC, (s2_BCC - n_B[:, None, None] * outer_BCC) / (n_B - 1)[:, None, None]
 
@@ -167,36 +166,42 @@ class ClipFrames:
 def frechet_replicates(sets: Mapping[str, ClipFrames], against: ClipFrames,
                        weights_BK: np.ndarray) -> dict[str, np.ndarray]:
     """Per set, `frechet_distance` between its fit and `against`'s under each row of clip weights (the same
-    clips, in the same order, in every set, all on `against`'s device), CHUNK rows at a time; `against`'s
-    factor once a row. Where a set holds fewer frames than dimensions (CLAP: one 512-d vector an output),
-    through `_gram_replicates`, whose cost follows the frame count instead of the dimension."""
+    clips, in the same order, in every set), CHUNK rows at a time, `against`'s factor once a chunk; the
+    (chunk, set) pieces on up to THREADS threads (torch's batched eigenvalues run one matrix after another on
+    one core, and release the GIL). Where a set holds fewer frames than dimensions (CLAP: one 512-d vector an
+    output), through `_gram_replicates`, whose cost follows the frame count instead of the dimension."""
+    from concurrent.futures import ThreadPoolExecutor
+
     small = min([against.n_K.sum(), *(s.n_K.sum() for s in sets.values())]) < against.dim
     if small:
         return {name: _gram_replicates(s, against, weights_BK) for name, s in sets.items()}
-    out: dict[str, list[np.ndarray]] = {name: [] for name in sets}
-    for start in range(0, weights_BK.shape[0], CHUNK):
-        w = weights_BK[start:start + CHUNK]
+    chunks = [weights_BK[start:start + CHUNK] for start in range(0, weights_BK.shape[0], CHUNK)]
+    fitted = []
+    for w in chunks:
         mu_a, cov_a = against.fit(w)
-        factor_a = _factor(cov_a)
-        for name, s in sets.items():
-            mu, cov = s.fit(w)
-            out[name].append(_frechet(mu, cov, mu_a, cov_a, factor_a).cpu().numpy())
-    return {name: np.concatenate(parts) for name, parts in out.items()}
+        fitted.append((mu_a, cov_a, _factor(cov_a)))
+
+    def piece(i: int, s: ClipFrames) -> np.ndarray:
+        mu, cov = s.fit(chunks[i])
+        return _frechet(mu, cov, *fitted[i]).numpy()
+
+    with ThreadPoolExecutor(min(THREADS, os.cpu_count() or 1)) as pool:
+        futures = {name: [pool.submit(piece, i, s) for i in range(len(chunks))] for name, s in sets.items()}
+        return {name: np.concatenate([f.result() for f in parts]) for name, parts in futures.items()}
 
 
 def _gram_replicates(x: ClipFrames, y: ClipFrames, weights_BK: np.ndarray) -> np.ndarray:
     """`frechet_distance` of the weighted fits of x and y through their n-by-m products instead of C-by-C
     covariances: with cov_x = A A^T and cov_y = B B^T (A the weighted, centred frames over sqrt(n - 1)),
     tr sqrt(cov_x^1/2 cov_y cov_x^1/2) is the sum of the singular values of A^T B, the square roots of the
-    eigenvalues of (A^T B)(A^T B)^T. CHUNK rows of weights at a time, on y's device."""
-    dev = y.device
-    fx, fy = (torch.as_tensor(np.concatenate(s.frames), device=dev) for s in (x, y))
-    clip_x, clip_y = (torch.as_tensor(np.repeat(np.arange(len(s.frames)), s.n_K.astype(np.int64)), device=dev)
+    eigenvalues of (A^T B)(A^T B)^T. CHUNK rows of weights at a time."""
+    fx, fy = (torch.as_tensor(np.concatenate(s.frames)) for s in (x, y))
+    clip_x, clip_y = (torch.as_tensor(np.repeat(np.arange(len(s.frames)), s.n_K.astype(np.int64)))
                       for s in (x, y))
     gram_xy, sq_x, sq_y = fx @ fy.T, (fx * fx).sum(1), (fy * fy).sum(1)
     out = []
     for start in range(0, weights_BK.shape[0], CHUNK):
-        w = torch.as_tensor(np.asarray(weights_BK[start:start + CHUNK], dtype=np.float64), device=dev)
+        w = torch.as_tensor(np.asarray(weights_BK[start:start + CHUNK], dtype=np.float64))
         wx, wy = w[:, clip_x], w[:, clip_y]
         nx, ny = wx.sum(1), wy.sum(1)
         if bool((nx < 2).any() or (ny < 2).any()):

@@ -517,7 +517,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
-                 meta: dict, device: str = "cpu") -> dict:
+                 meta: dict) -> dict:
     """Write every report file under out_dir from the merged rows; returns what results.json holds.
 
     rows: one per (clip, job, draw) of this run, the reference's own rows (REFERENCE) included (see runner);
@@ -525,7 +525,7 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     (model, conditioner, seed, draws, ...). The paired table, its plots and the page's clips are draw 0's
     rows of `jobs`; the distribution part (eval/dist_report.py) reads every row and its embeddings. The
     spectrograms are drawn on worker threads while this thread draws the plots (`spectrograms_drawn`);
-    index.html is written after both. `device`: where the distribution's fits run (float64).
+    index.html is written after both.
     """
     from octopus_audio.eval import dist_report
 
@@ -534,7 +534,7 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     meta = {**meta, "clip_count": len(clips)}
     paired = [r for r in rows if r.get("draw", 0) == 0 and r["codec"] != REFERENCE]
     groups = aggregate(paired, jobs)
-    dist = dist_report.distribution(out_dir, rows, jobs, meta, device)
+    dist = dist_report.distribution(out_dir, rows, jobs, meta)
     failures = [{"clip": r["clip"], "codec": r["codec"], "bits": r["bits"], "v_bits": _job_of(r).v_bits,
                  "draw": r.get("draw", 0), "stage": r["stage"], "error": r["error"]}
                 for r in rows if r["status"] != "ok"]

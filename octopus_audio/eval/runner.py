@@ -660,7 +660,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
         group.barrier()
         settings = {k: v for k, v in fingerprint.items() if k != "written_by"}
         meta = {**(meta or {}), "fad_embeddings": list(embeddings_of(conditioner.clap))}
-        results = (_finish(out_dir, refs, config, settings, meta, run_id, clip_hashes, device)
+        results = (_finish(out_dir, refs, config, settings, meta, run_id, clip_hashes)
                    if info.rank == 0 else None)
         group.barrier()
         return results
@@ -669,7 +669,7 @@ def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
 
 
 def _finish(out_dir: Path, refs: Sequence[ClipRef], config: EvalConfig, settings: dict, meta: dict,
-            run_id: str, clip_hashes: dict[str, str | None], device: str = "cpu") -> dict:
+            run_id: str, clip_hashes: dict[str, str | None]) -> dict:
     """Rank 0: merge every rank's rows of this run's identity (only this run's clips, jobs and draws; each
     row's origin is where its clip is now), write rows.jsonl and the report."""
     from octopus_audio.eval import report
@@ -689,4 +689,4 @@ def _finish(out_dir: Path, refs: Sequence[ClipRef], config: EvalConfig, settings
     clips = [{"clip": r.clip_id, "origin": r.origin} for r in refs]
     if config.floor:
         meta = {**meta, "floor_seed": config.sample_seed(FLOOR, 0)}
-    return report.write_report(out_dir, rows, clips, config.jobs(), {**settings, **meta}, device)
+    return report.write_report(out_dir, rows, clips, config.jobs(), {**settings, **meta})
