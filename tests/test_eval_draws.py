@@ -136,8 +136,8 @@ def frames_of(out, rows, codec, embedding):
     from octopus_audio.eval.embeddings import load_embeddings
 
     mine = [r for r in rows if r["codec"] == codec]
-    return np.concatenate([load_embeddings(out, r["embeddings"], json.dumps(
-        {"run": r["run"], "clip_sha256": r["clip_sha256"]}, sort_keys=True))[embedding] for r in mine])
+    return np.concatenate([np.atleast_2d(load_embeddings(out, r["embeddings"], json.dumps(
+        {"run": r["run"], "clip_sha256": r["clip_sha256"]}, sort_keys=True))[embedding]) for r in mine])
 
 
 def fad_of(x, y):
@@ -250,3 +250,36 @@ def test_the_cli_default_draws_by_device_and_the_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert cli.default_draws("auto") == cli.CUDA_DRAWS == 8 and cli.default_draws("cpu") == cli.CPU_DRAWS
+
+
+class FakeClap(FakeConditioner):
+    """The fake conditioner taken for a CLAP model: its embeddings of the outputs get a FAD of their own."""
+
+    name = "fake-clap"
+    clap = True
+
+
+def test_a_clap_conditioner_adds_a_fad_on_its_embeddings(tmp_path):
+    # 3 clips x 3 draws: 9 vectors of 512-d a set, fewer than dimensions (the Gram path)
+    clips = make_clips(tmp_path / "clips", n=3)
+    cfg = draws_config()
+
+    def build():
+        return AARBackend(FakePipe(), cfg, "fake-aar", "cpu", generate_fn=loud_generate,
+                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=fake_teacher_forced)
+
+    out = tmp_path / "out"
+    results = evaluate(list_folder(clips, n=3, seed=0), out, cfg,
+                       lambda device: LazyBackend(build, "fake-aar"), FakeClap(), progress=False)
+    dist = results["distribution"]
+    assert dist["embeddings"] == ["latent", "spectral", "clap"]
+    rows = rows_of(out)
+    x, y = frames_of(out, rows, "octopus", "clap").astype(np.float64), frames_of(out, rows, FLOOR, "clap")
+    a, b = x - x.mean(0), y.astype(np.float64) - y.mean(0)
+    # cov = A^T A / (n - 1): tr sqrt(cov_x^1/2 cov_y cov_x^1/2) is the nuclear norm of A B^T / (n - 1)
+    nuclear = np.linalg.svd(a @ b.T / (len(a) - 1), compute_uv=False).sum()
+    expected = ((x.mean(0) - y.mean(0)) ** 2).sum() + (a * a).sum() / (len(a) - 1) + (b * b).sum() / (
+        len(b) - 1) - 2 * nuclear
+    (loud,) = [g for g in dist["groups"] if g["codec"] == "octopus"]
+    assert loud["fad"]["clap"]["value"] == pytest.approx(expected, rel=1e-9)
+    assert "CLAP FAD [95%]" in (out / "table.md").read_text()
