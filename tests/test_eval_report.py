@@ -249,10 +249,11 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     assert found["errors"] == []
     assert found["scroll_width"] <= found["client_width"] <= 1400  # no sideways scrolling at 1400 px
     images = found["images"]
-    # the plots, then per clip 13 spectrograms: input, reference, floor, none, 2 codecs x 2 widths ... and
-    # the failed rows' cells, which have none (clip0 and clip1 lack octopus b4)
+    # the plots (each metric's, then the distribution's: latent FAD, spectral FAD, adherence), then per clip
+    # 13 spectrograms: input, reference, floor, none, 2 codecs x 2 widths ... and the failed rows' cells,
+    # which have none (clip0 and clip1 lack octopus b4)
     players = 2 * (3 + 1 + 4 - 1)
-    assert len(images) == len(METRIC_KEYS) + players and all(i["ok"] for i in images), images
+    assert len(images) == len(METRIC_KEYS) + 3 + players and all(i["ok"] for i in images), images
     assert len(found["audio"]) == players and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
     assert durations["wav/clip0__00_input.wav"] == pytest.approx(0.5)  # the clip's own length, not 10 s

@@ -489,8 +489,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
     if dist is not None:
         from octopus_audio.eval import dist_report
 
-        summary.append(f"<h2>Distribution over draws</h2><p>{html.escape(dist_report.text(meta, dist))}</p>"
-                       + dist_report.page_table(dist))
+        words = html.escape(dist_report.text(meta, dist).replace("`", ""))
+        summary.append(f"<h2>Distribution over draws</h2><p>{words}</p>" + dist_report.page_table(dist))
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p[:-4])} against stored bits'>"
                         for p in plots)
     sections = [_clip_section(out_dir, n, clip, jobs, by_key, meta) for n, clip in enumerate(clips)]
