@@ -64,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output folder: new, empty, or an earlier eval's, which a rerun with the same model, "
                         "conditioner and settings resumes")
     p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in a folder holding another run (its settings, rows, references and "
-                        "WAVs are deleted) or write into one holding other files")
+                   help="start afresh in a folder holding another run (its settings, rows, references, WAVs "
+                        "and embeddings are deleted) or write into one holding other files")
     p.add_argument("--cache-dir", default=None,
                    help="embedding cache (default: $XDG_CACHE_HOME/octopus-audio/conditioning, "
                         "XDG_CACHE_HOME defaulting to ~/.cache)")
