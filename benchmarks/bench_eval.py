@@ -64,7 +64,7 @@ def stage_run(argv: list[str], report: Path) -> int:
     start = time.perf_counter()
     totals = dict.fromkeys(STAGES, 0.0)
     from octopus_audio.aar_patch import compile_ahead
-    from octopus_audio.eval import backends, cli, dist_report, metrics, runner
+    from octopus_audio.eval import backends, batch, cli, dist_report, metrics
     from octopus_audio.eval import report as report_module
 
     _timed(compile_ahead, "compile_ahead", "compile ahead", totals)
@@ -73,7 +73,7 @@ def stage_run(argv: list[str], report: Path) -> int:
     _timed(backends.AARBackend, "teacher_forced", "teacher forced", totals)
     _timed(backends.AARBackend, "latents", "latents", totals)
     _timed(metrics.MetricReference, "compare", "metrics", totals)
-    _timed(runner, "conditioner_vector", "conditioner embed", totals)
+    _timed(batch, "conditioner_vector", "conditioner embed", totals)
     _timed(report_module, "write_report", "report", totals)
     _timed(dist_report, "distribution", "distribution", totals)
     from octopus_audio.cli import main

@@ -15,7 +15,8 @@ import pytest
 
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.runner import FLOOR, KV_FLOOR, REFERENCE, EvalConfig, evaluate, kv_summary
+from octopus_audio.eval.batch import kv_summary
+from octopus_audio.eval.runner import FLOOR, KV_FLOOR, REFERENCE, EvalConfig, evaluate
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -643,14 +644,14 @@ def test_rows_finished_beside_the_next_generation_equal_rows_finished_in_line(tm
 
 
 def test_an_error_finishing_rows_beside_stops_the_run(tmp_path, monkeypatch):
-    from octopus_audio.eval import runner
+    from octopus_audio.eval import batch
 
     def broken_disk(path, audio, rate):
         if "octopus" in Path(path).name:
             raise OSError("injected: no space left on device")
         return None
 
-    monkeypatch.setattr(runner, "write_wav", broken_disk)
+    monkeypatch.setattr(batch, "write_wav", broken_disk)
     _finishing_beside(monkeypatch)
     with pytest.raises(OSError, match="no space left"):
         run_fake(make_clips(tmp_path / "clips", n=2), tmp_path / "out")

@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
+from octopus_audio.eval.jobs import Job
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
 from octopus_audio.eval.run_files import FLOOR, KV_FLOOR, REFERENCE, bits_tag, wav_name
-from octopus_audio.eval.runner import Job
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 
 log = logging.getLogger(__name__)
