@@ -3,6 +3,8 @@ sharding, settings checks, teacher-forced fidelity on the saved reference tokens
 by test_eval_report.py and the torchrun child."""
 
 import contextlib
+import csv
+import io
 import json
 import os
 import re
@@ -484,7 +486,18 @@ def test_sink_scales_run_as_widths_do(tmp_path):
     run_fake(clips, out, cfg=cfg)
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [(r["codec"], r["bits"], r["sink_scales"]) for r in rows] == [
-        ("octopus", 2, 0), ("octopus", 4, 0), ("octopus", 2, 3), ("octopus", 4, 3), ("none", None, None)]
+        (REFERENCE, None, None), ("octopus", 2, 0), ("octopus", 4, 0), ("octopus", 2, 3), ("octopus", 4, 3),
+        ("none", None, None)]
+    # the distribution metrics: one group a (codec, widths, sink scales), each of its own rows, never pooled
+    dist = json.loads((out / "results.json").read_text())["distribution"]["groups"]
+    assert [(g["codec"], g["bits"], g["sink_scales"], g["outputs"]) for g in dist] == [
+        (REFERENCE, None, None, 1), ("octopus", 2, 0, 1), ("octopus", 4, 0, 1), ("octopus", 2, 3, 1),
+        ("octopus", 4, 3, 1), ("none", None, None, 1)]
+    table = list(csv.DictReader(io.StringIO((out / "distribution.csv").read_text())))
+    assert [(r["codec"], r["bits"], r["sink_scales"]) for r in table][1:3] == [("octopus", "2", "0"),
+                                                                            ("octopus", "4", "0")]
+    adherence = json.loads((out / "plots" / "distribution.json").read_text())["adherence"]["codecs"]
+    assert sorted(adherence) == ["none", "octopus S=0", "octopus S=3"]
     assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == [
         "clip0__octopus_b2.wav", "clip0__octopus_b2_s3.wav", "clip0__octopus_b4.wav",
         "clip0__octopus_b4_s3.wav"]
@@ -705,23 +718,23 @@ def test_an_error_finishing_rows_beside_stops_the_run(tmp_path, monkeypatch):
 
 
 def clip_files(out: Path, clip: str) -> dict[str, object]:
-    """Every file of `clip` a run folder holds: its WAVs and spectrograms (bytes) and its saved reference
-    (each array), by relative path."""
+    """Every file of `clip` a run folder holds: its WAVs and spectrograms (bytes), its outputs' embeddings
+    and its saved reference (each array), by relative path."""
     files: dict[str, object] = {}
     for folder in ("wav", "spec"):
         for p in sorted((out / folder).glob(f"{clip}__*")):
             files[f"{folder}/{p.name}"] = p.read_bytes()
-    ref = out / "refs" / f"{clip}.npz"
-    if ref.exists():
-        with np.load(ref) as saved:
-            files[f"refs/{clip}.npz"] = {k: saved[k].tolist() for k in saved.files}
+    for p in [*sorted((out / "emb").glob(f"{clip}__*")), out / "refs" / f"{clip}.npz"]:
+        if p.exists():
+            with np.load(p) as saved:
+                files[p.relative_to(out).as_posix()] = {k: saved[k].tolist() for k in saved.files}
     return files
 
 
 def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     """Replace a clip under its name, then restore it, adding a width: after each rerun every WAV,
-    spectrogram and saved reference of that clip is the one a fresh run on the same audio writes (none left
-    from the other audio), and the other clip's files are untouched."""
+    spectrogram, embedding and saved reference of that clip is the one a fresh run on the same audio writes
+    (none left from the other audio), and the other clip's files are untouched."""
     clips = make_clips(tmp_path / "clips", n=2)
     original = (clips / "clip0.wav").read_bytes()
     out = tmp_path / "out"
@@ -741,7 +754,8 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     tone(clips / "clip0.wav", 1234.0, seconds=1.5)  # other audio, another length, the same name
     run_fake(clips, out, cfg=first)
     assert clip_files(out, "clip0") == clip_files(fresh("replaced", first), "clip0")
-    assert f"wav/clip0__octopus_b4{SINKS}.wav" in clip_files(out, "clip0")  # the name checked gone below
+    assert {f"wav/clip0__octopus_b4{SINKS}.wav", f"emb/clip0__octopus_b4{SINKS}__d0.npz"} <= set(
+        clip_files(out, "clip0"))  # the names checked gone below
     (clips / "clip0.wav").write_bytes(original)  # restored, and one more width asked for
     pipe = FakePipe()
     run_fake(clips, out, pipe=pipe, cfg=later)
@@ -749,6 +763,7 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     restored = clip_files(out, "clip0")
     assert restored == clip_files(fresh("restored", later), "clip0")
     assert f"wav/clip0__octopus_b4{SINKS}.wav" not in restored  # made from the other audio: gone
+    assert f"emb/clip0__octopus_b4{SINKS}__d0.npz" not in restored
     assert {k: v for k, v in clip_files(out, "clip1").items() if k in kept} == kept
     settings = json.loads((out / "settings.json").read_text())
     with np.load(out / "refs" / "clip0.npz") as saved:
@@ -757,15 +772,18 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
 
 def test_every_file_a_run_writes_is_in_its_manifest(tmp_path):
     """The manifest lists every file an eval run wrote (so --overwrite can remove exactly those), report
-    files, spectrograms and rows included; a file the report starts writing must be listed too."""
+    files, spectrograms, every draw's embeddings and rows included; a file the report starts writing must be
+    listed too."""
     from octopus_audio.outdir import files_under, read_manifest
 
     clips = make_clips(tmp_path / "clips", n=2, broken=True)
     run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("none", "octopus"), bits=(2,), seed=3,
-                                                     bf16_floor=True))
+                                                     bf16_floor=True, draws=2))
     written = set(files_under(tmp_path / "out"))
     assert {"index.html", "results.json", "settings.json", "rows.jsonl", "rows/rank0.jsonl",
-            f"spec/clip0__octopus_b2{SINKS}.png", "plots/rate_distortion.json"} <= written
+            f"spec/clip0__octopus_b2{SINKS}.png", "plots/rate_distortion.json", "distribution.csv",
+            "plots/dist_latent.png", "plots/dist_adherence.png", "plots/distribution.json",
+            f"emb/clip0__octopus_b2{SINKS}__d1.npz", "emb/clip0__00_reference__d1.npz"} <= written
     assert written == read_manifest(tmp_path / "out", "eval")
 
 
@@ -788,8 +806,10 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
     assert (out / "wav" / f"clip0__octopus_b2{SINKS}.wav").exists()  # the names the checks below use
     assert not (out / "wav" / f"clip0__octopus_b4{SINKS}.wav").exists()
     assert not (out / "spec" / f"clip0__octopus_b4{SINKS}.png").exists()
+    assert (out / "emb" / f"clip0__octopus_b2{SINKS}__d0.npz").exists()
+    assert not (out / "emb" / f"clip0__octopus_b4{SINKS}__d0.npz").exists()
     rows = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
-    assert [r["seed"] for r in rows] == [5, 4]
+    assert [(r["codec"], r["seed"]) for r in rows] == [(REFERENCE, 4), (FLOOR, 5), ("octopus", 4)]
     assert clip_files(out, "clip0") == {**clip_files(fresh_run(tmp_path, clips, cfg), "clip0"),
                                         "spec/clip0__mine.png": b"my picture"}
 

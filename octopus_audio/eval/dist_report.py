@@ -262,7 +262,8 @@ def plot(dist: dict, plots_dir: Path) -> list[str]:
             if g["codec"] in UNCOMPRESSED_ROWS or g["kv_bits_per_coord"] is None or v is None:
                 continue
             point = (g["kv_bits_per_coord"], v["value"], v["low"], v["high"])
-            per_codec.setdefault(curve_of[g["codec"], g["sink_scales"]], []).append(point)
+            curve = curve_of.get((g["codec"], g["sink_scales"]), g["codec"])  # `none`: its own point
+            per_codec.setdefault(curve, []).append(point)
         ref = next((value_of(g) for g in dist["groups"] if g["codec"] == REFERENCE), None)
         curves[key] = {"label": label, "codecs": {c: sorted(p) for c, p in per_codec.items()},
                        "reference": ref}
