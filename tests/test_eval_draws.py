@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 from test_eval_runner import (
+    SINKS,
     FakeConditioner,
     FakePipe,
     FakeSAT,
@@ -97,13 +98,13 @@ def test_every_row_has_every_draw_with_its_own_seed(draws_run):
         assert (r["metrics"] is not None) is paired
         assert r["embeddings"] == f"emb/{r['clip']}__" + {REFERENCE: "00_reference", FLOOR:
                                                            "00_reference_other_seed", "none": "none",
-                                                           "octopus": "octopus_b2"}[r["codec"]] + \
+                                                           "octopus": f"octopus_b2{SINKS}"}[r["codec"]] + \
             f"__d{r['draw']}.npz"
     assert results["meta"]["floor_seed"] == SEED + DRAWS and results["meta"]["draws"] == DRAWS
     # WAVs and the paired table: draw 0 only
     assert sorted(p.name for p in (out / "wav").iterdir() if p.name.startswith("clip0__")) == [
         "clip0__00_input.wav", "clip0__00_reference.wav", "clip0__00_reference_other_seed.wav",
-        "clip0__none.wav", "clip0__octopus_b2.wav"]
+        "clip0__none.wav", f"clip0__octopus_b2{SINKS}.wav"]
     groups = {(g["codec"], g["bits"]): g for g in results["groups"]}
     assert groups[("octopus", 2)]["clips_ok"] == CLIPS
     assert groups[("none", None)]["metrics"]["snr_db"]["min"] == 120.0
@@ -181,14 +182,14 @@ def test_the_distribution_table_agrees_with_the_embedding_files(draws_run):
     assert groups[(REFERENCE, None)]["verdict"].startswith("the floor")
 
     md = (out / "table.md").read_text()
-    assert "| row | K bits | V bits | outputs | K+V bits/coord | latent FAD [95%] | spectral FAD [95%] | " \
-           "adherence [95%] | verdict |" in md
-    line = next(ln for ln in md.splitlines() if ln.startswith("| octopus | 2 | 2 | 30 (10 x 3) |"))
+    assert "| row | K bits | V bits | sink scales | outputs | K+V bits/coord | latent FAD [95%] | " \
+           "spectral FAD [95%] | adherence [95%] | verdict |" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| octopus | 2 | 2 | 3 | 30 (10 x 3) |"))
     assert line.endswith(f"| {loud['verdict']} |")
     assert "seeds 3..5; the other-seed draws (`reference (other seed)`) use seeds 6..8" in md
     table = list(csv.DictReader(io.StringIO((out / "distribution.csv").read_text())))
-    assert [(r["codec"], r["distinguishable"]) for r in table] == [
-        (REFERENCE, ""), (FLOOR, ""), ("none", "False"), ("octopus", "True")]
+    assert [(r["codec"], r["sink_scales"], r["distinguishable"]) for r in table] == [
+        (REFERENCE, "", ""), (FLOOR, "", ""), ("none", "", "False"), ("octopus", "3", "True")]
     assert float(table[3]["fad_latent_value"]) == loud["fad"]["latent"]["value"]
     for name in ("dist_latent.png", "dist_spectral.png", "dist_adherence.png"):
         assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
