@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from octopus_audio.cli import main
+from octopus_audio.eval.cli import CPU_DRAWS
 
 sf = pytest.importorskip("soundfile")
 
@@ -499,9 +500,13 @@ def test_a_second_run_into_a_busy_folder_is_refused_and_a_killed_run_holds_nothi
     third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert third.returncode == 0, third.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert sorted(r["clip"] for r in rows) == ["tone", "tone2"] and all(r["status"] == "ok" for r in rows)
+    # each clip: the reference's own rows and codec none's, at each of the CPU's default draws
+    assert sorted((r["clip"], r["codec"], r["draw"]) for r in rows) == [
+        (clip, codec, draw) for clip in ("tone", "tone2") for codec in ("none", "reference")
+        for draw in range(CPU_DRAWS)]
+    assert all(r["status"] == "ok" for r in rows)
     logged = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
-    assert len({(r["clip"], r["codec"]) for r in logged}) == len(logged)  # nothing written twice
+    assert len({(r["clip"], r["codec"], r["draw"]) for r in logged}) == len(logged)  # nothing written twice
 
 
 def test_the_limits_themselves_are_accepted(tmp_path):
