@@ -76,16 +76,20 @@ def test_weighted_clip_fits_equal_numpy_on_the_repeated_frames():
         np.testing.assert_allclose(cov[b], np.cov(repeated, rowvar=False), rtol=1e-10, atol=1e-12)
 
 
+def _each_replicate_is_its_fits_distance(x: ClipFrames, y: ClipFrames, weights: np.ndarray, rel: float):
+    """`frechet_replicates` of x against y: resample i is the distance between the two fits at weights i."""
+    reps = frechet_replicates({"x": x}, y, weights)["x"]
+    for i, w in enumerate(weights):
+        (mu_x,), (cov_x,) = x.fit(w[None])
+        (mu_y,), (cov_y,) = y.fit(w[None])
+        assert reps[i] == pytest.approx(frechet_distance(mu_x, cov_x, mu_y, cov_y), rel=rel)
+
+
 def test_replicates_equal_the_distance_of_each_weighted_fit():
     rng = np.random.default_rng(3)
     a = ClipFrames([rng.standard_normal((20, 4)) for _ in range(5)], np.zeros(4))
     b = ClipFrames([rng.standard_normal((20, 4)) * 1.3 + 0.2 for _ in range(5)], np.zeros(4))
-    weights = bootstrap_weights(5, resamples=7)
-    reps = frechet_replicates({"b": b}, a, weights)["b"]
-    for i, w in enumerate(weights):
-        (mu_a,), (cov_a,) = a.fit(w[None])
-        (mu_b,), (cov_b,) = b.fit(w[None])
-        assert reps[i] == pytest.approx(frechet_distance(mu_b, cov_b, mu_a, cov_a), rel=1e-9)
+    _each_replicate_is_its_fits_distance(b, a, bootstrap_weights(5, resamples=7), rel=1e-9)
 
 
 def test_few_high_dimensional_vectors_take_the_gram_path_with_the_same_distances():
@@ -93,12 +97,7 @@ def test_few_high_dimensional_vectors_take_the_gram_path_with_the_same_distances
     rng = np.random.default_rng(4)
     x = ClipFrames([rng.standard_normal((4, 512)) for _ in range(3)], np.zeros(512))
     y = ClipFrames([rng.standard_normal((4, 512)) + 0.1 for _ in range(3)], np.zeros(512))
-    weights = bootstrap_weights(3, resamples=4)
-    reps = frechet_replicates({"x": x}, y, weights)["x"]
-    for i, w in enumerate(weights):
-        (mu_x,), (cov_x,) = x.fit(w[None])
-        (mu_y,), (cov_y,) = y.fit(w[None])
-        assert reps[i] == pytest.approx(frechet_distance(mu_x, cov_x, mu_y, cov_y), rel=1e-7)
+    _each_replicate_is_its_fits_distance(x, y, bootstrap_weights(3, resamples=4), rel=1e-7)
 
 
 def test_the_bootstrap_is_seeded_and_resamples_whole_clips():
