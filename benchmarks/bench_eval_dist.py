@@ -84,7 +84,7 @@ def run_eval(procs: int, model: Path, clips: Path, out: Path, args: argparse.Nam
 
 def read_rows(out: Path) -> dict[tuple, dict]:
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    return {(r["clip"], r["codec"], r["bits"], r["v_bits"]): r for r in rows}
+    return {(r["clip"], r["codec"], r["bits"], r["v_bits"], r.get("draw", 0)): r for r in rows}
 
 
 def compare(first: Path, other: Path) -> dict:

@@ -7,3 +7,16 @@ import os
 
 if os.environ.get("OCTOPUS_AUDIO_TEST_DEVICE", "cpu") == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fewer_bootstrap_resamples(monkeypatch):
+    """The eval report's bootstrap with 64 resamples instead of 1000: every resample refits each row's
+    Gaussians (a second or more of CPU a report), and the tests check the statistics, not the interval's
+    precision (tests/test_eval_distribution.py sets its own counts where it checks them)."""
+    from octopus_audio.eval import distribution
+
+    monkeypatch.setattr(distribution, "RESAMPLES", 64)

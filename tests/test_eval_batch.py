@@ -20,6 +20,7 @@ from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 torch = pytest.importorskip("torch")
 
 N_JOBS = 6  # the sampling floor + none + octopus and turboquant-mse at two widths each
+N_ROWS = N_JOBS + 1  # and the reference's own row
 
 
 def rows_of(out) -> list[dict]:
@@ -61,14 +62,14 @@ def test_a_failing_clip_in_a_batch_fails_only_its_own_rows(tmp_path):
     for r in rows:
         if r["status"] == "ok":
             assert r["metrics"] == clean[(r["clip"], r["codec"], r["bits"])]["metrics"]
-    assert sum(r["status"] == "ok" for r in rows) == 4 * N_JOBS - 1
+    assert sum(r["status"] == "ok" for r in rows) == 4 * N_ROWS - 1
 
     # a clip whose reference fails: all its rows are errors of stage `reference`, the batch goes on
     pipe = FakePipe(fail_cond=(bad, None))
     run_fake(clips, tmp_path / "ref", pipe=pipe, batch_size=4)
     rows = rows_of(tmp_path / "ref")
     assert {(r["clip"], r["stage"]) for r in rows if r["status"] == "error"} == {("clip2", "reference")}
-    assert sum(r["status"] == "ok" for r in rows) == 3 * N_JOBS
+    assert sum(r["status"] == "ok" for r in rows) == 3 * N_ROWS
 
 
 def test_a_broken_file_leaves_the_batch_and_the_others_run(tmp_path):
@@ -85,17 +86,18 @@ def test_an_interrupted_batch_resumes_under_another_batch_size(tmp_path):
     run_fake(clips, tmp_path / "full")
     full = report_files(tmp_path / "full")
     # batches of 2: the first batch takes generations 1-7 (reference, floor, five jobs), the second's
-    # reference is generation 8 and its floor 9; interrupting at 10 leaves it with its floor rows alone
+    # reference is generation 8 and its floor 9; interrupting at 10 leaves it with its reference and floor
+    # rows alone
     with pytest.raises(KeyboardInterrupt):
         run_fake(clips, tmp_path / "out", pipe=FakePipe(interrupt_at=10), batch_size=2)
     first = rows_of_rank(tmp_path / "out")
     assert [r["clip"] for r in first if r["codec"] == FLOOR] == ["clip0", "clip1", "clip2", "clip3"]
-    assert len(first) == 2 * N_JOBS + 2
+    assert len(first) == 2 * N_ROWS + 2 + 2
     pipe = FakePipe()
     run_fake(clips, tmp_path / "out", pipe=pipe, batch_size=3)
     assert report_files(tmp_path / "out") == full
     keys = [(r["clip"], r["codec"], r["bits"]) for r in rows_of_rank(tmp_path / "out")]
-    assert len(keys) == len(set(keys)) == 5 * N_JOBS  # nothing lost, nothing twice
+    assert len(keys) == len(set(keys)) == 5 * N_ROWS  # nothing lost, nothing twice
     # the rerun: clips 2, 3 (saved references, floors done) and clip4 in one batch of three: clip4's
     # reference, the floor (clip4 alone) and five codec jobs
     assert pipe.calls == 1 + 1 + 5
@@ -114,7 +116,7 @@ def test_cli_refuses_a_bad_batch_size(tmp_path, capsys, value, shown):
             "spectral", "--codecs", "octopus", "--out", str(tmp_path / "o"), "--device", "cpu"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert f"--batch-size must be an integer >= 1 (clips generated together), got {shown}" in err
+    assert f"--batch-size must be an integer >= 1 (generations run together), got {shown}" in err
     assert "Traceback" not in err and not (tmp_path / "o").exists()
 
 

@@ -30,6 +30,34 @@ def test_spectral_is_deterministic_unit_norm_and_tells_clips_apart():
     assert np.all(np.isfinite(silence)) and np.linalg.norm(silence) == pytest.approx(1.0, abs=1e-6)
 
 
+def spectral_transforming_every_frame(audio_T):
+    """The spectral stand-in as defined (every STFT frame of the 10 s transformed), the plain reference of
+    SpectralConditioner.embed, which transforms only the frames before the last nonzero sample."""
+    from octopus_audio.audio_metrics.audio_pair import stft_frames
+    from octopus_audio.audio_metrics.logmel import mel_filterbank
+    from octopus_audio.eval.conditioning import l2_normalise
+
+    x = np.asarray(audio_T, dtype=np.float64)
+    power = np.abs(stft_frames(x, 2048, 480)) ** 2
+    logmel = np.log10(np.einsum("fk,mk->fm", power, mel_filterbank(48000, 2048, 64)) + 1e-10)
+    delta = np.abs(np.diff(logmel, axis=0)).mean(axis=0) if logmel.shape[0] > 1 else np.zeros(64)
+    v = np.concatenate([logmel.mean(0), logmel.std(0), logmel.min(0),
+                        *np.percentile(logmel, [10, 50, 90], axis=0), logmel.max(0), delta])
+    return l2_normalise(v - v.mean(), "reference")
+
+
+@pytest.mark.parametrize("nonzero", [0, 1, 455, 47999, 48000, 48001, 240000, 479999, 480000],
+                         ids=lambda n: f"{n}-samples")
+def test_spectral_of_a_padded_clip_equals_transforming_every_frame(nonzero):
+    # an eval output is 1 s padded to 10 s: the frames after its last sample are skipped, the same bits
+    x = np.zeros(480000, dtype=np.float32)
+    x[:nonzero] = clip48(2)[:nonzero]
+    np.testing.assert_array_equal(SpectralConditioner().embed(x), spectral_transforming_every_frame(x))
+    lone = np.zeros(48007, dtype=np.float32)  # one sample, not 10 s long
+    lone[min(nonzero, lone.size - 1)] = 0.5
+    np.testing.assert_array_equal(SpectralConditioner().embed(lone), spectral_transforming_every_frame(lone))
+
+
 class Counting:
     name = "counting"
     fingerprint = "v1"

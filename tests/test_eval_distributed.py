@@ -59,7 +59,7 @@ def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process
     def args(out: str) -> list[str]:
         return ["-m", "octopus_audio", "eval", "--clips", str(clips), "--codecs", "octopus", "--bits", "2",
                 "--no-floor", "--clap", "spectral", "--device", "cpu", "--threads", "1", "--no-progress",
-                "--batch-size", "1", "--out", str(tmp_path / out)]
+                "--batch-size", "1", "--draws", "1", "--out", str(tmp_path / out)]
 
     one = subprocess.run([sys.executable, *args("one")], capture_output=True, text=True, timeout=300,
                          env=env)
@@ -69,10 +69,10 @@ def test_the_default_model_under_torchrun_gives_the_rows_and_wavs_of_one_process
 
     shards = {p.name: read_jsonl(p) for p in sorted((tmp_path / "two" / "rows").iterdir())}
     assert {name: [r["clip"] for r in rows] for name, rows in shards.items()} == {
-        "rank0.jsonl": ["ambi_choir", "misc_crow"], "rank1.jsonl": ["ambi_piano"]}
+        "rank0.jsonl": ["ambi_choir"] * 2 + ["misc_crow"] * 2, "rank1.jsonl": ["ambi_piano"] * 2}
     rows_one, rows_two = (read_jsonl(tmp_path / d / "rows.jsonl") for d in ("one", "two"))
-    assert [r["status"] for r in rows_one] == ["ok"] * 3
-    assert all(r["metrics"]["lsd_db"] > 0 for r in rows_one)  # the codec changed the output
+    assert [r["status"] for r in rows_one] == ["ok"] * 6  # the reference's own row and octopus b=2 a clip
+    assert all(r["metrics"]["lsd_db"] > 0 for r in rows_one if r["codec"] == "octopus")  # changed the output
     for r in rows_one + rows_two:
         assert r.pop("seconds") > 0
     assert rows_two == rows_one
@@ -98,6 +98,8 @@ sys.path.insert(0, {tests!r})
 import test_eval_runner as t
 from pathlib import Path
 from octopus_audio.errors import UsageError
+from octopus_audio.eval import distribution
+distribution.RESAMPLES = {resamples}  # as the parent test's (tests/conftest.py)
 
 out, rank, mode = Path({out!r}), int(os.environ["RANK"]), {mode!r}
 pipe = t.FakePipe()
@@ -129,8 +131,10 @@ def run_children(tmp_path: Path, out: Path, mode: str, dying: int = -1, other_ro
 
     clips = make_clips(tmp_path / "clips", n=5)
     script = tmp_path / f"child_{mode}.py"
+    from octopus_audio.eval import distribution
+
     script.write_text(CHILD.format(tests=str(TESTS), clips=str(clips), out=str(out), mode=mode, dying=dying,
-                                   other_rows=other_rows))
+                                   other_rows=other_rows, resamples=distribution.RESAMPLES))
     return clips, torchrun([str(script)], env_1_thread(tmp_path), timeout=120)
 
 
@@ -138,23 +142,23 @@ def run_children(tmp_path: Path, out: Path, mode: str, dying: int = -1, other_ro
 @pytest.mark.parametrize("dying,rerun", [(0, "alone"), (1, "torchrun")],
                          ids=["rank0-the-merger-dies-rerun-alone", "rank1-dies-rerun-under-torchrun"])
 def test_a_process_that_dies_leaves_the_others_rows_and_the_rerun_resumes(tmp_path, dying, rerun):
-    """Clips 0, 2, 4 on rank 0 and 1, 3 on rank 1 (6 rows each: floor + 5 jobs). One rank dies at its 10th
-    generation after the other wrote all its rows: the survivor's rows stay as written, the dead rank's
-    finished ones too (its first clip, its second clip's floor row). The rerun (the same torchrun command, or
-    one process when a GPU is gone) runs only the dead rank's missing jobs and gives the rows and report of
-    one uninterrupted process."""
+    """Clips 0, 2, 4 on rank 0 and 1, 3 on rank 1 (7 rows each: the reference's own, floor + 5 jobs). One
+    rank dies at its 10th generation after the other wrote all its rows: the survivor's rows stay as written,
+    the dead rank's finished ones too (its first clip, its second clip's reference and floor rows). The
+    rerun (the same torchrun command, or one process when a GPU is gone) runs only the dead rank's missing
+    jobs and gives the rows and report of one uninterrupted process."""
     from test_eval_runner import FakePipe, report_files, run_fake
 
     out = tmp_path / "two"
-    survivor_rows = (3 if dying == 1 else 2) * 6
+    survivor_rows = (3 if dying == 1 else 2) * 7
     clips, proc = run_children(tmp_path, out, "dies", dying, survivor_rows)
     assert proc.returncode != 0
     assert not (out / "rows.jsonl").exists()
     survivor, dead = out / "rows" / f"rank{1 - dying}.jsonl", out / "rows" / f"rank{dying}.jsonl"
     kept = {p: p.read_bytes() for p in (survivor, dead)}
     assert len(read_jsonl(survivor)) == survivor_rows
-    assert [(r["clip"], r["status"]) for r in read_jsonl(dead)] == [(f"clip{dying}", "ok")] * 6 + [
-        (f"clip{dying + 2}", "ok")]
+    assert [(r["clip"], r["status"]) for r in read_jsonl(dead)] == [(f"clip{dying}", "ok")] * 7 + [
+        (f"clip{dying + 2}", "ok")] * 2
 
     if rerun == "torchrun":  # rank 1 runs its second clip's 5 jobs (its reference was saved), rank 0 none
         _, proc = run_children(tmp_path, out, "rerun")

@@ -14,7 +14,7 @@ from octopus_audio.audio_metrics.latent import latent_cosine
 from octopus_audio.audio_metrics.logmel import logmel_mse
 from octopus_audio.audio_metrics.lsd import lsd_db
 from octopus_audio.audio_metrics.snr import snr_db
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
 torch = pytest.importorskip("torch")
@@ -77,7 +77,7 @@ def test_the_floor_row_holds_the_metrics_of_two_uncompressed_samples(tmp_path):
                                                         "max": max(lsd)})
 
     md = (out / "table.md").read_text()
-    (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {FLOOR} |")]
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {FLOOR} |"))  # the paired table's
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:5] == [FLOOR, "-", "-", "-", "2"]  # K bits, V bits, sink scales, clips
     assert cells[-6:] == ["-"] * 6  # TF top-1, TF KL, K+V bits, KV ratio, K/V bits
@@ -95,7 +95,7 @@ def test_no_floor_omits_it_and_a_later_run_adds_only_the_floor(tmp_path):
     clips = make_clips(tmp_path / "clips", n=2)
     out = tmp_path / "out"
     results = run_fake(clips, out, cfg=small_config(floor=False))
-    assert [r["codec"] for r in rows_of(out)] == ["octopus", "octopus"]
+    assert [r["codec"] for r in rows_of(out)] == [REFERENCE, "octopus"] * 2
     assert [g["codec"] for g in results["groups"]] == ["octopus"] and "floor_seed" not in results["meta"]
     assert FLOOR not in (out / "table.md").read_text() and FLOOR not in (out / "index.html").read_text()
     assert not list((out / "wav").glob("*other_seed*"))
@@ -103,8 +103,8 @@ def test_no_floor_omits_it_and_a_later_run_adds_only_the_floor(tmp_path):
     pipe = FakePipe()  # the same folder with the floor on: two floor generations, nothing else
     run_fake(clips, out, pipe=pipe, cfg=small_config())
     assert pipe.calls == 2 and pipe.forced == []  # references loaded; no teacher forcing for the floor
-    assert [(r["clip"], r["codec"]) for r in rows_of(out)] == [("clip0", FLOOR), ("clip0", "octopus"),
-                                                               ("clip1", FLOOR), ("clip1", "octopus")]
+    assert [(r["clip"], r["codec"]) for r in rows_of(out)] == [
+        (clip, codec) for clip in ("clip0", "clip1") for codec in (REFERENCE, FLOOR, "octopus")]
 
 
 @pytest.mark.parametrize("interrupt_at", [2, 5], ids=["during-clip0-floor", "during-clip1-floor"])
@@ -121,7 +121,7 @@ def test_an_interrupted_run_resumes_with_one_floor_row_per_clip(tmp_path, interr
     run_fake(clips, out, cfg=small_config())  # nothing left: no row appended
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(r["clip"] for r in logged if r["codec"] == FLOOR) == ["clip0", "clip1"]
-    assert len(logged) == 4 and all(r["status"] == "ok" for r in logged)
+    assert len(logged) == 6 and all(r["status"] == "ok" for r in logged)
     assert [r["clip"] for r in rows_of(out) if r["codec"] == FLOOR] == ["clip0", "clip1"]
 
 

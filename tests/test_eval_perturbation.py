@@ -16,7 +16,7 @@ from test_eval_runner import (
 )
 
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
 from octopus_audio.eval.runner import evaluate
 from octopus_audio.eval.sources import list_folder
 
@@ -213,7 +213,8 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
     out = tmp_path / "out"
     cfg = EvalConfig(codecs=("none",), seed=SEED, top_k=0, top_p=0.0, floor=False, bf16_floor=True)
     results = run_real(clips, out, tiny_pipe(bf16_cache), cfg)
-    row, none = rows_of(out)
+    ref, row, none = rows_of(out)
+    assert ref["codec"] == REFERENCE and ref["metrics"] is None  # the reference's own row
     assert (row["codec"], row["bits"], row["seed"], row["kv"]) == (KV_FLOOR, None, SEED, None)
     assert row["status"] == "ok"
     assert none["metrics"] == pytest.approx(IDENTICAL, abs=1e-15)  # codec none: the reference bit for bit
@@ -227,7 +228,7 @@ def test_the_row_on_a_tiny_model_differs_from_the_reference_only_by_the_rounding
     (group,) = [g for g in results["groups"] if g["codec"] == KV_FLOOR]
     assert results["groups"][0] is group and group["ratio"] is None and group["clips_ok"] == 1
     md = (out / "table.md").read_text()
-    (line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {KV_FLOOR} |")]
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {KV_FLOOR} |"))  # the paired table's
     cells = [c.strip() for c in line.strip("|").split("|")]
     # K bits, V bits, sink scales; then K+V bits, KV ratio, K/V bits
     assert cells[:5] == [KV_FLOOR, "-", "-", "-", "1"] and cells[-4:] == ["-"] * 4
@@ -268,8 +269,7 @@ def test_the_row_comes_after_the_sampling_floor_and_a_later_run_adds_only_it(tmp
     # per clip: one generation and one teacher-forced pass (the reference's is recomputed from its tokens)
     assert pipe.calls == 2 and [a for a, _ in pipe.forced] == [None, (KV_FLOOR, 16)] * 2
     assert [(r["clip"], r["codec"]) for r in rows_of(out)] == [
-        ("clip0", FLOOR), ("clip0", KV_FLOOR), ("clip0", "octopus"),
-        ("clip1", FLOOR), ("clip1", KV_FLOOR), ("clip1", "octopus")]
+        (clip, codec) for clip in ("clip0", "clip1") for codec in (REFERENCE, FLOOR, KV_FLOOR, "octopus")]
     assert [g["codec"] for g in results["groups"]] == [FLOOR, KV_FLOOR, "octopus"]
     kv_rows = [r for r in rows_of(out) if r["codec"] == KV_FLOOR]
     assert all(r["seed"] == SEED and r["kv"] is None and r["metrics"]["tf_kl_nats"] > 0 for r in kv_rows)
@@ -291,7 +291,7 @@ def test_an_interrupted_run_resumes_with_one_row_per_clip(tmp_path, interrupt_at
     assert pipe.calls == 0
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(r["clip"] for r in logged if r["codec"] == KV_FLOOR) == ["clip0", "clip1"]
-    assert len(logged) == 6 and all(r["status"] == "ok" for r in logged)
+    assert len(logged) == 8 and all(r["status"] == "ok" for r in logged)
 
 
 def test_bf16_floor_must_be_a_bool():

@@ -67,7 +67,7 @@ def test_tables_agree_with_the_rows(report_dir):
             "1.0000 [1.0000, 1.0000] | 0.00000 [0.00000, 0.00000] |") in md
     tf = {(g["codec"], g["bits"]): g["metrics"]["tf_top1"] for g in results["groups"]}
     assert tf[("none", None)] == {"min": 1.0, "mean": 1.0, "max": 1.0} and tf[("octopus", 4)] is None
-    assert len(results["failures"]) == 6 + 2  # the broken clip's 6 rows, octopus b4 on 2 clips
+    assert len(results["failures"]) == 7 + 2  # the broken clip's 7 rows, octopus b4 on 2 clips
     for name in METRIC_KEYS:
         assert (report_dir / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -255,10 +255,11 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     assert found["errors"] == []
     assert found["scroll_width"] <= found["client_width"] <= 1400  # no sideways scrolling at 1400 px
     images = found["images"]
-    # the plots, then per clip 13 spectrograms: input, reference, floor, none, 2 codecs x 2 widths ... and
-    # the failed rows' cells, which have none (clip0 and clip1 lack octopus b4)
+    # the plots (each metric's, then the distribution's: latent FAD, spectral FAD, adherence), then per clip
+    # 13 spectrograms: input, reference, floor, none, 2 codecs x 2 widths ... and the failed rows' cells,
+    # which have none (clip0 and clip1 lack octopus b4)
     players = 2 * (3 + 1 + 4 - 1)
-    assert len(images) == len(METRIC_KEYS) + players and all(i["ok"] for i in images), images
+    assert len(images) == len(METRIC_KEYS) + 3 + players and all(i["ok"] for i in images), images
     assert len(found["audio"]) == players and all(a["ok"] for a in found["audio"]), found["audio"]
     durations = {a["src"]: a["duration"] for a in found["audio"]}
     assert durations["wav/clip0__00_input.wav"] == pytest.approx(0.5)  # the clip's own length, not 10 s

@@ -130,10 +130,14 @@ def test_write_report_equals_a_serial_build(run, tmp_path, monkeypatch):
     meta = {"model": "m", "conditioner": "c", "seed": 3, "floor_seed": 4}
     results = report.write_report(folder, rows, clips, JOBS, meta)
     assert {p.name: p.read_bytes() for p in (folder / "spec").iterdir()} == expected
+    from octopus_audio.eval import dist_report
+
     plots = report.plot_metrics(results["groups"], rows, tmp_path / "plots")
+    plots += dist_report.plot(results["distribution"], tmp_path / "plots")
     assert {n: (tmp_path / "plots" / n).read_bytes() for n in plots} == {
         n: (folder / "plots" / n).read_bytes() for n in plots}
-    page = report.index_html(folder, rows, clips, JOBS, results["groups"], {**meta, "clip_count": 3}, plots)
+    page = report.index_html(folder, rows, clips, JOBS, results["groups"], {**meta, "clip_count": 3}, plots,
+                             results["distribution"])
     assert (folder / "index.html").read_text() == page
     assert page.count("<img src='spec/") == len(expected)
 

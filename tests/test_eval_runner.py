@@ -3,6 +3,8 @@ sharding, settings checks, teacher-forced fidelity on the saved reference tokens
 by test_eval_report.py and the torchrun child."""
 
 import contextlib
+import csv
+import io
 import json
 import os
 import re
@@ -16,8 +18,9 @@ import pytest
 from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, EvalConfig
-from octopus_audio.eval.runner import evaluate, kv_summary
+from octopus_audio.eval.batch import kv_summary
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
+from octopus_audio.eval.runner import evaluate
 from octopus_audio.eval.sources import list_folder
 
 sf = pytest.importorskip("soundfile")
@@ -35,9 +38,22 @@ class FakeGeneration:
         self.tokens, self.audio, self.fhat = tokens, audio, fhat
 
 
+class FakeSAT:
+    """The tokenizer's encoder as the eval's latent embedding uses it: (B, 1, N) -> (B, 8, N // 400)
+    frames, a fixed mix of each frame's samples."""
+
+    mix = torch.from_numpy(np.random.default_rng(7).standard_normal((400, 8))).float()
+
+    def encode_latent(self, audio_B1N):
+        frames = audio_B1N.reshape(audio_B1N.shape[0], -1, 400)
+        return (frames @ self.mix).transpose(1, 2)
+
+
 class FakePipe:
     """Stands in for AARPipeline: counts generations, can stop the run (KeyboardInterrupt) or fail a codec;
     remembers the tokens each teacher-forced pass was given."""
+
+    sat = FakeSAT()
 
     def __init__(self, interrupt_at=None, fail_codec=None, fail_cond=None):
         self.active = None
@@ -133,6 +149,7 @@ def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=N
 class FakeConditioner:
     name = "fake-cond"
     fingerprint = "fake-cond-v1"
+    clap = False
 
     def embed(self, audio_T):
         v = np.random.default_rng(int(abs(audio_T).sum() * 1000) % 2**32).standard_normal(512)
@@ -185,13 +202,13 @@ def report_files(out: Path) -> dict:
 
 def test_interrupted_run_resumes_without_lost_or_duplicate_rows(tmp_path):
     clips = make_clips(tmp_path / "clips")
-    n_jobs = 2 + 2 * len(BITS)  # the sampling floor + none + two codecs x two widths
+    n_jobs = 3 + 2 * len(BITS)  # the reference's own row, the sampling floor, none, two codecs x two widths
     run_fake(clips, tmp_path / "full")
     full = report_files(tmp_path / "full")
     assert len(full["rows"]) == 4 * n_jobs
 
-    # generation 9 raises KeyboardInterrupt: clip0 done (7 generations: reference, floor, 5 jobs), clip1's
-    # reference is generation 8 and its floor generation 9
+    # generation 9 raises KeyboardInterrupt: clip0 done (7 generations: reference, floor, 5 jobs; its
+    # reference row is the reference), clip1's reference is generation 8 and its floor generation 9
     with pytest.raises(KeyboardInterrupt):
         run_fake(clips, tmp_path / "resumed", pipe=FakePipe(interrupt_at=9))
     log = tmp_path / "resumed" / "rows" / "rank0.jsonl"
@@ -223,17 +240,17 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     results = run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     broken = [r for r in rows if r["clip"] == "clip_broken"]
-    assert len(broken) == 6 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
+    assert len(broken) == 7 and all(r["status"] == "error" and r["stage"] == "load" for r in broken)
     failed_gen = [r for r in rows if r["status"] == "error" and r["stage"] == "generate"]
     assert {(r["clip"], r["codec"], r["bits"]) for r in failed_gen} == {("clip0", "octopus", 4),
                                                                         ("clip1", "octopus", 4)}
     assert all("injected generation failure" in r["error"] and r["metrics"] is None for r in failed_gen)
     ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) == 2 * 6 - 2
+    assert len(ok) == 2 * 7 - 2
     groups = {(g["codec"], g["bits"]): g for g in results["groups"]}
     assert groups[("octopus", 4)]["clips_ok"] == 0 and groups[("octopus", 4)]["metrics"]["snr_db"] is None
     assert groups[("octopus", 2)]["clips_ok"] == 2 and groups[("octopus", 2)]["clips_failed"] == 1
-    assert len(results["failures"]) == 6 + 2
+    assert len(results["failures"]) == 7 + 2 and results["rows"] == {"ok": 12, "failed": 9}
     # the codec-none row went through the patch and matches the reference exactly
     assert groups[("none", None)]["metrics"]["snr_db"] == {"min": 120.0, "mean": 120.0, "max": 120.0}
     # more bits, less damage: the fake's noise halves per bit (SNR +6 dB per bit)
@@ -243,6 +260,9 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     assert "octopus" in (tmp_path / "out" / "table.md").read_text()
     # teacher-forced fidelity: exact through the patch with codec none, finite and in range otherwise
     for r in ok:
+        if r["codec"] == REFERENCE:  # the reference's own row: the distribution metrics' only
+            assert r["metrics"] is None and -1.0 <= r["adherence"] <= 1.0
+            continue
         if r["codec"] == FLOOR:  # no teacher-forced metrics (see test_eval_floor.py)
             assert "tf_top1" not in r["metrics"] and "tf_kl_nats" not in r["metrics"]
             continue
@@ -260,7 +280,7 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     # a rerun retries the failures (they fail again) and keeps one merged row per key
     run_fake(clips, tmp_path / "out", pipe=FakePipe(fail_codec=("octopus", 4)))
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * 6
+    assert len(rows) == 3 * 7
 
 
 def test_fidelity_forces_the_saved_reference_tokens(tmp_path, caplog):
@@ -310,8 +330,8 @@ def test_resuming_with_another_thread_count_warns(tmp_path, caplog):
     finally:
         torch.set_num_threads(threads)
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
-    assert [(r["codec"], r["bits"], r["threads"]) for r in rows] == [(FLOOR, None, 1), ("octopus", 2, 1),
-                                                                      ("octopus", 3, 2)]
+    assert [(r["codec"], r["bits"], r["threads"]) for r in rows] == [(REFERENCE, None, 1), (FLOOR, None, 1),
+                                                                      ("octopus", 2, 1), ("octopus", 3, 2)]
 
 
 def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
@@ -327,7 +347,9 @@ def test_a_fidelity_failure_is_recorded_as_its_stage(tmp_path):
                          compressed_kv_fn=fake_compressed_kv, teacher_forced_fn=broken_teacher_forced)
     evaluate(list_folder(clips, n=1, seed=0), tmp_path / "out", cfg, lambda device: backend,
              FakeConditioner(), progress=False)
-    floor, row = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    rows = (tmp_path / "out" / "rows.jsonl").read_text().splitlines()
+    ref, floor, row = [json.loads(line) for line in rows]
+    assert (ref["codec"], ref["status"]) == (REFERENCE, "ok")
     assert (floor["codec"], floor["status"]) == (FLOOR, "ok")  # the floor needs no teacher forcing
     assert (row["status"], row["stage"]) == ("error", "fidelity")
     assert "injected fidelity failure" in row["error"]
@@ -340,7 +362,7 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
         run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("octopus",), bits=(2,), seed=4))
     # more codecs or bits with the same settings extend the run
     run_fake(clips, tmp_path / "out", cfg=config(codecs=("octopus", "polarquant"), bits=(2, 3)))
-    assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 1 + 4  # the floor + 4
+    assert len((tmp_path / "out" / "rows.jsonl").read_text().splitlines()) == 2 + 4  # reference, floor + 4
 
 
 @pytest.mark.parametrize("stats,expected", [
@@ -391,6 +413,8 @@ import sys
 sys.path.insert(0, {tests!r})
 import test_eval_runner as t
 from pathlib import Path
+from octopus_audio.eval import distribution
+distribution.RESAMPLES = {resamples}  # as the parent test's (tests/conftest.py)
 t.run_fake(Path({clips!r}), Path({out!r}))
 """
 
@@ -399,8 +423,10 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     clips = make_clips(tmp_path / "clips", n=5)
     run_fake(clips, tmp_path / "one")
     script = tmp_path / "child.py"
+    from octopus_audio.eval import distribution
+
     script.write_text(CHILD.format(tests=str(Path(__file__).parent), clips=str(clips),
-                                   out=str(tmp_path / "two")))
+                                   out=str(tmp_path / "two"), resamples=distribution.RESAMPLES))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node", "2", str(script)],
@@ -409,7 +435,8 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
     shards = sorted(p.name for p in (tmp_path / "two" / "rows").iterdir())
     assert shards == ["rank0.jsonl", "rank1.jsonl"]
     per_rank = [len((tmp_path / "two" / "rows" / s).read_text().splitlines()) for s in shards]
-    assert per_rank == [3 * 6, 2 * 6]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1 (6 rows: floor + 5 jobs)
+    assert per_rank == [3 * 7, 2 * 7]  # clips 0, 2, 4 on rank 0; 1, 3 on rank 1 (7 rows: reference, floor,
+    # 5 jobs)
     assert report_files(tmp_path / "two") == report_files(tmp_path / "one")
 
 
@@ -421,7 +448,7 @@ def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     assert EvalConfig(codecs=("octopus",), bits=(2, 3), k_bits=(4,)).bit_pairs() == [(4, 2), (4, 3)]
     run_fake(clips, tmp_path / "out", cfg=cfg)
     out = tmp_path / "out"
-    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()][1:]  # after REFERENCE
     assert [(r["bits"], r["v_bits"], r["kv"]["v_bits"]) for r in rows] == [(2, 2, 4.0), (2, 4, 6.0)]
     assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == ["clip0__octopus_b2.wav",
                                                                        "clip0__octopus_k2v4.wav"]
@@ -436,7 +463,7 @@ def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     log = out / "rows" / "rank0.jsonl"
     old = [json.loads(line) for line in log.read_text().splitlines()]
     log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "v_bits"}) + "\n" for r in old
-                           if r["v_bits"] == r["bits"]) + json.dumps(old[1]) + "\n")
+                           if r["v_bits"] == r["bits"]) + json.dumps(old[2]) + "\n")
     pipe = FakePipe()
     run_fake(clips, out, pipe=pipe, cfg=cfg)
     assert pipe.calls == 0
@@ -459,7 +486,18 @@ def test_sink_scales_run_as_widths_do(tmp_path):
     run_fake(clips, out, cfg=cfg)
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [(r["codec"], r["bits"], r["sink_scales"]) for r in rows] == [
-        ("octopus", 2, 0), ("octopus", 4, 0), ("octopus", 2, 3), ("octopus", 4, 3), ("none", None, None)]
+        (REFERENCE, None, None), ("octopus", 2, 0), ("octopus", 4, 0), ("octopus", 2, 3), ("octopus", 4, 3),
+        ("none", None, None)]
+    # the distribution metrics: one group a (codec, widths, sink scales), each of its own rows, never pooled
+    dist = json.loads((out / "results.json").read_text())["distribution"]["groups"]
+    assert [(g["codec"], g["bits"], g["sink_scales"], g["outputs"]) for g in dist] == [
+        (REFERENCE, None, None, 1), ("octopus", 2, 0, 1), ("octopus", 4, 0, 1), ("octopus", 2, 3, 1),
+        ("octopus", 4, 3, 1), ("none", None, None, 1)]
+    table = list(csv.DictReader(io.StringIO((out / "distribution.csv").read_text())))
+    assert [(r["codec"], r["bits"], r["sink_scales"]) for r in table][1:3] == [("octopus", "2", "0"),
+                                                                            ("octopus", "4", "0")]
+    adherence = json.loads((out / "plots" / "distribution.json").read_text())["adherence"]["codecs"]
+    assert sorted(adherence) == ["none", "octopus S=0", "octopus S=3"]
     assert sorted(p.name for p in (out / "wav").glob("*octopus*")) == [
         "clip0__octopus_b2.wav", "clip0__octopus_b2_s3.wav", "clip0__octopus_b4.wav",
         "clip0__octopus_b4_s3.wav"]
@@ -528,7 +566,8 @@ def test_colliding_file_names_give_distinct_clips_with_their_own_rows(tmp_path):
                                                                 ("a-3", "a.wav")]
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     assert sorted((r["clip"], r["codec"], r["bits"]) for r in rows) == sorted(
-        (c, j, b) for c in ("a-2", "a", "a-3") for j, b in ((FLOOR, None), ("octopus", 2), ("octopus", 3)))
+        (c, j, b) for c in ("a-2", "a", "a-3")
+        for j, b in ((REFERENCE, None), (FLOOR, None), ("octopus", 2), ("octopus", 3)))
     assert all(g["clips_ok"] == 3 and g["clips_failed"] == 0 for g in results["groups"])
     # each clip's saved reference was made from its own file: the condition is that file's embedding
     from octopus_audio.eval.sources import CLAP_RATE, decode, prepare
@@ -590,7 +629,7 @@ def test_a_folder_of_other_files_is_left_alone_and_overwrite_starts_afresh(tmp_p
              overwrite=True)
     assert pipe.calls == 3  # everything again: reference, floor, octopus b=2
     rows = [json.loads(line) for line in (tmp_path / "run" / "rows" / "rank0.jsonl").read_text().splitlines()]
-    assert [r["seed"] for r in rows] == [5, 4]  # only the new run's rows (the floor samples with seed + 1)
+    assert [r["seed"] for r in rows] == [4, 5, 4]  # only the new run's rows (the floor samples with seed + 1)
     assert (tmp_path / "run" / "notes.txt").read_text() == "keep me"
 
 
@@ -665,37 +704,37 @@ def test_rows_finished_beside_the_next_generation_equal_rows_finished_in_line(tm
 
 
 def test_an_error_finishing_rows_beside_stops_the_run(tmp_path, monkeypatch):
-    from octopus_audio.eval import runner
+    from octopus_audio.eval import batch
 
     def broken_disk(path, audio, rate):
         if "octopus" in Path(path).name:
             raise OSError("injected: no space left on device")
         return None
 
-    monkeypatch.setattr(runner, "write_wav", broken_disk)
+    monkeypatch.setattr(batch, "write_wav", broken_disk)
     _finishing_beside(monkeypatch)
     with pytest.raises(OSError, match="no space left"):
         run_fake(make_clips(tmp_path / "clips", n=2), tmp_path / "out")
 
 
 def clip_files(out: Path, clip: str) -> dict[str, object]:
-    """Every file of `clip` a run folder holds: its WAVs and spectrograms (bytes) and its saved reference
-    (each array), by relative path."""
+    """Every file of `clip` a run folder holds: its WAVs and spectrograms (bytes), its outputs' embeddings
+    and its saved reference (each array), by relative path."""
     files: dict[str, object] = {}
     for folder in ("wav", "spec"):
         for p in sorted((out / folder).glob(f"{clip}__*")):
             files[f"{folder}/{p.name}"] = p.read_bytes()
-    ref = out / "refs" / f"{clip}.npz"
-    if ref.exists():
-        with np.load(ref) as saved:
-            files[f"refs/{clip}.npz"] = {k: saved[k].tolist() for k in saved.files}
+    for p in [*sorted((out / "emb").glob(f"{clip}__*")), out / "refs" / f"{clip}.npz"]:
+        if p.exists():
+            with np.load(p) as saved:
+                files[p.relative_to(out).as_posix()] = {k: saved[k].tolist() for k in saved.files}
     return files
 
 
 def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     """Replace a clip under its name, then restore it, adding a width: after each rerun every WAV,
-    spectrogram and saved reference of that clip is the one a fresh run on the same audio writes (none left
-    from the other audio), and the other clip's files are untouched."""
+    spectrogram, embedding and saved reference of that clip is the one a fresh run on the same audio writes
+    (none left from the other audio), and the other clip's files are untouched."""
     clips = make_clips(tmp_path / "clips", n=2)
     original = (clips / "clip0.wav").read_bytes()
     out = tmp_path / "out"
@@ -715,7 +754,8 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     tone(clips / "clip0.wav", 1234.0, seconds=1.5)  # other audio, another length, the same name
     run_fake(clips, out, cfg=first)
     assert clip_files(out, "clip0") == clip_files(fresh("replaced", first), "clip0")
-    assert f"wav/clip0__octopus_b4{SINKS}.wav" in clip_files(out, "clip0")  # the name checked gone below
+    assert {f"wav/clip0__octopus_b4{SINKS}.wav", f"emb/clip0__octopus_b4{SINKS}__d0.npz"} <= set(
+        clip_files(out, "clip0"))  # the names checked gone below
     (clips / "clip0.wav").write_bytes(original)  # restored, and one more width asked for
     pipe = FakePipe()
     run_fake(clips, out, pipe=pipe, cfg=later)
@@ -723,6 +763,7 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
     restored = clip_files(out, "clip0")
     assert restored == clip_files(fresh("restored", later), "clip0")
     assert f"wav/clip0__octopus_b4{SINKS}.wav" not in restored  # made from the other audio: gone
+    assert f"emb/clip0__octopus_b4{SINKS}__d0.npz" not in restored
     assert {k: v for k, v in clip_files(out, "clip1").items() if k in kept} == kept
     settings = json.loads((out / "settings.json").read_text())
     with np.load(out / "refs" / "clip0.npz") as saved:
@@ -731,15 +772,18 @@ def test_a_clip_replaced_then_restored_has_every_file_of_its_content(tmp_path):
 
 def test_every_file_a_run_writes_is_in_its_manifest(tmp_path):
     """The manifest lists every file an eval run wrote (so --overwrite can remove exactly those), report
-    files, spectrograms and rows included; a file the report starts writing must be listed too."""
+    files, spectrograms, every draw's embeddings and rows included; a file the report starts writing must be
+    listed too."""
     from octopus_audio.outdir import files_under, read_manifest
 
     clips = make_clips(tmp_path / "clips", n=2, broken=True)
     run_fake(clips, tmp_path / "out", cfg=EvalConfig(codecs=("none", "octopus"), bits=(2,), seed=3,
-                                                     bf16_floor=True))
+                                                     bf16_floor=True, draws=2))
     written = set(files_under(tmp_path / "out"))
     assert {"index.html", "results.json", "settings.json", "rows.jsonl", "rows/rank0.jsonl",
-            f"spec/clip0__octopus_b2{SINKS}.png", "plots/rate_distortion.json"} <= written
+            f"spec/clip0__octopus_b2{SINKS}.png", "plots/rate_distortion.json", "distribution.csv",
+            "plots/dist_latent.png", "plots/dist_adherence.png", "plots/distribution.json",
+            f"emb/clip0__octopus_b2{SINKS}__d1.npz", "emb/clip0__00_reference__d1.npz"} <= written
     assert written == read_manifest(tmp_path / "out", "eval")
 
 
@@ -762,8 +806,10 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
     assert (out / "wav" / f"clip0__octopus_b2{SINKS}.wav").exists()  # the names the checks below use
     assert not (out / "wav" / f"clip0__octopus_b4{SINKS}.wav").exists()
     assert not (out / "spec" / f"clip0__octopus_b4{SINKS}.png").exists()
+    assert (out / "emb" / f"clip0__octopus_b2{SINKS}__d0.npz").exists()
+    assert not (out / "emb" / f"clip0__octopus_b4{SINKS}__d0.npz").exists()
     rows = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
-    assert [r["seed"] for r in rows] == [5, 4]
+    assert [(r["codec"], r["seed"]) for r in rows] == [(REFERENCE, 4), (FLOOR, 5), ("octopus", 4)]
     assert clip_files(out, "clip0") == {**clip_files(fresh_run(tmp_path, clips, cfg), "clip0"),
                                         "spec/clip0__mine.png": b"my picture"}
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from octopus_audio.cli import main
+from octopus_audio.eval.cli import CPU_DRAWS
 
 sf = pytest.importorskip("soundfile")
 
@@ -162,7 +163,8 @@ PROC = Path("/proc/octopus-audio-no-such-folder")  # /proc accepts no new entrie
 
 
 CASES = [
-    # seeds: torch's generator takes 0 .. 2**64 - 1; the eval's floor row samples with seed + 1
+    # seeds: torch's generator takes 0 .. 2**64 - 1; the eval's N draws sample with seed .. seed + N - 1, the
+    # floor row's with seed + N .. seed + 2N - 1
     Case("generate-seed-negative", lambda d, p: generate_argv(d, "--seed", "-1"),
          "--seed must be an integer from 0 to 2**64 - 1"),
     Case("generate-seed-2**64", lambda d, p: generate_argv(d, "--seed", str(SEED_MAX + 1)),
@@ -170,8 +172,14 @@ CASES = [
     Case("eval-seed-negative", lambda d, p: eval_argv(d, "--seed", "-1"),
          "--seed must be an integer from 0 to 2**64 - 1"),
     Case("eval-seed-leaves-no-floor-seed",
-         lambda d, p: ["eval", "--seed", str(SEED_MAX), "--clap", "spectral", "--out", str(d / "run")],
+         lambda d, p: ["eval", "--seed", str(SEED_MAX), "--draws", "1", "--clap", "spectral", "--out",
+                       str(d / "run")],
          "leaves no seed for the sampling-floor row, which samples with --seed + 1"),
+    Case("eval-seed-leaves-no-draw-seed",
+         lambda d, p: ["eval", "--seed", str(SEED_MAX - 2), "--draws", "4", "--no-floor", "--clap",
+                       "spectral", "--out", str(d / "run")],
+         "leaves no seed for draw 3, which samples with --seed + 3"),
+    Case("eval-draws-0", lambda d, p: eval_argv(d, "--draws", "0"), "--draws must be an integer >= 1"),
     # condition arrays: a (B, 512) float .npy, finite, within +-100
     Case("generate-cond-1e30", lambda d, p: generate_argv(d, cond=cond_file(d / "big.npy", 1e30)),
          "holds a value of magnitude 1e+30; accepted: finite values within +-100"),
@@ -492,9 +500,13 @@ def test_a_second_run_into_a_busy_folder_is_refused_and_a_killed_run_holds_nothi
     third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert third.returncode == 0, third.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert sorted(r["clip"] for r in rows) == ["tone", "tone2"] and all(r["status"] == "ok" for r in rows)
+    # each clip: the reference's own rows and codec none's, at each of the CPU's default draws
+    assert sorted((r["clip"], r["codec"], r["draw"]) for r in rows) == [
+        (clip, codec, draw) for clip in ("tone", "tone2") for codec in ("none", "reference")
+        for draw in range(CPU_DRAWS)]
+    assert all(r["status"] == "ok" for r in rows)
     logged = [json.loads(line) for line in (out / "rows" / "rank0.jsonl").read_text().splitlines()]
-    assert len({(r["clip"], r["codec"]) for r in logged}) == len(logged)  # nothing written twice
+    assert len({(r["clip"], r["codec"], r["draw"]) for r in logged}) == len(logged)  # nothing written twice
 
 
 def test_the_limits_themselves_are_accepted(tmp_path):
@@ -506,6 +518,8 @@ def test_the_limits_themselves_are_accepted(tmp_path):
     assert SamplingConfig(seed=0).seed == 0 and SamplingConfig(seed=SEED_MAX).seed == SEED_MAX
     assert EvalConfig(codecs=("octopus",), bits=(7,), seed=SEED_MAX - 1).seed == SEED_MAX - 1
     assert EvalConfig(codecs=("octopus",), bits=(7,), seed=SEED_MAX, floor=False).seed == SEED_MAX
+    assert EvalConfig(codecs=("octopus",), seed=SEED_MAX - 3, draws=2).seed == SEED_MAX - 3  # up to seed + 3
+    assert EvalConfig(codecs=("octopus",), seed=SEED_MAX - 1, draws=2, floor=False).draws == 2
     assert condition_problem(np.full((2, 512), COND_ABS_MAX)) is None
     assert condition_problem(np.zeros((1, 512))) is None
     assert bits_problem("octopus", 7) is None and bits_problem("turboquant-mse", 8) is None

@@ -180,6 +180,7 @@ def test_the_patched_model_and_an_eval_row_run_it(toy, tmp_path):
     class Conditioner:
         name = "fixed"
         fingerprint = "one fixed condition"
+        clap = False  # not a CLAP model: no CLAP FAD
 
         def embed(self, audio_T):
             return cond[0].numpy()

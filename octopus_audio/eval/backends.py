@@ -50,6 +50,10 @@ class Backend(Protocol):
         """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
         and value rounded to bfloat16 as it enters the KV cache (the KV_FLOOR row)."""
 
+    def latents(self, audio_BT: np.ndarray) -> list[np.ndarray]:
+        """Per row of `audio_BT` (generated outputs, float32 at `sample_rate`), the model's own tokenizer's
+        encoder frames (T, C) float32: the `latent` embedding of the distribution metrics."""
+
     def expect_batches(self, sizes: Sequence[int]) -> None:
         """Called once before the first batch with the batch sizes the run will generate (a backend may
         prepare for them: AARBackend compiles the kernels they launch on CUDA)."""
@@ -97,6 +101,9 @@ class LazyBackend:
 
     def bf16_kv(self):
         return self.backend.bf16_kv()
+
+    def latents(self, audio_BT: np.ndarray) -> list[np.ndarray]:
+        return self.backend.latents(audio_BT)
 
 
 class AARBackend:
@@ -189,3 +196,20 @@ class AARBackend:
         from octopus_audio.codecs import UNCOMPRESSED
 
         return self._compressed_kv(self.pipe, codec=UNCOMPRESSED, bits=16, kv_dtype=torch.bfloat16)
+
+    def latents(self, audio_BT: np.ndarray) -> list[np.ndarray]:
+        """`pipe.sat.encode_latent` of the outputs on the model's device, LATENT_CHUNK at a time, in fp32
+        (outside any autocast), as (T, C) frames."""
+        import torch
+
+        audio_BT = np.asarray(audio_BT, dtype=np.float32)
+        out = []
+        with torch.inference_mode(), torch.autocast(torch.device(self.device).type, enabled=False):
+            for start in range(0, audio_BT.shape[0], LATENT_CHUNK):
+                x_B1N = torch.from_numpy(audio_BT[start:start + LATENT_CHUNK]).to(self.device)[:, None, :]
+                z_BCT = self.pipe.sat.encode_latent(x_B1N).float()
+                out.extend(z_BCT.transpose(1, 2).cpu().numpy())
+        return out
+
+
+LATENT_CHUNK = 128  # outputs encoded at once (the full-size SAT's first layer: about 400 MB of activations)

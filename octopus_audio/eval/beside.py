@@ -1,5 +1,5 @@
-"""Work beside the main thread: the eval's row finishing (host metrics, WAV writes, emits) on one worker
-thread while the main thread drives the GPU, or in line where the host has no spare cores."""
+"""Work beside the main thread: the eval's row finishing (host metrics, embeddings, WAV writes, emits) on
+worker threads while the main thread drives the GPU, or in line where the host has no spare cores."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 class Beside:
-    """Runs the rows' finishing work (metrics on the host, WAV writes, emits): on a worker thread while the
-    caller goes on to the next job's generation (`beside` True: a GPU run, whose host waits on the device
-    meanwhile), or at once in the caller (False: on the CPU the model already uses every core). Leaving the
-    block waits for the worker and re-raises the first error its work raised."""
+    """Runs the rows' finishing work (metrics on the host, WAV writes, emits): on `threads` worker threads
+    while the caller goes on to the next job's generation (`beside` True: a GPU run, whose host waits on the
+    device meanwhile), or at once in the caller (False: on the CPU the model already uses every core). Work
+    submitted later may finish first. Leaving the block waits for the workers and re-raises the first error
+    their work raised (in the order of submission)."""
 
-    def __init__(self, beside: bool) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eval-rows") if beside else None
+    def __init__(self, beside: bool, threads: int = 1) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="eval-rows") if beside else None
         self._futures: list = []
 
     def __enter__(self) -> Beside:

@@ -1,6 +1,6 @@
-"""The eval's shared records: what a run generates for each clip (`EvalConfig`), one row's job (`Job`) and the
-floor rows' codec names. The runner, the backends and the report read them from here, so none imports
-another's module for them."""
+"""The eval's shared records: what a run generates for each clip (`EvalConfig`), one row's job (`Job`), a job
+at one draw (`Unit`) and the reference's and floor rows' codec names. The runner, the batch, the backends and
+the reports read them from here, so none imports another's module for them."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
 from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
 
+REFERENCE = "reference"  # the uncompressed draws' rows (codec field): what every row is compared with
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
-FLOOR_SEED_OFFSET = 1
 
 
-def floor_seed(seed: int) -> int:
-    """The seed of the sampling floor's second uncompressed generation: the run's seed + 1."""
-    return seed + FLOOR_SEED_OFFSET
+def floor_seed(seed: int, draws: int = 1, draw: int = 0) -> int:
+    """The seed of the sampling floor's draw `draw`: the run's seed + draws + draw, apart from the seeds of
+    the reference's and the codecs' draws (seed .. seed + draws - 1); seed + 1 with one draw."""
+    return seed + draws + draw
 
 
 def compresses(codec: str) -> bool:
@@ -35,6 +36,12 @@ class EvalConfig:
     `floor` adds the sampling-floor row (FLOOR: the uncompressed model at `floor_seed(seed)`); `bf16_floor`
     the bf16-KV row (KV_FLOOR: the uncompressed model, keys and values rounded to bf16 in the cache). The CLI
     turns both on unless `--no-floor`; `bf16_floor` is off here so a library caller opts in.
+
+    Draws: each row (the reference, the floors and every codec at every width) is sampled `draws` times per
+    clip, draw d with seed `seed + d` (`sample_seed`; the FLOOR row with `floor_seed(seed, draws, d)`, apart
+    from those). The paired metrics, teacher forcing and the WAVs are draw 0's; every draw gives the
+    embeddings and the adherence of the distribution metrics (eval/distribution.py). `draws` changes the
+    floor's seeds, so it is part of every row's identity.
 
     Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
     alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
@@ -55,6 +62,7 @@ class EvalConfig:
     k_bits: tuple[int, ...] | None = None
     v_bits: tuple[int, ...] | None = None
     sink_scales: tuple[int, ...] = (DEFAULT_SINK_SCALES,)
+    draws: int = 1
     # Fields that choose which rows a run has (each row records its own), not what any row's numbers are: a
     # rerun may change them and keeps the rows it shares. Every other field is part of each row's identity
     # (`identity()`), so a new setting that changes a number is one new field above.
@@ -102,10 +110,16 @@ class EvalConfig:
         problem = seed_problem(self.seed, "--seed")
         if problem:
             raise UsageError(problem)
-        if self.floor and floor_seed(self.seed) > SEED_MAX:
-            raise UsageError(f"--seed {self.seed} leaves no seed for the sampling-floor row, which samples "
-                             f"with --seed + 1 (torch's generator takes 0 to {SEED_MAX}); pass --seed at "
-                             f"most {SEED_MAX - FLOOR_SEED_OFFSET}, or --no-floor")
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise UsageError(f"--draws must be an integer >= 1 (samples of every row per clip), got "
+                             f"{self.draws!r}")
+        last = floor_seed(self.seed, self.draws, self.draws - 1) if self.floor else self.seed + self.draws - 1
+        if last > SEED_MAX:
+            which = (f"the sampling-floor row, which samples with --seed + {last - self.seed}" if self.floor
+                     else f"draw {self.draws - 1}, which samples with --seed + {last - self.seed}")
+            raise UsageError(f"--seed {self.seed} leaves no seed for {which} (torch's generator takes 0 to "
+                             f"{SEED_MAX}); pass --seed at most {SEED_MAX - (last - self.seed)}"
+                             + (", or --no-floor" if self.floor else "") + " or fewer --draws")
         for name in ("floor", "bf16_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -128,6 +142,19 @@ class EvalConfig:
         if self.k_bits is None and self.v_bits is None:
             return [(b, b) for b in self.bits]
         return [(k, v) for k in (self.k_bits or self.bits) for v in (self.v_bits or self.bits)]
+
+    def sample_seed(self, codec: str, draw: int) -> int:
+        """The seed of a row's draw: `floor_seed(seed, draws, draw)` for the FLOOR row, else seed + draw."""
+        return floor_seed(self.seed, self.draws, draw) if codec == FLOOR else self.seed + draw
+
+    def units(self) -> list[Unit]:
+        """Every row of a clip: each of `row_jobs()` at each draw."""
+        return [Unit(job, draw) for job in self.row_jobs() for draw in range(self.draws)]
+
+    def row_jobs(self) -> list[Job]:
+        """Every job a clip has rows of, each for every draw: the reference's own (REFERENCE, the uncompressed
+        draws the distribution metrics compare with), then `jobs()`."""
+        return [Job(REFERENCE), *self.jobs()]
 
     def jobs(self) -> list[Job]:
         """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
@@ -166,3 +193,10 @@ class Job(NamedTuple):
     bits: int | None = None
     v_bits: int | None = None
     sink_scales: int | None = None
+
+
+class Unit(NamedTuple):
+    """One row of a clip: a job (REFERENCE, a floor or a codec at its widths) at one draw."""
+
+    job: Job
+    draw: int

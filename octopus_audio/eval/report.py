@@ -32,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from octopus_audio.eval.cells import bits_cells, curve_names, kv_bits
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
 from octopus_audio.eval.parting import PARTING_METRICS
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, Job
-from octopus_audio.eval.rows import row_key
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, Job
+from octopus_audio.eval.rows import job_of
 from octopus_audio.eval.run_files import bits_tag, wav_name
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 
@@ -75,14 +76,6 @@ def _stats(values: list[float]) -> dict[str, float] | None:
     return {"min": float(a.min()), "mean": float(a.mean()), "max": float(a.max())}
 
 
-def kv_bits(kv: dict | None) -> float | None:
-    """Bits the compressed store holds per coordinate, keys and values together (K and V have as many
-    coordinates each, so the mean of the two); None when either is missing."""
-    if not kv or kv.get("k_bits") is None or kv.get("v_bits") is None:
-        return None
-    return (kv["k_bits"] + kv["v_bits"]) / 2.0
-
-
 def _kv_value(row: dict, key: str) -> float | None:
     """A row's value of the KV field `key` (KV_FIELDS)."""
     if key == "kv_bits_per_coord":
@@ -90,15 +83,11 @@ def _kv_value(row: dict, key: str) -> float | None:
     return (row["kv"] or {}).get(key.removesuffix("_per_coord"))
 
 
-def _job_of(row: dict) -> Job:
-    return Job(*row_key(row)[1:])
-
-
 def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
     """Per job, in job order: clip counts, min/mean/max of each metric and of the KV numbers."""
     groups = []
     for job in jobs:
-        mine = [r for r in rows if _job_of(r) == job]
+        mine = [r for r in rows if job_of(r) == job]
         ok = [r for r in mine if r["status"] == "ok"]
         group = {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "sink_scales": job.sink_scales,
                  "clips_ok": len(ok),
@@ -109,15 +98,6 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
             group[key] = _stats([v for r in ok if (v := _kv_value(r, key)) is not None])
         groups.append(group)
     return groups
-
-
-def _bits_cells(codec: str, bits: int | None, v_bits: int | None, sink_scales: int | None) -> list[str]:
-    """The K bits, V bits and sink scales cells of a row."""
-    if codec in FLOORS:
-        return ["-", "-", "-"]
-    if bits is None:
-        return ["native", "native", "-"]
-    return [str(bits), str(bits if v_bits is None else v_bits), str(sink_scales or 0)]
 
 
 def _bits_label(job: Job) -> str:
@@ -168,7 +148,7 @@ KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bi
 
 
 def _summary_cells(g: dict) -> list[str]:
-    cells = [g["codec"], *_bits_cells(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]),
+    cells = [g["codec"], *bits_cells(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]),
              f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
     for m in METRICS:
         s = g["metrics"][m.key]
@@ -182,16 +162,6 @@ SUMMARY_HEAD = (["codec", "K bits", "V bits", "sink scales", "clips"]
 
 
 EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), free of sampling divergence
-
-
-def curve_names(groups: list[dict]) -> dict[tuple[str, int | None], str]:
-    """The curve of each (codec, sink scales) of the rate-distortion views and equal-rate tables, by name: the
-    codec alone when the run has one count of sink scales, else `octopus S=3` (one curve per count, through
-    the bit widths)."""
-    keys = dict.fromkeys((g["codec"], g["sink_scales"]) for g in groups
-                         if g["codec"] not in FLOORS and g["bits"] is not None)
-    several = len({s for _, s in keys}) > 1
-    return {k: f"{k[0]} S={k[1]}" if several else k[0] for k in keys}
 
 
 def equal_rate_entries(groups: list[dict]) -> list[dict]:
@@ -232,11 +202,17 @@ def _equal_rate_lines(groups: list[dict]) -> list[str]:
     return lines
 
 
-def table_markdown(groups: list[dict], meta: dict) -> str:
+def table_markdown(groups: list[dict], meta: dict, dist: dict | None = None) -> str:
+    """The report's table.md: the paired table (draw 0 of each clip against the reference), the distribution
+    table (`dist`, eval/dist_report.py) and the equal-rate sections."""
+    draws = meta.get("draws", 1)
     lines = [f"# octopus-audio eval: {meta.get('clip_count', '?')} clips, model {meta.get('model')}, "
-             f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}", "",
+             f"conditioner {meta.get('conditioner')}, seed {meta.get('seed')}"
+             + (f", {draws} draws a clip" if draws > 1 else ""), "",
              "Each metric compares the output under the codec with the uncompressed output for the same "
-             "clip, condition and seed. LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
+             "clip, condition and seed"
+             + (f" (draw 0 of each clip, seed {meta.get('seed')})" if draws > 1 else "")
+             + ". LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
              "is better. " + KV_TEXT, "",
              "TF top-1 agreement and TF KL are teacher-forced: the model under the codec is fed the "
              "reference's own tokens at every scale (the same inputs as the reference) and its guided "
@@ -248,6 +224,10 @@ def table_markdown(groups: list[dict], meta: dict) -> str:
         lines += [text, ""]
     lines += ["| " + " | ".join(SUMMARY_HEAD) + " |", "|" + " --- |" * len(SUMMARY_HEAD)]
     lines += ["| " + " | ".join(_summary_cells(g)) + " |" for g in groups]
+    if dist is not None:
+        from octopus_audio.eval import dist_report
+
+        lines += ["", *dist_report.table_lines(meta, dist)]
     lines += _equal_rate_lines(groups)
     return "\n".join(lines) + "\n"
 
@@ -282,7 +262,7 @@ def rate_distortion_curves(groups: list[dict], rows: Sequence[dict]) -> dict:
                            if (g["codec"], g["sink_scales"]) == (codec, sinks) and g["kv_bits_per_coord"]
                            and g["metrics"][m.key])
             points = sorted((kv_bits(r["kv"]), r["metrics"][m.key]) for r in rows
-                            if (r["codec"], row_key(r)[4]) == (codec, sinks) and r["status"] == "ok"
+                            if (r["codec"], job_of(r).sink_scales) == (codec, sinks) and r["status"] == "ok"
                             and r["bits"] is not None and kv_bits(r["kv"]) is not None
                             and r["metrics"].get(m.key) is not None)
             if curve:
@@ -492,8 +472,8 @@ def _clip_section(out_dir: Path, n: int, clip: dict, jobs: Sequence[Job], by_key
 
 
 def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
-               groups: list[dict], meta: dict, plots: list[str]) -> str:
-    by_key = {(r["clip"], *_job_of(r)): r for r in rows}
+               groups: list[dict], meta: dict, plots: list[str], dist: dict | None = None) -> str:
+    by_key = {(r["clip"], *job_of(r)): r for r in rows}
     meta_items = "".join(f"<li>{html.escape(str(k))}: {html.escape(_shown_path(str(v), out_dir))}</li>"
                          for k, v in sorted(meta.items()))
     summary = ["<table class='summary'><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in SUMMARY_HEAD)
@@ -506,6 +486,11 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
             shown.append(html.escape(mean) + (f"<br><small>[{html.escape(spread)}</small>" if spread else ""))
         summary.append("<tr>" + "".join(f"<td>{c}</td>" for c in shown) + "</tr>")
     summary.append("</table>")
+    if dist is not None:
+        from octopus_audio.eval import dist_report
+
+        words = html.escape(dist_report.text(meta, dist).replace("`", ""))
+        summary.append(f"<h2>Distribution over draws</h2><p>{words}</p>" + dist_report.page_table(dist))
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p[:-4])} against stored bits'>"
                         for p in plots)
     sections = [_clip_section(out_dir, n, clip, jobs, by_key, meta) for n, clip in enumerate(clips)]
@@ -514,7 +499,8 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
             f"<style>{_CSS}</style></head><body>\n<h1>octopus-audio eval</h1>\n"
             f"<ul class='meta'>{meta_items}</ul>\n"
             "<p>Files: <a href='results.json'>results.json</a>, <a href='table.csv'>table.csv</a>, "
-            "<a href='table.md'>table.md</a>, <a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
+            "<a href='table.md'>table.md</a>, <a href='distribution.csv'>distribution.csv</a>, "
+            "<a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
             "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
             "model fed the reference's tokens): top-1 agreement and KL in nats per token. "
             f"{html.escape(KV_TEXT)}</p>\n<p>Listening: each codec's <b>A/B</b> button switches between "
@@ -534,33 +520,48 @@ def _write_text(path: Path, text: str) -> None:
 PAGES = ("results.json", "table.md", "table.csv", "index.html")
 
 
-def report_files() -> list[str]:
-    """Every file `write_report` writes, relative to the run folder, but the spectrograms (listed with their
-    WAVs, run_files.wav_files): what the run's manifest lists before the report is written."""
-    return [*PAGES, *(f"plots/{_plot_name(m.key)}" for m in METRICS), "plots/rate_distortion.json"]
+def report_files(embeddings: Sequence[str]) -> list[str]:
+    """Every file `write_report` writes for a run whose FAD embeddings are `embeddings` (meta's
+    `fad_embeddings`), relative to the run folder, but the spectrograms (listed with their WAVs,
+    run_files.wav_files): what the run's manifest lists before the report is written."""
+    from octopus_audio.eval import dist_report
+
+    return [*PAGES, *(f"plots/{_plot_name(m.key)}" for m in METRICS), "plots/rate_distortion.json",
+            *dist_report.report_files(embeddings)]
 
 
 def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict], jobs: Sequence[Job],
                  meta: dict) -> dict:
     """Write every report file under out_dir from the merged rows; returns what results.json holds.
 
-    rows: one per (clip, job) of this run (see runner); clips: [{clip, origin}] in run order; jobs: in report
-    order; meta: settings to print (model, conditioner, seed, ...). The spectrograms are drawn on worker
-    threads while this thread draws the plots (`spectrograms_drawn`); index.html is written after both.
+    rows: one per (clip, job, draw) of this run, the reference's own rows (REFERENCE) included (see runner);
+    clips: [{clip, origin}] in run order; jobs: in report order (without REFERENCE); meta: settings to print
+    (model, conditioner, seed, draws, ...). The paired table, its plots and the page's clips are draw 0's
+    rows of `jobs`; the distribution part (eval/dist_report.py) reads every row and its embeddings. The
+    spectrograms are drawn on worker threads while this thread draws the plots (`spectrograms_drawn`);
+    index.html is written after both.
     """
+    from octopus_audio.eval import dist_report
+
     out_dir = Path(out_dir)
     jobs = [Job(*j) for j in jobs]
     meta = {**meta, "clip_count": len(clips)}
-    groups = aggregate(rows, jobs)
-    failures = [{"clip": r["clip"], **_job_of(r)._asdict(), "stage": r["stage"], "error": r["error"]}
+    paired = [r for r in rows if r.get("draw", 0) == 0 and r["codec"] != REFERENCE]
+    groups = aggregate(paired, jobs)
+    dist = dist_report.distribution(out_dir, rows, jobs, meta)
+    failures = [{"clip": r["clip"], **job_of(r)._asdict(), "draw": r.get("draw", 0), "stage": r["stage"],
+                 "error": r["error"]}
                 for r in rows if r["status"] != "ok"]
     results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,
-               "equal_rate": equal_rate_entries(groups)}
+               "rows": {"ok": len(rows) - len(failures), "failed": len(failures)},
+               "equal_rate": equal_rate_entries(groups), "distribution": dist}
     _write_text(out_dir / "results.json", json.dumps(results, indent=1) + "\n")
-    _write_text(out_dir / "table.md", table_markdown(groups, meta))
+    _write_text(out_dir / "table.md", table_markdown(groups, meta, dist))
     _write_text(out_dir / "table.csv", table_csv(groups))
+    _write_text(out_dir / dist_report.CSV, dist_report.table_csv(dist))
     with spectrograms_drawn(out_dir, clips, jobs):  # on worker threads, while this one draws the plots
-        plots = plot_metrics(groups, rows, out_dir / "plots")
-    _write_text(out_dir / "index.html", index_html(out_dir, rows, clips, jobs, groups, meta, plots))
+        plots = plot_metrics(groups, paired, out_dir / "plots")
+        plots += dist_report.plot(dist, out_dir / "plots")
+    _write_text(out_dir / "index.html", index_html(out_dir, paired, clips, jobs, groups, meta, plots, dist))
     log.info("report written to %s (%d rows, %d failed)", out_dir, len(rows), len(failures))
     return results

@@ -1,5 +1,6 @@
-"""The eval's result rows on disk: one JSON line per (clip, codec, bits, sink scales) in `rows/rank<R>.jsonl`,
-appended as each finishes (a torn last line from a killed writer is dropped), merged over ranks and reruns."""
+"""The eval's result rows on disk: one JSON line per (clip, codec, bits, sink scales, draw) in
+`rows/rank<R>.jsonl`, appended as each finishes (a torn last line from a killed writer is dropped), merged
+over ranks and reruns."""
 
 from __future__ import annotations
 
@@ -9,18 +10,26 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from octopus_audio.eval.records import Job
+
 log = logging.getLogger(__name__)
 
 ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 
 
-def row_key(row: dict) -> tuple[str, str, int | None, int | None, int | None]:
-    """(clip, codec, key bits, value bits, sink scales): the row's `records.Job` after its clip. A row written
-    before value bits were recorded had both equal; one written before sink scales were, none (0 for a codec
-    row, None for the floors and `none`, as those rows carry it now)."""
+def row_key(row: dict) -> tuple[str, str, int | None, int | None, int | None, int]:
+    """(clip, codec, key bits, value bits, sink scales, draw): the row's clip, its `records.Job`, its draw. A
+    row written before value bits were recorded had both equal; one written before sink scales were, none (0
+    for a codec row, None for the floors and `none`, as those rows carry it now); one written before draws
+    were, draw 0."""
     sinks = row.get("sink_scales", None if row["bits"] is None else 0)
-    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"]), sinks
+    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"]), sinks, row.get("draw", 0)
+
+
+def job_of(row: dict) -> Job:
+    """The row's job: its `row_key` without the clip and the draw."""
+    return Job(*row_key(row)[1:5])
 
 
 def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:

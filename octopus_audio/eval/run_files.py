@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval.backends import Generated
-from octopus_audio.eval.records import FLOOR, KV_FLOOR
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE
 from octopus_audio.outdir import Manifest
 from octopus_audio.wav import write_wav
 
@@ -25,7 +25,7 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
     width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`, `_s<S>` after it with S sink scales: sorting
     together."""
-    if codec in ("input", "reference"):
+    if codec in ("input", REFERENCE):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
         return f"{clip_id}__00_reference_other_seed.wav"
@@ -80,10 +80,10 @@ def save_reference(out_dir: Path, clip_id: str, cond_D: np.ndarray, out: Generat
     """`refs/<clip>.npz` (audio, fhat, the condition, the tokens of all scales concatenated with
     `token_sizes`, the row identity as JSON) and the reference WAV, both listed in `files` first."""
     path = out_dir / "refs" / f"{clip_id}.npz"
-    files.add([f"refs/{clip_id}.npz", *wav_files(wav_name(clip_id, "reference", None))])
+    files.add([f"refs/{clip_id}.npz", *wav_files(wav_name(clip_id, REFERENCE, None))])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, audio=out.audio, fhat=out.fhat, cond=cond_D, tokens=np.concatenate(out.tokens),
              token_sizes=np.array([t.size for t in out.tokens], dtype=np.int64), identity=np.array(identity))
     os.replace(tmp, path)
-    write_wav(out_dir / "wav" / wav_name(clip_id, "reference", None), out.audio, sample_rate)
+    write_wav(out_dir / "wav" / wav_name(clip_id, REFERENCE, None), out.audio, sample_rate)

@@ -1,8 +1,8 @@
 """An eval run's output folder: its settings.json (the run's fingerprint and every clip's audio hash), which a
 rerun must match to resume (a thread count that differs is only warned about); its manifest (outdir.Manifest:
-every file the run wrote, so --overwrite removes only those); and each clip's files (WAVs, spectrograms, saved
-reference), removed with the clip's rows whenever the clip's audio differs from the audio they were made from.
-A folder that is not an eval run's is never written into without --overwrite."""
+every file the run wrote, so --overwrite removes only those); and each clip's files (WAVs, spectrograms,
+embeddings, saved reference), removed with the clip's rows whenever the clip's audio differs from the audio
+they were made from. A folder that is not an eval run's is never written into without --overwrite."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from octopus_audio.errors import UsageError
+from octopus_audio.eval.embeddings import EMBEDDINGS_DIR
 from octopus_audio.eval.rows import ROWS_DIR, read_rows
 from octopus_audio.outdir import Manifest, hold_folder, refuse_foreign, remove_owned
 
@@ -86,9 +87,12 @@ def check_fingerprint(out_dir: Path, fingerprint: dict, old: dict) -> None:
 
 def clip_of(name: str) -> str | None:
     """The clip a file of the run belongs to, from its path relative to the run folder: `wav/<clip>__....wav`,
-    `spec/<clip>__....png` (no part after the clip id holds `__`, and a clip id never ends in `_`) or
+    `spec/<clip>__....png` (no part after the clip id holds `__`, and a clip id never ends in `_`),
+    `emb/<clip>__...__d<draw>.npz` (embeddings.embedding_path: a WAV's name, then the draw) or
     `refs/<clip>.npz`; None for any other file."""
     folder, _, file = name.partition("/")
+    if folder == EMBEDDINGS_DIR and "/" not in file:
+        folder, file = CLIP_FOLDERS[0], file.rpartition("__")[0]  # the name of its row's WAV, without .wav
     if folder in CLIP_FOLDERS and "/" not in file and "__" in file:
         return file.rpartition("__")[0]
     if folder == "refs" and "/" not in file and file.endswith(".npz"):
@@ -97,8 +101,8 @@ def clip_of(name: str) -> str | None:
 
 
 def forget_clips(out_dir: Path, clips: Iterable[str], files: Manifest) -> None:
-    """Drop every row of `clips` from the rank files and remove every file the run wrote for them (their
-    WAVs, spectrograms and saved references, as listed in the manifest): what a clip whose audio changed
+    """Drop every row of `clips` from the rank files and remove every file the run wrote for them (their WAVs,
+    spectrograms, embeddings and saved references, as listed in the manifest): what a clip whose audio changed
     leaves behind. Rows first, so a run stopped half way never reuses a row whose files are gone."""
     clips = set(clips)
     for path in sorted((out_dir / ROWS_DIR).glob("*.jsonl")):
