@@ -1,10 +1,10 @@
 """The README stays a product README: short table cells, no commit hashes or run numbers, every flag named.
 
 Checked on README.md: no Markdown table cell over 300 characters; no commit-hash-like token (7-40 lowercase
-hex digits with at least one digit and one letter a-f, as a whole word) and no "session N" / "run N"; every
-long option of the `octopus-audio` parser and of each subcommand's parser appears. Checked on the product code
-(octopus_audio/**/*.py): no commit-hash-like token in a comment or a docstring (hashes belong in the results
-files). Each checker is also run on small examples of its own, so none can pass vacuously.
+hex digits with at least one digit and one letter a-f, as a whole word), no "session N" / "run N" and no date;
+every long option of the `octopus-audio` parser and of each subcommand's parser appears. Checked on the
+product code (octopus_audio/**/*.py): no commit-hash-like token in a comment or a docstring (hashes belong in
+the results files). Each checker is also run on small examples of its own, so none can pass vacuously.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ FENCE_RE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 CELL_SPLIT_RE = re.compile(r"(?<!\\)\|")
 HASH_RE = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 RUN_NUMBER_RE = re.compile(r"\b(?:session|run)\s*#?\s*\d+\b|\b(?:session|run)\d+", re.IGNORECASE)
+DATE_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 
 
 def long_cells(text: str, limit: int = MAX_CELL) -> list[str]:
@@ -47,6 +48,11 @@ def hash_tokens(text: str) -> list[str]:
 def run_numbers(text: str) -> list[str]:
     """Every "session N", "run N" or "runN" in `text`."""
     return RUN_NUMBER_RE.findall(text)
+
+
+def dates(text: str) -> list[str]:
+    """Every ISO date in `text` (a dated run log or a dated raw path)."""
+    return DATE_RE.findall(text)
 
 
 def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
@@ -94,6 +100,7 @@ def test_readme_names_no_commit_or_run():
     text = README.read_text(encoding="utf-8")
     assert not hash_tokens(text), f"commit-hash-like tokens in README.md: {hash_tokens(text)}"
     assert not run_numbers(text), f"session or run numbers in README.md: {run_numbers(text)}"
+    assert not dates(text), f"dates in README.md (dated logs and paths belong in the results): {dates(text)}"
 
 
 def test_product_comments_name_no_commit():
@@ -144,6 +151,11 @@ def test_run_numbers_on_examples():
     assert run_numbers("measured in session 13, run 55 and run68 (Session #4)") == \
         ["session 13", "run 55", "run68", "Session #4"]
     assert run_numbers("a rerun resumes; run the tests; runs 3 codecs; the run's rows; 16 runs") == []
+
+
+def test_dates_on_examples():
+    assert dates("on 2026-12-02, see raw/2026-12-01/cpu-probe/table.md") == ["2026-12-02", "2026-12-01"]
+    assert dates("b = 2-3-4, 1e-20, 16-bit, 2**64 - 1") == []
 
 
 def test_missing_options_on_examples():
