@@ -108,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-CPU_BATCH = 16  # measured on 2 cores with the embedded model: see the README's Timing
+CPU_BATCH = 16  # measured on 2 cores with the embedded model (benchmarks/results/eval_speed.md, CPU)
 # draws a clip: on the CPU what keeps the README's first command under 10 minutes on 2 cores, on CUDA enough
 # outputs for the distribution metrics (16 clips x 8 = 128 a row) within the GPU eval's time target
 # (benchmarks/results/verdict.md)

@@ -27,9 +27,9 @@ Launch (H200, Triton 3.6, AAR shapes 2B x 16 heads, 75 queries x (380 + 75) keys
 stages, 128 registers a thread (two programs an SM), the producer at 72 registers (88 for polarquant and
 octopus-qjl: the least without spills in its tile loop). Against stages=3, L1 prefetch 1-2 tiles ahead,
 loads at decode, producer 56 registers, 128-key tiles and 3 programs an SM, this configuration was fastest or
-within 4% (benchmarks/results/kernels.md, Gluon round 2); a software-pipelined consumer (3 stages) was no
-faster (kernels.md, session 13). Octopus b=2 now takes 1.38x SDPA's time at 2B=1024 (the Triton kernel:
-2.64x).
+within 4% (benchmarks/results/kernels.md, "Attention at AAR shapes"); a software-pipelined consumer (3 stages)
+was no faster (kernels.md, "Tried, not kept"). Octopus b=2 takes 1.29-1.34x SDPA's time at AAR shapes
+(kernels.md, "Attention").
 """
 
 from __future__ import annotations
