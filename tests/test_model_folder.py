@@ -182,7 +182,7 @@ def test_generate_and_eval_take_a_folder(tiny_pipe, tmp_path, capsys):
     cond = tmp_path / "c.npy"
     np.save(cond, np.ones((1, 512), dtype=np.float32) / 512**0.5)
     assert main(["generate", "--aar", str(folder), "--cond", str(cond), "--codec", "octopus", "--bits", "2",
-                 "--device", "cpu", "--out", str(tmp_path / "o")]) == 0
+                 "--sink-scales", "0", "--device", "cpu", "--out", str(tmp_path / "o")]) == 0
     assert "kv cache [octopus b=2 W=1, 2 layers, 15 tokens (8 native)]" in capsys.readouterr().out
     check_model_paths(str(folder), None)  # a folder alone is accepted
     assert model_name(str(folder), None) == "tiny"
