@@ -6,6 +6,7 @@ OCTOPUS_AUDIO_TEST_DEVICE=cuda on a compute capability 9.0 GPU (Gluon has no CPU
 import logging
 import math
 import os
+import re
 import sys
 import types
 
@@ -298,7 +299,7 @@ def test_cache_attend_runs_gluon(name, caplog):
     with caplog.at_level(logging.INFO, logger=select.__name__):
         got = cache.attend(q, 0.125)
     assert any("attention: gluon" in r.getMessage() for r in caplog.records), caplog.text
-    assert "kernels='attention: gluon" in repr(cache), repr(cache)
+    assert "attention: gluon'" in repr(cache), repr(cache)
     want = cache.attend_reference(q.float(), 0.125).double()
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double() - want).norm() / want.norm()).item()
@@ -310,7 +311,9 @@ def test_cache_attend_runs_gluon(name, caplog):
 @pytest.mark.parametrize("name", ["octopus", "turboquant-mse"])
 def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
     """A native prefix (AAR's first 3, 5 or 6 scales) joins the window in the native segment the Gluon kernel
-    takes: at every scale of an AAR-like sequence (18 rows x 16 heads) it runs and equals the reference."""
+    takes: at every scale of an AAR-like sequence (18 rows x 16 heads) the cache equals the reference, and the
+    last scale runs the Gluon kernel (the 1-query first scale is out of its scope: score tables run it, and
+    the cache's repr lists both)."""
     select._announced.clear()
     g = torch.Generator(device="cuda").manual_seed(prefix)
     cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=prefix)
@@ -328,7 +331,7 @@ def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
     with caplog.at_level(logging.INFO, logger=select.__name__):
         cache.attend(q, 0.125)
     assert any("attention: gluon" in r.getMessage() for r in caplog.records), caplog.text
-    assert "kernels='attention: gluon" in repr(cache), repr(cache)
+    assert re.search(r"attention: [a-z-, ]*gluon'", repr(cache)), repr(cache)
 
 
 # key shapes [..., H, T, 64]: aligned (T % 128 == 0), blocks across heads, a decode step (T = 1), lead dims

@@ -172,7 +172,7 @@ def _store(codec, kc, heads, length, bits_, d, seed):
 
 def _close(got, want, tol):
     floor = ((want.to(got.dtype).double() - want.double()).norm() / want.double().norm()).item()
-    rel = ((got.double().cpu() - want.double()).norm() / want.double().norm()).item()
+    rel = ((got.double().cpu() - want.double().cpu()).norm() / want.double().norm()).item()
     assert rel <= tol + floor, f"relative RMS error {rel:.2e} > {tol:.0e} + floor {floor:.1e}"
 
 
