@@ -8,8 +8,10 @@ forward, SDPA) gives every layer's keys and values; each cache is then filled wi
 users run it (`model(next_token, cache=cache)`, argmax) is timed. Caches: `dynamic` (DynamicCache + SDPA),
 `static` (StaticCache, eager), `hqq@B` (transformers' QuantizedCache, HQQ backend, its defaults: 128 native
 tokens, groups of 64), `CODEC@B` (OctopusCache, window 1). Per cell: decode tokens/s (batch x steps / time),
-ms a step, the cache's GPU memory after the fill (what `memory_allocated` grew by), the peak during fill and
-decode (weights and the prefill's source K/V left out), or OOM. Rows are appended to `rows.jsonl` as they
+ms a step, the cache's GPU memory once decoding runs (what `memory_allocated` grew by from before the fill
+to after the warm-up steps: an OctopusCache holds a prompt's native K/V until the forward that attends over
+them, which the fill has none of), the peak during fill and decode (weights and the prefill's source K/V left
+out), or OOM. Rows are appended to `rows.jsonl` as they
 finish; a rerun into the same folder skips them; `--budget-s` stops starting cells after that many seconds.
 `table.md` is written from all rows at the end. Our kernels are compiled ahead, in parallel, before the first
 cell (`octopus_audio.aar_patch.compile_variants`).
@@ -156,8 +158,8 @@ def speed_cell(model, source, spec: str, batch: int, steps: int, warmup: int, de
         fill(cache, source, batch)
         sync(device)
         fill_s = time.perf_counter() - start
-        kv = allocated(device) - base
         decode(model, cache, batch, warmup, device)
+        kv = allocated(device) - base  # after the first steps: a prompt's native K/V live until its forward
         seconds = decode(model, cache, batch, steps, device)
         peak = (torch.cuda.max_memory_allocated(device) - base) if device.type == "cuda" else 0
         row = {"status": "ok", "tokens_per_s": batch * steps / seconds, "ms_per_step": 1e3 * seconds / steps,

@@ -132,6 +132,25 @@ def test_native_capacity_reserves_the_buffer():
     assert plain._native.capacity >= 13
 
 
+def test_a_reserved_native_buffer_goes_back_after_a_larger_unit():
+    """A unit larger than the reservation (a language model's prompt) grows the native buffer while it is in
+    the window; once it has left, the buffer is back at the reservation and attention is unchanged."""
+    g = torch.Generator().manual_seed(4)
+    units = [torch.randn(B, H, n, D, generator=g) for n in (40, 1, 1, 1)]
+    plain = CompressedKVCache("octopus", 2, D, window=2, seed=3)
+    reserved = CompressedKVCache("octopus", 2, D, window=2, seed=3, native_capacity=2)
+    q = torch.randn(B, H, 1, D, generator=g)
+    capacities = []
+    for u in units:
+        plain.append(u, -u)
+        reserved.append(u, -u)
+        capacities.append(reserved._native.capacity)
+        assert torch.equal(plain.attend(q, 0.125), reserved.attend(q, 0.125))
+    assert capacities == [40, 80, 2, 2]  # the second unit doubles it; the first one's leaving frees it
+    assert reserved._native.allocated_bytes == reserved.bytes_breakdown()["native_bytes"]
+    assert plain._native.capacity == 80
+
+
 @pytest.mark.parametrize("bad", [-1, 2.5, True, "4"], ids=["negative", "float", "bool", "str"])
 def test_bad_native_prefix_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="native_prefix must be an integer >= 0"):

@@ -161,6 +161,17 @@ def test_window_keeps_the_newest_tokens_native_and_accounts_bytes(model):
     assert 0 < cache.nbytes < cache.fp16_nbytes
 
 
+def test_after_the_prompt_the_layers_hold_no_native_copy_of_it(model):
+    """Once decoding runs, each layer's buffers hold what its bytes say (the store and a window-sized native
+    buffer), not the prompt's native K/V: the prompt passed through the window as one unit."""
+    cache = OctopusCache(model.config, codec="octopus", bits=2, max_cache_len=PROMPT + 3)
+    generate(model, prompt(), cache, max_new_tokens=3)
+    for layer in cache.layers:
+        native = layer.first._native
+        assert native.capacity == 1
+        assert native.allocated_bytes == layer.first.bytes_breakdown()["native_bytes"]
+
+
 # ---- operations generation uses --------------------------------------------------------------------------
 def test_beam_search_reorders_like_the_dynamic_cache(model):
     ids = prompt(batch=2, length=8)

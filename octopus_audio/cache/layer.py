@@ -77,7 +77,8 @@ class CompressedKVCache:
     Values use `v_bits` bits (None: the same `bits` as keys), in groups of `v_group` channels.
     capacity: tokens the compressed store is allocated for when it is first written (None: just the first
     unit); past it the store grows by doubling. native_capacity: the same for the native buffer (prefix and
-    window), sized at the first unit. A caller that knows the sequence (AAR: `layout.sequence_capacities`)
+    window), sized at the first unit; given, the buffer also goes back to it after a larger unit has left the
+    window. A caller that knows the sequence (AAR: `layout.sequence_capacities`)
     avoids the growth copies and the spare capacity.
 
     Data checks (finite keys; values finite, and within the fp16 range when quantized): `defer_checks` None
@@ -308,7 +309,7 @@ class CompressedKVCache:
         """The sequence's native buffer, created for `native_capacity` tokens (at least n) at first use."""
         seq = self._seq
         if seq.native is None:
-            seq.native = NativeSegment(k, max(n, self.native_capacity or 0))
+            seq.native = NativeSegment(k, max(n, self.native_capacity or 0), reserved=self.native_capacity)
         return seq.native
 
     def _leave(self, k: torch.Tensor, v: torch.Tensor, buffered: bool) -> None:

@@ -14,14 +14,18 @@ class NativeSegment:
     projection would otherwise keep the whole projection alive (at AAR B=64, 0.63 GB more than the window's
     own bytes, measured on an H200 when the window kept the units it was given). The buffers grow (doubling,
     at least to what is needed) when a unit does not fit. `capacity` (tokens) sizes them at the first unit; a
-    caller that knows the sequence (the AAR patch) reserves the peak and nothing grows."""
+    caller that knows the sequence (the AAR patch) reserves the peak and nothing grows. `reserved` (tokens, or
+    None): what the caller reserved; buffers grown past it go back to it once what they hold fits again, so a
+    large unit passing through the window (a language model's prompt) does not pin its size for the rest of
+    the sequence. None: buffers never shrink."""
 
-    def __init__(self, like: torch.Tensor, capacity: int) -> None:
+    def __init__(self, like: torch.Tensor, capacity: int, reserved: int | None = None) -> None:
         B, H, _, d = like.shape
         self._k = torch.empty(B, H, capacity, d, dtype=like.dtype, device=like.device)
         self._v = torch.empty_like(self._k)
         self.prefix_tokens = 0
         self.units: list[int] = []
+        self.reserved = reserved
 
     @property
     def capacity(self) -> int:
@@ -41,7 +45,10 @@ class NativeSegment:
         need = self.tokens + n
         if need <= self.capacity:
             return
-        cap = max(need, 2 * self.capacity)
+        self._resize(max(need, 2 * self.capacity))
+
+    def _resize(self, cap: int) -> None:
+        """Buffers of `cap` tokens (at least those held), the valid tokens copied."""
         for name in ("_k", "_v"):
             old = getattr(self, name)
             new = old.new_empty(*old.shape[:2], cap, old.shape[3])
@@ -84,6 +91,8 @@ class NativeSegment:
             for buf in (self._k, self._v):
                 src = buf.narrow(2, self.prefix_tokens + gap, rest).clone()  # the ranges overlap
                 buf.narrow(2, self.prefix_tokens, rest).copy_(src)
+        if self.reserved is not None and self.capacity > self.reserved >= self.tokens:
+            self._resize(self.reserved)
 
     def crop(self, tokens: int) -> None:
         """Keep the first `tokens` native tokens as the buffer holds them (the prefix, then the window):

@@ -59,7 +59,7 @@ class CacheSettings:
         bits = 16 if self.k_bits is None else self.k_bits  # codec none: its nominal width, ignored
         return CompressedKVCache(self.codec, bits, head_dim, window=self.window, v_group=self.v_group,
                                  seed=layer_seed(self.seed, layer), v_bits=self.v_bits,
-                                 capacity=self.max_cache_len)
+                                 capacity=self.max_cache_len, native_capacity=max(self.window, 1))
 
 
 def _head_dim(config) -> int:
