@@ -91,3 +91,38 @@ def test_a_row_that_breaks_the_gpu_is_recorded_and_named(tmp_path, monkeypatch):
 
     rows = json.loads(partial.read_text())
     assert len(rows) == 1 and "illegal memory access" in rows[0]["error"]
+
+
+def test_sdpa_backends_each_compute_sdpa():
+    """Every SDPA backend the bench offers as a baseline computes SDPA of the same inputs (those that do not
+    take them here are left out; the math backend always does)."""
+    from octopus_audio.apps.bench import sdpa_backends
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 64, generator=g).to(DEVICE).bfloat16() for n in (5, 41, 41))
+    calls = sdpa_backends(q, k, v)
+    assert "math" in calls
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    for name, call in calls.items():
+        got = call().float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2, name
+
+
+def test_the_table_has_a_cell_for_every_column_and_names_the_fastest_backend():
+    """Attention rows (with and without a graph time), encode rows and error rows fill every column; the
+    fastest-backend cell says which backend and its time."""
+    from octopus_audio.apps.bench import table
+
+    attention = {"kind": "attention", "shape": "AAR", "codec": "octopus", "bits": 2, "ms": 0.1,
+                 "sdpa_bf16_ms": 0.2, "speedup_vs_sdpa": 2.0, "bytes": 1e6, "gbps": 10.0, "frac_copy_bw": 0.1,
+                 "rel_err_vs_decode_sdpa": 1e-3}
+    graphed = {**attention, "graph_ms": 0.09, "sdpa_graph_ms": 0.1, "speedup_vs_sdpa_graph": 1.1,
+               "sdpa_best_backend": "cudnn", "sdpa_best_graph_ms": 0.08,
+               "speedup_vs_best_graph": 0.89}
+    encode = {"kind": "encode-k", "shape": "64k", "codec": "octopus", "bits": 2, "ms": 0.1,
+              "reference_ms": 1.0, "speedup_vs_reference": 10.0, "bytes": 1e6, "gbps": 1.0,
+              "frac_copy_bw": 0.1, "matches_reference": True}
+    error = {"kind": "attention", "shape": "AAR", "codec": "octopus", "bits": 2, "error": "boom"}
+    lines = table([attention, graphed, encode, error]).splitlines()
+    assert len({line.count("|") for line in lines}) == 1, lines
+    assert "| cudnn 0.0800 | 0.89 |" in lines[3]

@@ -8,7 +8,9 @@ at each bit width, against torch SDPA in bf16 over the same number of native key
 decode-then-SDPA; encode throughput at 64k tokens x 16 heads. Each row: median time (CUDA events through
 triton.testing.do_bench, L2 flushed between runs), GB/s on the bytes the kernel must move (compressed store +
 window + q + out), that rate as a fraction of the measured device-to-device copy bandwidth (bytes read plus
-written), and the speedup over SDPA. Encode-k rows run `encode_keys` at its defaults and are marked [gluon]
+written), and the speedup over SDPA: torch's default pick, and (CUDA-graph times) the fastest of the SDPA
+backends that take the shape (flash, cuDNN, efficient, math: `sdpa_backends`), the strongest bf16 baseline
+torch offers there. Encode-k rows run `encode_keys` at its defaults and are marked [gluon]
 where its Gluon kernel ran (OCTOPUS_AUDIO_KERNELS=triton times the Triton kernels instead). Needs
 only torch, triton, numpy (the device machine has no more).
 """
@@ -309,6 +311,32 @@ def _sdpa_inputs(shape: AttnShape, device):
     return q, k, torch.randn_like(k)
 
 
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def sdpa_backends(q, k, v) -> dict:
+    """{backend name: a callable running bf16 SDPA(q, k, v) on that torch backend} for each of SDPA_BACKENDS
+    that takes these inputs here (a backend that refuses them, or is not built, is left out): the baselines
+    the strongest of which each attention row is compared with."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    calls = {}
+    for name in SDPA_BACKENDS:
+        backend = getattr(SDPBackend, name)
+
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+
+        try:
+            call()
+        except RuntimeError:  # "No available kernel": this backend does not take these inputs
+            continue
+        calls[name.removesuffix("_ATTENTION").lower()] = call
+    return calls
+
+
 def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
     import torch
     import torch.nn.functional as F
@@ -321,6 +349,8 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
         q0, k0, v0 = _sdpa_inputs(s, device)
         sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
         sdpa_ms[s, "graph"] = _bench(_graphed(lambda: F.scaled_dot_product_attention(q0, k0, v0)), rep_ms)
+        sdpa_ms[s, "backends"] = {name: _bench(_graphed(call), rep_ms)
+                                  for name, call in sdpa_backends(q0, k0, v0).items()}
         del q0, k0, v0
     inputs = _attention_inputs(job, device)
     codec, quant, ks, vs, q = (inputs[k] for k in ("codec", "quant", "ks", "vs", "q"))
@@ -332,6 +362,10 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
         row["graph_ms"] = _bench(_graphed(ours), rep_ms)
         row["sdpa_graph_ms"] = sdpa_ms[s, "graph"]
         row["speedup_vs_sdpa_graph"] = row["sdpa_graph_ms"] / row["graph_ms"]
+        row["sdpa_backends_graph_ms"] = sdpa_ms[s, "backends"]
+        best = min(sdpa_ms[s, "backends"], key=sdpa_ms[s, "backends"].get)
+        row["sdpa_best_backend"], row["sdpa_best_graph_ms"] = best, sdpa_ms[s, "backends"][best]
+        row["speedup_vs_best_graph"] = row["sdpa_best_graph_ms"] / row["graph_ms"]
     except RuntimeError as e:
         row["note"] = f"CUDA-graph capture failed: {e}"
 
@@ -457,24 +491,27 @@ def _fmt(v, spec: str) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| kind | shape | codec | b | ours ms | SDPA bf16 ms | x vs SDPA | ours ms (graph) "
-            "| SDPA ms (graph) | x vs SDPA (graph) | decode+SDPA ms | x vs decode+SDPA | MB moved | GB/s "
-            "| of copy BW | rel err / exact |")
-    lines = [head, "|" + " --- |" * 16]
+            "| SDPA ms (graph) | x vs SDPA (graph) | fastest SDPA backend ms (graph) | x vs fastest (graph) "
+            "| decode+SDPA ms | x vs decode+SDPA | MB moved | GB/s | of copy BW | rel err / exact |")
+    lines = [head, "|" + " --- |" * 18]
     for r in rows:
         codec = r["codec"]
         if "error" in r:
             lines.append(f"| {r['kind']} | {r['shape']} | {codec} | {r['bits']} | error: {r['error'][:120]} |"
-                         + " |" * 11)
+                         + " |" * 13)
             continue
         if r["kind"] == "attention":
             check = _fmt(r.get("rel_err_vs_decode_sdpa"), ".1e")
             tuned = r.get("launch", "cache.attend") != "cache.attend"
+            best_sdpa = (f"{r['sdpa_best_backend']} {r['sdpa_best_graph_ms']:.4f}" if "sdpa_best_backend" in r
+                         else "n/a")
             shape = r["shape"] + (f" [{r['launch']}]" if tuned else "")
             lines.append(
                 f"| attention | {shape} | {codec} | {r['bits']} | {r['ms']:.4f} "
                 f"| {r['sdpa_bf16_ms']:.4f} | {r['speedup_vs_sdpa']:.2f} "
                 f"| {_fmt(r.get('graph_ms'), '.4f')} | {_fmt(r.get('sdpa_graph_ms'), '.4f')} "
                 f"| {_fmt(r.get('speedup_vs_sdpa_graph'), '.2f')} "
+                f"| {best_sdpa} | {_fmt(r.get('speedup_vs_best_graph'), '.2f')} "
                 f"| {_fmt(r.get('decode_sdpa_ms'), '.3f')} "
                 f"| {_fmt(r.get('speedup_vs_decode_sdpa'), '.1f')} | {r['bytes'] / 1e6:.1f} "
                 f"| {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
@@ -483,7 +520,7 @@ def table(rows: list[dict]) -> str:
             check = "exact" if r.get("matches_reference") else f"differ: {diff}"
             shape = r["shape"] + (f" [{r['kernel']}]" if r.get("kernel") == "gluon" else "")
             lines.append(
-                f"| {r['kind']} | {shape} | {codec} | {r['bits']} | {r['ms']:.4f} | | | | | "
+                f"| {r['kind']} | {shape} | {codec} | {r['bits']} | {r['ms']:.4f} | | | | | | | "
                 f"| {r['reference_ms']:.3f} (library) | {r['speedup_vs_reference']:.1f} "
                 f"| {r['bytes'] / 1e6:.1f} | {r['gbps']:.0f} | {r['frac_copy_bw']:.0%} | {check} |")
     return "\n".join(lines)
