@@ -289,3 +289,34 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
     assert [i["src"] for i in found["images"] if not i["ok"]] == [f"spec/clip0__octopus_b2{sinks}.png"]
     assert [a["src"] for a in found["audio"] if not a["ok"]] == ["wav/clip1__none.wav"]
     assert found["errors"]
+
+
+def _group(codec, bits, sinks, rate, kl):
+    """A made-up aggregate row (report.aggregate's shape) with only what the equal-rate tables read."""
+    none = {m: None for m in METRIC_KEYS}
+    return {"codec": codec, "bits": bits, "v_bits": bits, "sink_scales": sinks, "clips_ok": 1,
+            "clips_failed": 0, "metrics": {**none, "tf_kl_nats": {"mean": kl, "min": kl, "max": kl}},
+            "kv_bits_per_coord": {"mean": rate, "min": rate, "max": rate}}
+
+
+def test_equal_rate_tables_compare_codecs_at_the_same_sink_scales():
+    """A run with several counts of sink scales gets one equal-rate table per count, each comparing codecs at
+    that count only (a column per codec, not per codec and count); with one count, one table as before."""
+    from octopus_audio.eval.report import _equal_rate_lines, equal_rate_entries
+
+    groups = [_group(codec, b, s, b + 1 + 0.1 * s + (0.5 if codec == "octopus" else 0), kl / b)
+              for codec, kl in (("octopus", 0.1), ("turboquant-mse", 0.12))
+              for s in (0, 3) for b in (2, 3, 4)]
+    text = "\n".join(_equal_rate_lines(groups))
+    assert "at equal rate, 0 sink scales" in text and "at equal rate, 3 sink scales" in text
+    heads = [line for line in text.splitlines() if line.startswith("| codec |")]
+    assert len(heads) == 2
+    assert "turboquant-mse S=0 at this rate" in heads[0] and "S=3" not in heads[0]
+    assert "turboquant-mse S=3 at this rate" in heads[1] and "S=0" not in heads[1]
+    entries = equal_rate_entries(groups)
+    assert entries and all(e["peer"].endswith(f"S={e['sink_scales']}") for e in entries)
+    # octopus b2 at S=0 (rate 3.5, KL 0.05) read on turboquant-mse S=0 (3 -> 0.06, 4 -> 0.04) at 3.5
+    e = next(e for e in entries if e["label"] == "octopus b2" and e["peer"] == "turboquant-mse S=0")
+    assert e["peer_value"] == pytest.approx((0.06 * 0.04) ** 0.5)
+    one = "\n".join(_equal_rate_lines([g for g in groups if g["sink_scales"] == 3]))
+    assert one.count("| codec |") == 1 and "sink scales" not in one.split("\n")[1]

@@ -165,23 +165,25 @@ EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), 
 
 
 def equal_rate_entries(groups: list[dict]) -> list[dict]:
-    """Per metric of EQUAL_RATE_METRICS: each OCTOPUS curve's mean at its K+V bits per coordinate beside every
-    other curve (`curve_names`: each codec, at each count of sink scales) read at that rate
-    (`octopus_audio.rate_distortion.equal_rate`)."""
+    """Per metric of EQUAL_RATE_METRICS and count of sink scales: each OCTOPUS curve's mean at its K+V bits
+    per coordinate beside every other codec's curve at the same sink scales (`curve_names`) read at that rate
+    (`octopus_audio.rate_distortion.equal_rate`); each entry carries its `sink_scales`."""
     from octopus_audio.rate_distortion import SUBJECTS, equal_rate
 
     names = curve_names(groups)
-    subjects = [name for (codec, _), name in names.items() if codec in SUBJECTS]
     out = []
     for key in EQUAL_RATE_METRICS:
-        points: dict[str, list] = {}
+        by_sinks: dict[int | None, dict[str, list]] = {}
         for g in groups:
             measured = g["kv_bits_per_coord"] and g["metrics"][key]
             if (g["codec"], g["sink_scales"]) in names and measured:
                 label = _job_label(Job(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]))
-                points.setdefault(names[g["codec"], g["sink_scales"]], []).append(
+                curves = by_sinks.setdefault(g["sink_scales"], {})
+                curves.setdefault(names[g["codec"], g["sink_scales"]], []).append(
                     (g["kv_bits_per_coord"]["mean"], g["metrics"][key]["mean"], label))
-        out += [{"metric": key, **e} for e in equal_rate(points, subjects)]
+        for sinks, points in by_sinks.items():
+            subjects = [name for (codec, s), name in names.items() if codec in SUBJECTS and s == sinks]
+            out += [{"metric": key, "sink_scales": sinks, **e} for e in equal_rate(points, subjects)]
     return out
 
 
@@ -189,16 +191,21 @@ def _equal_rate_lines(groups: list[dict]) -> list[str]:
     from octopus_audio.rate_distortion import equal_rate_table
 
     entries = equal_rate_entries(groups)
-    codecs = list(curve_names(groups).values())
+    names = curve_names(groups)
+    several = len({s for _, s in names}) > 1
     lines = []
     for m in METRICS:
-        mine = [e for e in entries if e["metric"] == m.key]
-        if mine:
-            lines += ["", f"## {m.label} at equal rate", "",
+        for sinks in dict.fromkeys(e["sink_scales"] for e in entries if e["metric"] == m.key):
+            mine = [e for e in entries if e["metric"] == m.key and e["sink_scales"] == sinks]
+            title = f"{m.label} at equal rate" + (f", {sinks} sink scale{'' if sinks == 1 else 's'}"
+                                                   if several else "")
+            lines += ["", f"## {title}", "",
                       "Each OCTOPUS row's mean at its K+V bits per coordinate beside every other codec's "
                       "curve of means read at that rate (log-linear between its two nearest measured rates; "
-                      "'-' outside them, never extrapolated); the difference is ours against theirs.", ""]
-            lines += equal_rate_table(mine, f"{m.label} mean", codecs)
+                      "'-' outside them, never extrapolated); the difference is ours against theirs."
+                      + (" Codecs are compared at the same count of sink scales." if several else ""), ""]
+            peers = [name for (_, s), name in names.items() if s == sinks]
+            lines += equal_rate_table(mine, f"{m.label} mean", peers)
     return lines
 
 
