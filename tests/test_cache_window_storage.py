@@ -65,3 +65,46 @@ def test_window_copy_leaves_attention_unchanged():
         q = torch.randn(2, 3, 7, 64, generator=torch.Generator().manual_seed(9))
         outs.append(cache.attend(q, 0.125))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_native_views_follow_every_change():
+    """`NativeSegment.kv` hands out the same views until the segment changes; each change (a unit entering or
+    leaving, the prefix growing, growth of the buffers, crop, select_rows) gives views of what is held now."""
+    from octopus_audio.cache.native import NativeSegment
+
+    def units(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(2, 3, n, 8, generator=g), torch.randn(2, 3, n, 8, generator=g)
+
+    seg = NativeSegment(units(1, 0)[0], capacity=2)
+    assert seg.kv() is None
+    held_k, held_v = [], []
+
+    def check():
+        k, v = seg.kv()
+        assert seg.kv()[0] is k  # cached until the next change
+        torch.testing.assert_close(k, torch.cat(held_k, 2), rtol=0, atol=0)
+        torch.testing.assert_close(v, torch.cat(held_v, 2), rtol=0, atol=0)
+
+    k, v = units(2, 1)
+    seg.extend_prefix(k, v)
+    held_k, held_v = [k], [v]
+    check()
+    for seed, n in ((2, 3), (3, 1)):  # the first push grows the buffers
+        k, v = units(n, seed)
+        seg.push(k, v)
+        held_k.append(k)
+        held_v.append(v)
+        check()
+    seg.pop(keep=1)  # the 3-token unit: its first token joins the prefix, the others leave
+    held_k[1:2], held_v[1:2] = [held_k[1][:, :, :1]], [held_v[1][:, :, :1]]
+    check()
+    seg.crop(3)
+    held_k, held_v = [torch.cat(held_k, 2)[:, :, :3]], [torch.cat(held_v, 2)[:, :, :3]]
+    check()
+    index = torch.tensor([1, 0, 1])
+    seg.select_rows(index)
+    held_k, held_v = [held_k[0].index_select(0, index)], [held_v[0].index_select(0, index)]
+    check()
+    seg.crop(0)
+    assert seg.kv() is None

@@ -160,10 +160,14 @@ def check_query(q: torch.Tensor, scale: float, batch: int, heads: int, head_dim:
     """q's type and shape [B=batch, Hq, Tq, head_dim] with Hq a multiple of `heads` (the KV heads), and the
     scale (finite, > 0); `data` (the checked path: one host sync) also refuses NaN or Inf in q. Returns the
     query heads per KV head, Hq // heads. `what` names the call in the sentence."""
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < float(scale) < math.inf:
+    # a finite positive Python float (the usual scale) passes the first test alone: this runs every attend
+    usual = type(scale) is float and 0.0 < scale < math.inf
+    if not usual and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                      or not 0 < float(scale) < math.inf):
         raise ValueError(f"{what} takes a finite positive scale (the softmax temperature, usually "
                          f"1/sqrt(head_dim)), got {scale!r}")
-    require_tensor(q, f"{what}'s q")
+    if not isinstance(q, torch.Tensor):
+        require_tensor(q, f"{what}'s q")
     expected = f"q [B={batch}, Hq, Tq, {head_dim}] with Hq a multiple of H={heads}"
     if q.ndim != 4:
         problem = f"q has {q.ndim} dims"

@@ -26,6 +26,7 @@ class NativeSegment:
         self.prefix_tokens = 0
         self.units: list[int] = []
         self.reserved = reserved
+        self._views = None  # kv()'s views, made once per change (attend reads them each call)
 
     @property
     def capacity(self) -> int:
@@ -49,6 +50,7 @@ class NativeSegment:
 
     def _resize(self, cap: int) -> None:
         """Buffers of `cap` tokens (at least those held), the valid tokens copied."""
+        self._views = None
         for name in ("_k", "_v"):
             old = getattr(self, name)
             new = old.new_empty(*old.shape[:2], cap, old.shape[3])
@@ -56,6 +58,7 @@ class NativeSegment:
             setattr(self, name, new)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self._views = None
         n = k.shape[2]
         self._reserve(n)
         self._k.narrow(2, self.tokens, n).copy_(k)
@@ -82,6 +85,7 @@ class NativeSegment:
         """The oldest window unit leaves the window: its first `keep` tokens join the prefix (they are already
         in place), the others leave the buffers (the caller has stored them) and the younger window units
         move up to close the gap (nothing moves with a window of one unit)."""
+        self._views = None
         t = self.units.pop(0)
         if not 0 <= keep <= t:
             raise ValueError(f"keep must be within 0..{t} (the unit's tokens), got {keep}")
@@ -100,6 +104,7 @@ class NativeSegment:
         short where `tokens` ends. Nothing moves."""
         if not 0 <= tokens <= self.tokens:
             raise ValueError(f"crop keeps 0..{self.tokens} native tokens, got {tokens}")
+        self._views = None
         if tokens <= self.prefix_tokens:
             self.prefix_tokens, self.units = tokens, []
             return
@@ -115,11 +120,17 @@ class NativeSegment:
         """Keep batch rows `index` (1-D integer tensor, entries in 0..B-1) of both buffers, in that order (new
         buffers of the same capacity)."""
         self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+        self._views = None
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The prefix then the window, K and V [B, H, tokens, d] (views), or None when nothing is held."""
-        n = self.tokens
-        return (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n)) if n else None
+        """The prefix then the window, K and V [B, H, tokens, d] (views), or None when nothing is held. The
+        views are made once per change of the segment (every method that changes it drops them), as the
+        old per-unit window handed out its tensors: two narrows a call were 2-3 us of host time an attend."""
+        views = self._views
+        if views is None:
+            n = self.tokens
+            views = self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n)) if n else ()
+        return views or None
 
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's K, V [B, H, prefix_tokens, d] (views)."""
