@@ -124,8 +124,8 @@ class NativeSegment:
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The prefix then the window, K and V [B, H, tokens, d] (views), or None when nothing is held. The
-        views are made once per change of the segment (every method that changes it drops them), as the
-        old per-unit window handed out its tensors: two narrows a call were 2-3 us of host time an attend."""
+        views are made once per change of the segment (every method that changes it drops them): attend reads
+        them at every call, where two narrows were 2-3 us of host time."""
         views = self._views
         if views is None:
             n = self.tokens
