@@ -96,7 +96,7 @@ def test_a_row_that_breaks_the_gpu_is_recorded_and_named(tmp_path, monkeypatch):
 def test_sdpa_backends_each_compute_sdpa():
     """Every SDPA backend the bench offers as a baseline computes SDPA of the same inputs (those that do not
     take them here are left out; the math backend always does)."""
-    from octopus_audio.apps.bench import sdpa_backends
+    from octopus_audio.apps.timing import sdpa_backends
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 64, generator=g).to(DEVICE).bfloat16() for n in (5, 41, 41))

@@ -26,7 +26,7 @@ HEADS, WIN, D = 16, 75, 64
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.apps.bench import _graphed
+    from octopus_audio.apps.timing import graphed as _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 

@@ -26,7 +26,7 @@ import triton
 
 
 def main() -> int:
-    from octopus_audio.apps.bench import _graphed
+    from octopus_audio.apps.timing import graphed as _graphed
     from octopus_audio.cache import kernel_codec
     from octopus_audio.cache.store import empty_store
     from octopus_audio.codecs import get_codec

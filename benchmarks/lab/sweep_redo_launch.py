@@ -17,7 +17,7 @@ SETTINGS = [(16, 1), (16, 2), (16, 4), (4, 4), (64, 4), (64, 1)]  # (groups a pr
 
 
 def main() -> int:
-    from octopus_audio.apps.bench import _graphed
+    from octopus_audio.apps.timing import graphed as _graphed
     from octopus_audio.cache import kernel_codec
     from octopus_audio.codecs import get_codec
     from octopus_audio.kernels import encode_keys

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from octopus_audio.apps import bench
+from octopus_audio.apps import bench, timing
 from octopus_audio.cache import kernel_codec
 from octopus_audio.codecs import get_codec
 from octopus_audio.kernels import PackedKeys, PackedValues, attention
@@ -80,7 +80,7 @@ def sweep(name: str, bits: int, d: int, heads: int, keys_n: int, groups: list[in
     launches["flash single row"] = (None, functools.partial(flash_row, *call, scale=scale))
     for label, (g, fn) in launches.items():
         err = ((fn().float() - ref).norm() / ref.norm()).item()
-        ms = bench._bench(bench._graphed(fn), rep_ms)
+        ms = timing.bench_ms(timing.graphed(fn), rep_ms)
         lay = kc.kind.score_tables.layout(kc, g)
         kib = f"{lay.codes * lay.entries * 4 / 1024:.1f}" if "tables" in label else ""
         print(f"| {name} | {bits} | {d} x {heads} | {label} | {kib} | {ms:.3f} | {sdpa_ms:.3f} | "
@@ -105,7 +105,7 @@ def main() -> int:
         if args.d not in (None, d):
             continue
         sdpa_in = bench._sdpa_inputs(bench.AttnShape("sdpa", 1, heads, 1, args.keys - 1, 1, d), dev)
-        sdpa_ms = bench._bench(bench._graphed(functools.partial(F.scaled_dot_product_attention, *sdpa_in)),
+        sdpa_ms = timing.bench_ms(timing.graphed(functools.partial(F.scaled_dot_product_attention, *sdpa_in)),
                                args.rep_ms)
         del sdpa_in
         for name in args.codecs.split(","):

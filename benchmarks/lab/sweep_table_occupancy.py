@@ -30,7 +30,7 @@ SHAPES = {64: 16, 128: 32}  # head dim: heads
 
 
 def _time(fn, rep_ms: int) -> float:
-    from octopus_audio.apps.bench import _graphed
+    from octopus_audio.apps.timing import graphed as _graphed
 
     return triton.testing.do_bench(_graphed(fn), warmup=10, rep=rep_ms, return_mode="median")
 

@@ -28,7 +28,7 @@ import torch
 
 from octopus_audio import CompressedKVCache
 from octopus_audio.aar_patch.aar import RELEASE_PATCH_NUMS
-from octopus_audio.apps.bench import _graphed
+from octopus_audio.apps.timing import graphed as _graphed
 from octopus_audio.cache import sequence_capacities
 
 

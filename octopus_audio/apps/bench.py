@@ -28,6 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from octopus_audio.apps.timing import backend_graph_ms, bench_ms, copy_bandwidth, graphed, sdpa_backends
 from octopus_audio.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -267,39 +268,6 @@ def warm(job: Job) -> str:
 # ---------------------------------------------------------------- timing
 
 
-def _bench(fn, rep_ms: float) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
-
-
-def _graphed(fn):
-    """`fn` captured in a CUDA graph (after one warm call on a side stream): a callable replaying it.
-    Timing the replay gives the GPU time of a call without the host's launch work, which is what a captured
-    generation (the patch's `GraphedGenerator`) pays."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def copy_bandwidth(rep_ms: float) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written (1 GiB copied)."""
-    import torch
-
-    src = torch.empty(2**29, dtype=torch.int16, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = _bench(lambda: dst.copy_(src), rep_ms)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-
-
 def _sdpa_inputs(shape: AttnShape, device):
     import torch
 
@@ -309,44 +277,6 @@ def _sdpa_inputs(shape: AttnShape, device):
     k = torch.randn(shape.rows, shape.heads, n, shape.d, generator=gen, device=device, dtype=bf16)
     q = torch.randn(shape.rows, shape.heads, shape.tq, shape.d, generator=gen, device=device, dtype=bf16)
     return q, k, torch.randn_like(k)
-
-
-SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-
-
-def sdpa_backends(q, k, v) -> dict:
-    """{backend name: a callable running bf16 SDPA(q, k, v) on that torch backend} for each of SDPA_BACKENDS
-    that takes these inputs here (a backend that refuses them, or is not built, is left out): the baselines
-    the strongest of which each attention row is compared with."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    calls = {}
-    for name in SDPA_BACKENDS:
-        backend = getattr(SDPBackend, name)
-
-        def call(backend=backend):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v)
-
-        try:
-            call()
-        except RuntimeError:  # "No available kernel": this backend does not take these inputs
-            continue
-        calls[name.removesuffix("_ATTENTION").lower()] = call
-    return calls
-
-
-def _backend_graph_ms(calls: dict, rep_ms: float) -> dict:
-    """{backend: graph ms} of the SDPA backends whose call a CUDA graph captures (one that cannot be captured
-    is left out: the rows compare graph times)."""
-    out = {}
-    for name, call in calls.items():
-        try:
-            out[name] = _bench(_graphed(call), rep_ms)
-        except RuntimeError:
-            continue
-    return out
 
 
 def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
@@ -359,18 +289,18 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
            "launch": job.launch}
     if s not in sdpa_ms:
         q0, k0, v0 = _sdpa_inputs(s, device)
-        sdpa_ms[s] = _bench(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
-        sdpa_ms[s, "graph"] = _bench(_graphed(lambda: F.scaled_dot_product_attention(q0, k0, v0)), rep_ms)
-        sdpa_ms[s, "backends"] = _backend_graph_ms(sdpa_backends(q0, k0, v0), rep_ms)
+        sdpa_ms[s] = bench_ms(lambda: F.scaled_dot_product_attention(q0, k0, v0), rep_ms)
+        sdpa_ms[s, "graph"] = bench_ms(graphed(lambda: F.scaled_dot_product_attention(q0, k0, v0)), rep_ms)
+        sdpa_ms[s, "backends"] = backend_graph_ms(sdpa_backends(q0, k0, v0), rep_ms)
         del q0, k0, v0
     inputs = _attention_inputs(job, device)
     codec, quant, ks, vs, q = (inputs[k] for k in ("codec", "quant", "ks", "vs", "q"))
     k_win, v_win = inputs["k_win"], inputs["v_win"]
     ours = _ours_attention(job, inputs)
     out = ours()
-    ms = _bench(ours, rep_ms)
+    ms = bench_ms(ours, rep_ms)
     try:
-        row["graph_ms"] = _bench(_graphed(ours), rep_ms)
+        row["graph_ms"] = bench_ms(graphed(ours), rep_ms)
         row["sdpa_graph_ms"] = sdpa_ms[s, "graph"]
         row["speedup_vs_sdpa_graph"] = row["sdpa_graph_ms"] / row["graph_ms"]
         row["sdpa_backends_graph_ms"] = backends = sdpa_ms[s, "backends"]
@@ -390,7 +320,7 @@ def _attention_row(job: Job, rep_ms: float, sdpa_ms: dict) -> dict:
         ref = decode_sdpa().float()
         row["rel_err_vs_decode_sdpa"] = ((out.float() - ref).norm() / ref.norm()).item()
         del ref
-        row["decode_sdpa_ms"] = _bench(decode_sdpa, max(rep_ms / 4, 10))
+        row["decode_sdpa_ms"] = bench_ms(decode_sdpa, max(rep_ms / 4, 10))
         row["speedup_vs_decode_sdpa"] = row["decode_sdpa_ms"] / ms
     except torch.OutOfMemoryError:
         row["note"] = "decode-then-SDPA ran out of GPU memory"
@@ -412,7 +342,7 @@ def _encode_row(job: Job, x, rep_ms: float) -> dict:
            "codec": job.codec, "bits": job.bits}
     ours = _ours_encode(job, x)
     out = ours()
-    ms = _bench(ours, rep_ms)
+    ms = bench_ms(ours, rep_ms)
     if job.kind == "encode-v":
         quant = ValueQuantizer(job.bits, ENCODE_DIM)
         ref_fn = lambda: quant.encode_unchecked(x)  # noqa: E731
@@ -429,7 +359,7 @@ def _encode_row(job: Job, x, rep_ms: float) -> dict:
     row["mismatch"] = {f: (t != getattr(ref, f)).float().mean().item() for f, t in got.items()}
     row["matches_reference"] = not any(row["mismatch"].values())
     del ref
-    row["reference_ms"] = _bench(ref_fn, max(rep_ms / 4, 10))
+    row["reference_ms"] = bench_ms(ref_fn, max(rep_ms / 4, 10))
     row["speedup_vs_reference"] = row["reference_ms"] / ms
     return row
 
@@ -448,7 +378,7 @@ def tune(candidates: dict[str, list[Job]], rep_ms: float) -> tuple[dict[str, obj
                 else:
                     fn = _ours_encode(job, _encode_inputs(job, torch.device(_DEVICE)))
                 fn()
-                ms = _bench(fn, rep_ms)
+                ms = bench_ms(fn, rep_ms)
             except Exception as e:
                 report.append({"class": cls, "config": repr(job.config), "error": f"{type(e).__name__}: {e}"})
                 continue
