@@ -66,40 +66,24 @@ class Uniform(UniformScalar):
 # ---- the kind: its @triton.jit helpers, with the signatures kernels/kinds/kind.py gives ----
 
 @triton.jit
-def uniform_queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVES: tl.constexpr,
-                    USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr,
-                    RNE_BY_HAND: tl.constexpr):
-    """R q as one operand [M, D]."""
-    qa = operands.project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    return qa, qa, qn
-
-
-@triton.jit
-def uniform_scores(s, qa, qb, qc, k_rows, n_ok, gamma, aff_ptr, tab_b_ptr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr,
-                   K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr,
-                   DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, K_WP2: tl.constexpr, TILE: tl.constexpr,
-                   HALVES: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr,
-                   RNE_BY_HAND: tl.constexpr):
+def uniform_scores(s, qa, qb, qc, k_rows, n_ok, gamma, aff_ptr, tab_b_ptr, K):
     """s + q_rot . (gamma u_hat), u_hat_j = code_j * step + lowest."""
-    codes = bits.row_codes(k_rows, n_ok[:, None], tl.arange(0, D)[None, :], K_BITS, K_WORDS, K_WP, TILE)
+    codes = bits.row_codes(k_rows, n_ok[:, None], tl.arange(0, K.D)[None, :], K.K_BITS, K.K_WORDS, K.K_WP,
+                           K.TILE)
     u = codes.to(tl.float32) * tl.load(aff_ptr) + tl.load(aff_ptr + 1)
-    return operands.mm_nt(qa, operands.operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    return operands.mm_nt(qa, operands.operand(u * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
 
 
 @triton.jit
 def uniform_encode(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
-                   cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr,
-                   K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-                   B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
-                   DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The rows rotated, their unit coordinates, a code each: floor((u - edge) / step), clamped."""
-    y = encode_math.rotated_rows(xsg, had_ptr, D, DOT_NATIVE, SPLIT)
-    u = encode_math.unit_coords(y, gmax, inv_g, inv_sqrt_d, LOG2D)
+                   cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, K):
+    """The rows rotated, their unit coordinates, a code each: floor((u - edge) / step), clamped (K: the
+    kernel's `EncodeConstants`)."""
+    y = encode_math.rotated_rows(xsg, had_ptr, K.D, K.DOT_NATIVE, K.SPLIT)
+    u = encode_math.unit_coords(y, gmax, inv_g, inv_sqrt_d, K.LOG2D)
     c = tl.floor(tl.math.div_rn(u - tl.load(aux_ptr + 2), tl.zeros_like(u) + tl.load(aux_ptr)))
-    c = tl.minimum(tl.maximum(c, 0.0), (1 << K_BITS) - 1.0).to(tl.int32)
-    words, wmap = bits.pack_tile(c, K_CODES, K_BITS, WP, KP)
+    c = tl.minimum(tl.maximum(c, 0.0), (1 << K.K_BITS) - 1.0).to(tl.int32)
+    words, wmap = bits.pack_tile(c, K.K_CODES, K.K_BITS, K.WP, K.KP)
     return words, wmap, y, gmax  # no QJL term: placeholders, never read
 
 
@@ -133,7 +117,7 @@ def make_kind():
 
     return DecodeKind(
         KIND_NAME, lambda kc: {"affine": (3,)}, lambda kc: (affine_table(kc), affine_table(kc)),
-        uniform_queries, uniform_scores, halves=False,
+        operands.rotated_queries, uniform_scores, halves=False,
         encode=KindEncode(uniform_encode, {(64, False): (64, 4, None), (128, False): (64, 4, None)},
                           tables=lambda kc, dtype: (None, None, affine_table(kc), None)),
         score_tables=KindTables(lambda kc, group=None: tables.TableLayout(kc.head_dim, kc.code_bits,

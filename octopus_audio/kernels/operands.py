@@ -42,3 +42,32 @@ def project(q_pro, qmap, cols, scale, USE_DOT: tl.constexpr, PREC_Q: tl.constexp
     `scale`, as a matmul operand [M, C] of dtype OPD."""
     return operand(mm_nn(q_pro, tl.load(qmap + cols), USE_DOT, PREC_Q) * scale, OPD, RNE_BY_HAND)
 
+
+@triton.jit
+def rotated_queries(q_pro, qmap, qn, rot_scale, K):
+    """A kind's `queries` (kinds/kind.py: the scalar kind's) where the map's first D columns are R q: R q as
+    one operand [M, D], or (K.HALVES) its first and second halves; and qn, a third operand the kind does not
+    use."""
+    return _rotated_queries(q_pro, qmap, qn, rot_scale, K, False)
+
+
+@triton.jit
+def interleaved_queries(q_pro, qmap, qn, rot_scale, K):
+    """`rotated_queries` with (K.HALVES) the even and odd coordinates of R q for its halves (the polar
+    kind's)."""
+    return _rotated_queries(q_pro, qmap, qn, rot_scale, K, True)
+
+
+@triton.jit
+def _rotated_queries(q_pro, qmap, qn, rot_scale, K, INTERLEAVED: tl.constexpr):
+    if K.HALVES:
+        hcol = tl.arange(0, K.D // 2)[None, :]
+        c0 = 2 * hcol if INTERLEAVED else hcol
+        qa = project(q_pro, qmap, c0, rot_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
+        c1 = c0 + (1 if INTERLEAVED else K.D // 2)
+        qb = project(q_pro, qmap, c1, rot_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
+    else:
+        qa = project(q_pro, qmap, tl.arange(0, K.D)[None, :], rot_scale, K.USE_DOT, K.PREC_Q, K.OPD,
+                     K.RNE_BY_HAND)
+        qb = qa
+    return qa, qb, qn

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..bits import bf16_bits, pack_tile
-from ..kinds import ENCODE_PARAMS
+from ..kinds import ENCODE_PARAMS, EncodeConstants
 from ..launch import EncodeConfig, _interpreting, _sm_count, pack_shape, unused_buffer
 from ..spec import KernelCodec, PackedKeys, PackedValues
 from ..value_encode import _CHUNK_DTYPES, encode_value_groups, mark_bad
@@ -114,6 +114,8 @@ def _encode_keys_kernel(
     the H200 launching programs that found no flag).
     """
     pid = tl.program_id(0)
+    K: tl.constexpr = EncodeConstants(D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
+                                      HALF, RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
     if EXACT == 2:  # REDO_GROUPS groups a program: only those the first launch flagged
         n_groups = (n_rows + BLOCK_T - 1) // BLOCK_T
         g = pid * REDO_GROUPS + tl.arange(0, REDO_GROUPS)
@@ -124,36 +126,26 @@ def _encode_keys_kernel(
                     _encode_key_block(
                         blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
                         gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr,
-                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, ENCODE, D,
-                        LOG2D, K_BITS, K_CODES, K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
-                        RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP, S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T,
-                        ALIGNED, EXACT)
+                        xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, ENCODE,
+                        K, K_WORDS, S_WORDS, S_WP, S_KP, CHECK, ALIGNED)
     else:
-        _encode_key_block(
-            pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr,
-            flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr,
-            dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d, ENCODE, D, LOG2D, K_BITS, K_CODES,
-            K_WORDS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP, HAS_QJL, S_WORDS, S_WP,
-            S_KP, DOT_NATIVE, SPLIT, CHECK, BLOCK_T, ALIGNED, EXACT)
+        _encode_key_block(pid, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
+                          gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr,
+                          bnd_ptr, xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
+                          ENCODE, K, K_WORDS, S_WORDS, S_WP, S_KP, CHECK, ALIGNED)
 
 
 @triton.jit
-def _encode_key_block(
-    blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr, gamma_r_ptr, flag_ptr,
-    near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr,
-    cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr,
-    n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
-    ENCODE: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
-    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-    B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-    HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr,
-    HAS_QJL: tl.constexpr, S_WORDS: tl.constexpr, S_WP: tl.constexpr, S_KP: tl.constexpr,
-    DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, CHECK: tl.constexpr, BLOCK_T: tl.constexpr,
-    ALIGNED: tl.constexpr, EXACT: tl.constexpr,
-):
-    """Block `blk` of `_encode_keys_kernel`'s rows: its keys' fields, encoded and stored."""
+def _encode_key_block(blk, k_ptr, stride_kb, stride_kh, stride_kt, codes_ptr, gamma_ptr, signs_ptr,
+                      gamma_r_ptr, flag_ptr, near_ptr, had_ptr, hadt_ptr, rs_ptr, qs_ptr, cent_ptr, bnd_ptr,
+                      xib_ptr, aux_ptr, dir_ptr, n_rows, T, T_PAD, H, T_OUT, OFFSET, inv_sqrt_d,
+                      ENCODE: tl.constexpr, K, K_WORDS: tl.constexpr, S_WORDS: tl.constexpr,
+                      S_WP: tl.constexpr, S_KP: tl.constexpr, CHECK: tl.constexpr, ALIGNED: tl.constexpr):
+    """Block `blk` of `_encode_keys_kernel`'s rows: its keys' fields, encoded and stored (K: the kernel's
+    compile-time parameters that the kind's ENCODE reads, an `EncodeConstants`)."""
+    D: tl.constexpr = K.D
     ok, src, dst, hoff = _key_rows(blk, n_rows, T, T_PAD, H, T_OUT, OFFSET, D, stride_kb, stride_kh,
-                                   stride_kt, BLOCK_T, ALIGNED)
+                                   stride_kt, K.BLOCK_T, ALIGNED)
     dcol = tl.arange(0, D)[None, :]
     x = tl.load(k_ptr + src[:, None] + dcol, mask=ok[:, None], other=0.0)
     xf = x.to(tl.float32)
@@ -165,19 +157,16 @@ def _encode_key_block(
     gmax = tl.maximum(gamma, 1e-30)[:, None]
     inv_g = tl.math.div_rn(1.0, gmax)
     sgn = tl.load(rs_ptr + hoff + dcol)
-    if DOT_NATIVE:
+    if K.DOT_NATIVE:
         xsg = x * sgn  # +-1 in the input dtype: exact
     else:
         xsg = xf * sgn
-    words, wmap, proj, gamma_r = ENCODE(
-        xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, blk, near_ptr, had_ptr, hadt_ptr, qs_ptr, cent_ptr,
-        bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO,
-        SEARCH_K, LUT_SCALE, HALF, RHO_SCALE, LP,
-        HAS_QJL, DOT_NATIVE, SPLIT, EXACT, BLOCK_T)
+    words, wmap, proj, gamma_r = ENCODE(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, blk, near_ptr, had_ptr,
+                                        hadt_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, K)
     if K_WORDS > 0:
         tl.store(codes_ptr + dst[:, None] * K_WORDS + wmap, words,
                  mask=ok[:, None] & (wmap >= 0) & (wmap < K_WORDS))
-    if HAS_QJL:
+    if K.HAS_QJL:
         tl.store(gamma_r_ptr + dst, bf16_bits(gamma_r), mask=ok)
         sbits, _ = pack_tile((proj >= 0).to(tl.int32), D, 1, S_WP, S_KP)
         scol = tl.arange(0, S_WP)[None, :]

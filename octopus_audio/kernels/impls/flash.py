@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..bits import store_rounded
-from ..kinds import ATTENTION_PARAMS
+from ..kinds import ATTENTION_PARAMS, AttentionConstants
 from ..launch import (
     AttnConfig,
     _cdiv,
@@ -53,39 +53,39 @@ def _online_update(m_i, l_i, acc, s, v, USE_DOT: tl.constexpr, PREC: tl.constexp
 @triton.jit
 def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
                      kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr,
-                     SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, LOG2D: tl.constexpr,
-                     K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
-                     B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr, K_WP: tl.constexpr, HAS_QJL: tl.constexpr,
-                     S_WP: tl.constexpr, V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr,
-                     V_WP: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
-                     K_WP2: tl.constexpr, MASKED: tl.constexpr):
-    """Decode compressed keys [n0, n0 + BLOCK_N) (rows row0 + n of the store) and fold them into the online
+                     SCORES: tl.constexpr, K, HAS_QJL: tl.constexpr, S_WP: tl.constexpr,
+                     V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr):
+    """Decode compressed keys [n0, n0 + K.BLOCK_N) (rows row0 + n of the store) and fold them into the online
     softmax. MASKED: the tile may run past `end` (keys >= end are not read and score -inf); otherwise every
     key is valid and no mask is computed. The kind's scores (its SCORES helper against its query operands
-    qa, qb, qc), the QJL term (qj, qj2), then the values' group dequantization. HALVES: the d-wide score dots
-    run as two of d/2 (K_WP2: the word-tile width of half a key's codes)."""
-    USE_DOT: tl.constexpr = BLOCK_M >= 16
+    qa, qb, qc; K: the kernel's `AttentionConstants`), the QJL term (qj, qj2), then the values' group
+    dequantization. K.HALVES: the d-wide score dots run as two of d/2 (K.K_WP2: the word-tile width of half a
+    key's codes)."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    D: tl.constexpr = K.D
+    USE_DOT: tl.constexpr = K.USE_DOT
+    PREC: tl.constexpr = K.PREC
+    OPD: tl.constexpr = K.OPD
+    RNE_BY_HAND: tl.constexpr = K.RNE_BY_HAND
     n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         n_ok = n < end
     else:
         n_ok = tl.full((BLOCK_N,), 1, tl.int1)
     krow = row0 + n
-    k_rows = kc_ptr + krow[:, None] * K_WORDS
+    k_rows = kc_ptr + krow[:, None] * K.K_WORDS
     gamma = tl.load(kg_ptr + krow, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    s = SCORES(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, BLOCK_N, D, LP, LOG2D, K_BITS,
-               K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT, PREC, OPD,
-               RNE_BY_HAND)
+    s = SCORES(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, K)
     if HAS_QJL:
-        s = qjl_scores(s, qj, qj2, krow, n_ok, gamma, ks_ptr, kr_ptr, D, S_WP, TILE, HALVES, USE_DOT, PREC,
-                       OPD, RNE_BY_HAND)
+        s = qjl_scores(s, qj, qj2, krow, n_ok, gamma, ks_ptr, kr_ptr, D, S_WP, K.TILE, K.HALVES, USE_DOT,
+                       PREC, OPD, RNE_BY_HAND)
     if MASKED:
         s = tl.where(n_ok[None, :], s, float("-inf"))
     # values cut from word tiles whenever the width divides 32 (shifts alone: ptxas counts 890 instructions a
     # warp per tile against 932 with one gathered load per code, octopus b=2, 128 rows, 8 warps)
-    v_tile: tl.constexpr = TILE or (32 % V_BITS == 0)
+    v_tile: tl.constexpr = K.TILE or (32 % V_BITS == 0)
     v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
     return _online_update(m_i, l_i, acc, s, operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
@@ -173,7 +173,10 @@ def _attn_fwd_kernel(
     # the query's projections for the compressed keys (after the window: q and these are not live together)
     q_pro = q.to(qmap_ptr.dtype.element_ty)
     qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
-    qa, qb, qc = QUERIES(q_pro, qmap, qn, rot_scale, D, LP, HALVES, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    K: tl.constexpr = AttentionConstants(BLOCK_N, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO,
+                                         DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT, PREC, PREC_Q, OPD,
+                                         RNE_BY_HAND)
+    qa, qb, qc = QUERIES(q_pro, qmap, qn, rot_scale, K)
     qj = qn  # placeholders where there is no QJL term (never read)
     qj2 = qn
     if HAS_QJL:  # the QJL block: the map's last D columns
@@ -193,15 +196,13 @@ def _attn_fwd_kernel(
     for n0 in tl.range(start, full_end, BLOCK_N):
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, pid_bh * t_cap, kc_ptr, kg_ptr, ks_ptr,
-            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, D, LP, LOG2D, K_BITS, K_CODES,
-            K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE,
-            BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, False)
+            kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, K, HAS_QJL, S_WP, V_GROUP, V_BITS,
+            V_WORDS, V_WP, BLOCK_M, False)
     if full_end < end:
         m_i, l_i, acc = _compressed_tile(
             m_i, l_i, acc, qa, qb, qc, qj, qj2, full_end, end, pid_bh * t_cap, kc_ptr, kg_ptr,
-            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, D, LP, LOG2D, K_BITS,
-            K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP,
-            TILE, BLOCK_M, BLOCK_N, PREC, OPD, RNE_BY_HAND, HALVES, K_WP2, True)
+            ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, SCORES, K, HAS_QJL, S_WP, V_GROUP,
+            V_BITS, V_WORDS, V_WP, BLOCK_M, True)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if DIRECT:

@@ -9,7 +9,9 @@ import importlib
 from .kind import (
     ATTENTION_PARAMS,
     ENCODE_PARAMS,
+    AttentionConstants,
     DecodeKind,
+    EncodeConstants,
     KindEncode,
     KindTables,
     kind_named,
@@ -23,5 +25,5 @@ _BUILT_IN = ("octopus_audio.kernels.kinds.scalar", "octopus_audio.kernels.kinds.
 for _module in _BUILT_IN:  # each registers its kind on import, in this order
     importlib.import_module(_module)
 
-__all__ = ["ATTENTION_PARAMS", "ENCODE_PARAMS", "DecodeKind", "KindEncode", "KindTables", "kind_named",
-           "kinds", "register_kind", "unregister_kind"]
+__all__ = ["ATTENTION_PARAMS", "ENCODE_PARAMS", "AttentionConstants", "DecodeKind", "EncodeConstants",
+           "KindEncode", "KindTables", "kind_named", "kinds", "register_kind", "unregister_kind"]

@@ -8,14 +8,12 @@ launch table, and registers the record (`register_kind`). A codec declares its k
 a compile-time parameter: its @triton.jit helpers are handed to the kernels as tl.constexpr functions.
 
 Each helper has the signature the implementation calls it with (the QJL side-car, common to the kinds, is
-octopus_audio/kernels/qjl.py):
-- split-K attention (octopus_audio/kernels/impls/flash.py): `queries(q_pro, qmap, qn, rot_scale, D, LP,
-  HALVES, USE_DOT, PREC_Q, OPD, RNE_BY_HAND) -> (qa, qb, qc)`, the query operands; `scores(s, qa, qb, qc,
-  k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, BLOCK_N, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO,
-  DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT, PREC, OPD, RNE_BY_HAND) -> s`, s plus the scores of a tile
-  of keys;
+octopus_audio/kernels/qjl.py), its compile-time parameters one named tuple `K` (fields read as `K.D`):
+- split-K attention (octopus_audio/kernels/impls/flash.py): `queries(q_pro, qmap, qn, rot_scale, K) -> (qa,
+  qb, qc)`, the query operands; `scores(s, qa, qb, qc, k_rows, n_ok, gamma, tab_a_ptr, tab_b_ptr, K) -> s`,
+  s plus the scores of a tile of keys; K an `AttentionConstants`;
 - key encode (impls/encode.py), optional: `KindEncode.codes`, the signature of
-  `octopus_audio.kernels.kinds.scalar.encode_codes`;
+  `octopus_audio.kernels.kinds.scalar.encode_codes`, K an `EncodeConstants`;
 - one-row score tables (impls/score_tables.py), optional: `KindTables.step`, the signature of
   `octopus_audio.kernels.tables.sum_step`, plus a host function that builds the tables.
 The kernels forward the compile-time parameters LP, B_DIR, B_RHO, DIR_TABLE (attention) and B_DIR, B_RHO,
@@ -28,10 +26,66 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 # the kind parameters the kernels forward, and their values for a kind that reads none of them
 ATTENTION_PARAMS = {"LP": 16, "B_DIR": 0, "B_RHO": 0, "DIR_TABLE": 0}
 ENCODE_PARAMS = {"B_DIR": 0, "B_RHO": 0, "SEARCH_K": 0, "LUT_SCALE": 0, "HALF": 0, "RHO_SCALE": 0, "LP": 16}
+
+
+class AttentionConstants(NamedTuple):
+    """The split-K attention kernel's compile-time parameters that a kind's `queries` and `scores` read (one
+    tuple argument K, built in the kernel): a tile of BLOCK_N keys of D coordinates (LOG2D its log2), LP the
+    triplet lanes, the key codes (K_BITS bits, K_CODES of them in K_WORDS words; word tiles K_WP wide, K_WP2
+    for half a key's; TILE: codes cut from word tiles), the kind's B_DIR, B_RHO, DIR_TABLE, and the dots:
+    HALVES (d-wide ones as two of d/2), USE_DOT, PREC (scores) and PREC_Q (query projections), operand dtype
+    OPD, RNE_BY_HAND."""
+
+    BLOCK_N: int
+    D: int
+    LP: int
+    LOG2D: int
+    K_BITS: int
+    K_CODES: int
+    K_WORDS: int
+    B_DIR: int
+    B_RHO: int
+    DIR_TABLE: int
+    K_WP: int
+    K_WP2: int
+    TILE: bool
+    HALVES: bool
+    USE_DOT: bool
+    PREC: object
+    PREC_Q: object
+    OPD: object
+    RNE_BY_HAND: bool
+
+
+class EncodeConstants(NamedTuple):
+    """The key kernel's compile-time parameters that a kind's key encode reads (one tuple argument K, built
+    in the kernel; impls/encode.py says what each is): head dim D (LOG2D), the codes (K_BITS bits, K_CODES of
+    them, packed into word tiles WP wide of KP codes), the kind's ENCODE_PARAMS, HAS_QJL, DOT_NATIVE, SPLIT,
+    EXACT and the rows a program, BLOCK_T."""
+
+    D: int
+    LOG2D: int
+    K_BITS: int
+    K_CODES: int
+    WP: int
+    KP: int
+    B_DIR: int
+    B_RHO: int
+    SEARCH_K: int
+    LUT_SCALE: float
+    HALF: int
+    RHO_SCALE: float
+    LP: int
+    HAS_QJL: bool
+    DOT_NATIVE: bool
+    SPLIT: bool
+    EXACT: int
+    BLOCK_T: int
 
 
 def _no_constants(kc) -> dict:

@@ -2,11 +2,11 @@
 
 A key stores d - 1 angle codes, level 1 (pairs of coordinates) first and the top angle last (formats.md);
 u_hat is decoded top-down from radius 1, each angle turning a radius r into (r cos psi, r sin psi). Here: the
-kind's record (`KIND`), its @triton.jit helpers for the split-K attention (`queries`, `scores`), the key
-encode (`encode_codes`: angles by cross products against the boundaries' cos and sin, no atan2) and the score
-tables
-(a table code the bottom levels of a subtree, `_polar_tables_kernel`, and the levels above folded in the
-attention loop, `score_step`), and its launch table.
+kind's record (`KIND`), its @triton.jit helpers for the split-K attention (`scores`; its queries are
+operands.interleaved_queries), the key encode (`encode_codes`: angles by cross products against the
+boundaries' cos and sin, no atan2) and the score tables (a table code the bottom levels of a subtree,
+`_polar_tables_kernel`, and the levels above folded in the attention loop, `score_step`), and its launch
+table.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..bits import cut_codes, load_words, pack_tile, unpack_codes
 from ..encode_math import _table, rotated_rows
-from ..operands import mm_nt, operand, project
+from ..operands import interleaved_queries, mm_nt, operand
 from ..tables import (
     SCALAR_GROUP_BITS,
     TableLayout,
@@ -115,38 +115,18 @@ def polar_halves(rows_ptr, row_ok, cos_ptr, sin_ptr, BN: tl.constexpr, D: tl.con
 
 
 @triton.jit
-def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVES: tl.constexpr,
-            USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """The rotated query R q as one operand [M, D], or (HALVES) its even and odd coordinates (and qn, a third
-    operand the kind does not use)."""
-    if HALVES:
-        hcol = tl.arange(0, D // 2)[None, :]
-        c0 = 2 * hcol
-        qa = project(q_pro, qmap, c0, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = project(q_pro, qmap, c0 + 1, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    else:
-        qa = project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = qa
-    return qa, qb, qn
-
-
-@triton.jit
-def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cos_ptr, sin_ptr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-           LP: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr,
-           K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
-           K_WP: tl.constexpr, K_WP2: tl.constexpr, TILE: tl.constexpr, HALVES: tl.constexpr,
-           USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """s + q_rot . (gamma u_hat), u_hat decoded top-down from the angle codes (HALVES: even | odd); the
+def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cos_ptr, sin_ptr, K):
+    """s + q_rot . (gamma u_hat), u_hat decoded top-down from the angle codes (K.HALVES: even | odd); the
     angles' cos and sin at cos_ptr, sin_ptr (`attention_tables`)."""
-    if HALVES:
-        ue, uo = polar_halves(k_rows, n_ok[:, None], cos_ptr, sin_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS,
-                              K_WP, TILE)
-        s = mm_nt(qa, operand(ue * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-        s = mm_nt(qb, operand(uo * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    if K.HALVES:
+        ue, uo = polar_halves(k_rows, n_ok[:, None], cos_ptr, sin_ptr, K.BLOCK_N, K.D, K.LOG2D, K.K_BITS,
+                              K.K_WORDS, K.K_WP, K.TILE)
+        s = mm_nt(qa, operand(ue * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
+        s = mm_nt(qb, operand(uo * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
     else:
-        u = polar_unit(k_rows, n_ok[:, None], cos_ptr, sin_ptr, BLOCK_N, D, LOG2D, K_BITS, K_WORDS, K_WP,
-                       TILE)
-        s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+        u = polar_unit(k_rows, n_ok[:, None], cos_ptr, sin_ptr, K.BLOCK_N, K.D, K.LOG2D, K.K_BITS, K.K_WORDS,
+                       K.K_WP, K.TILE)
+        s = mm_nt(qa, operand(u * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
     return s
 
 
@@ -240,17 +220,13 @@ def _polar_codes(y, trig_ptr, BT: tl.constexpr, D: tl.constexpr, LEVELS: tl.cons
 
 @triton.jit
 def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
-                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr,
-                 K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-                 B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                 HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
-                 DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, BLOCK_T: tl.constexpr):
+                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, K):
     """The kind's key encode (scalar.encode_codes' signature): the rows rotated, then their angle codes
     (`_polar_codes` against the trig table at aux_ptr, `_polar_trig`); no QJL term."""
-    y = rotated_rows(xsg, had_ptr, D, DOT_NATIVE, SPLIT)
+    y = rotated_rows(xsg, had_ptr, K.D, K.DOT_NATIVE, K.SPLIT)
     # the angles need no division by gamma, only a scale that keeps the squares finite
-    codes = _polar_codes(y * rscale[:, None], aux_ptr, BLOCK_T, D, LOG2D, K_BITS, SPLIT)
-    words, wmap = pack_tile(codes, K_CODES, K_BITS, WP, KP)
+    codes = _polar_codes(y * rscale[:, None], aux_ptr, K.BLOCK_T, K.D, K.LOG2D, K.K_BITS, K.SPLIT)
+    words, wmap = pack_tile(codes, K.K_CODES, K.K_BITS, K.WP, K.KP)
     return words, wmap, y, gmax  # no QJL term: placeholders, never read
 
 
@@ -376,7 +352,7 @@ UNIT_CAPS = {(64, False, 2): 128}
 WIDE_TABLE_LAUNCH = (128, 32, 4, 5, 3)
 
 KIND = register_kind(DecodeKind(
-    "polar", _polar_tables, _polar_attention_tables, queries, scores,
+    "polar", _polar_tables, _polar_attention_tables, interleaved_queries, scores,
     encode=KindEncode(encode_codes, KEY_LAUNCH, tables=_encode_tables, launch_bits=KEY_LAUNCH_BITS,
                       unit_caps=UNIT_CAPS),
     score_tables=KindTables(_table_layout, _build_tables, score_step, polar_cos_sin,

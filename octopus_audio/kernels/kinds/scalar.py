@@ -1,9 +1,10 @@
 """The scalar decode kind (turboquant-mse, turboquant-qjl): a Lloyd-Max centroid per rotated coordinate.
 
 A key stores one K_BITS-bit code per rotated coordinate (formats.md); u_hat_j = C_coord[code_j]. Here: the
-kind's record (`KIND`), its @triton.jit helpers for the split-K attention (`queries`, `scores`), the key
-encode (`encode_codes`: a codebook search per coordinate, and the QJL residual) and the score tables
-(`_scalar_tables_kernel`: a table code a group of adjacent coordinates), and its launch table.
+kind's record (`KIND`), its @triton.jit helpers for the split-K attention (`scores`; its queries are
+operands.rotated_queries), the key encode (`encode_codes`: a codebook search per coordinate, and the QJL
+residual) and the score tables (`_scalar_tables_kernel`: a table code a group of adjacent coordinates), and
+its launch table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import triton.language as tl
 
 from ..bits import pack_tile, row_codes
 from ..encode_math import _dot_pm1, _index, _table, rotated_rows, unit_coords
-from ..operands import mm_nt, operand, project
+from ..operands import mm_nt, operand, rotated_queries
 from ..qjl import qjl_table
 from ..tables import (
     SCALAR_GROUP_BITS,
@@ -54,39 +55,20 @@ def turbo_unit(rows_ptr, row_ok, cent_ptr, D: tl.constexpr, N_BITS: tl.constexpr
 
 
 @triton.jit
-def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVES: tl.constexpr,
-            USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """The rotated query R q as one operand [M, D], or (HALVES) its first and second halves (and qn, a third
-    operand the kind does not use)."""
-    if HALVES:
-        hcol = tl.arange(0, D // 2)[None, :]
-        qa = project(q_pro, qmap, hcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = project(q_pro, qmap, hcol + D // 2, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    else:
-        qa = project(q_pro, qmap, tl.arange(0, D)[None, :], rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-        qb = qa
-    return qa, qb, qn
-
-
-@triton.jit
-def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cent_ptr, tab_b_ptr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-           LP: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr,
-           K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
-           K_WP: tl.constexpr, K_WP2: tl.constexpr, TILE: tl.constexpr, HALVES: tl.constexpr,
-           USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def scores(s, qa, qb, qc, k_rows, n_ok, gamma, cent_ptr, tab_b_ptr, K):
     """s + q_rot . (gamma u_hat), u_hat = C_coord[code] (no codes at 0 bits: s unchanged); the tile's keys:
     rows k_rows [BLOCK_N, 1] of code words, norms gamma [BLOCK_N, 1], valid where n_ok; the centroids at
     cent_ptr (`attention_tables`)."""
-    if K_BITS > 0:
-        if HALVES:  # half a key's codes is d/2 * K_BITS bits: whole words for d >= 64
-            KW2: tl.constexpr = D * K_BITS // 64
-            u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-            u = turbo_unit(k_rows + KW2, n_ok[:, None], cent_ptr, D // 2, K_BITS, KW2, K_WP2, TILE)
-            s = mm_nt(qb, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    if K.K_BITS > 0:
+        if K.HALVES:  # half a key's codes is d/2 * K_BITS bits: whole words for d >= 64
+            KW2: tl.constexpr = K.D * K.K_BITS // 64
+            u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, K.D // 2, K.K_BITS, KW2, K.K_WP2, K.TILE)
+            s = mm_nt(qa, operand(u * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
+            u = turbo_unit(k_rows + KW2, n_ok[:, None], cent_ptr, K.D // 2, K.K_BITS, KW2, K.K_WP2, K.TILE)
+            s = mm_nt(qb, operand(u * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
         else:
-            u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, D, K_BITS, K_WORDS, K_WP, TILE)
-            s = mm_nt(qa, operand(u * gamma, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+            u = turbo_unit(k_rows, n_ok[:, None], cent_ptr, K.D, K.K_BITS, K.K_WORDS, K.K_WP, K.TILE)
+            s = mm_nt(qa, operand(u * gamma, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
     return s
 
 
@@ -120,19 +102,16 @@ def _scalar_encode(y, gmax, inv_g, inv_sqrt_d, hoff, had_ptr, qs_ptr, cent_ptr, 
 
 @triton.jit
 def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
-                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr,
-                 K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-                 B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                 HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
-                 DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, BLOCK_T: tl.constexpr):
+                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, K):
     """(code words [BT, WP], their word numbers in the stream, R' r [BT, D], ||r|| [BT]) of the rows xsg
     [BT, D] (the keys times their signs; gmax = max(gamma, 1e-30) and inv_g = RN(1/gmax) per row, rscale a
-    power of two that keeps the rows' squares finite), the last two only with HAS_QJL: the signature of every
-    kind's key encode (impls/encode.py). Here the rows are rotated (`rotated_rows`), then `_scalar_encode`."""
-    y = rotated_rows(xsg, had_ptr, D, DOT_NATIVE, SPLIT)
+    power of two that keeps the rows' squares finite; K the kernel's `EncodeConstants`), the last two only
+    with HAS_QJL: the signature of every kind's key encode (impls/encode.py). Here the rows are rotated
+    (`rotated_rows`), then `_scalar_encode`."""
+    y = rotated_rows(xsg, had_ptr, K.D, K.DOT_NATIVE, K.SPLIT)
     words, wmap, proj, gamma_r = _scalar_encode(y, gmax, inv_g, inv_sqrt_d, hoff, had_ptr, qs_ptr, cent_ptr,
-                                                bnd_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, HAS_QJL, SPLIT,
-                                                BLOCK_T)
+                                                bnd_ptr, K.D, K.LOG2D, K.K_BITS, K.K_CODES, K.WP, K.KP,
+                                                K.HAS_QJL, K.SPLIT, K.BLOCK_T)
     return words, wmap, proj, gamma_r
 
 
@@ -201,7 +180,7 @@ KEY_LAUNCH_BITS = {(64, False, 2): (64, 4, 72), (64, False, 3): (128, 4, 96), (6
                    (128, True, 2): (64, 4, 168), (128, True, 3): (64, 4, 168)}
 
 KIND = register_kind(DecodeKind(
-    "scalar", _scalar_tables, _scalar_attention_tables, queries, scores,
+    "scalar", _scalar_tables, _scalar_attention_tables, rotated_queries, scores,
     encode=KindEncode(encode_codes, KEY_LAUNCH, launch_bits=KEY_LAUNCH_BITS),
     score_tables=KindTables(_table_layout, _build_tables, sum_step, lambda kc: kc.table("centroids"), _capped,
                             groups=True, what="a group table")))

@@ -125,32 +125,25 @@ def octopus_triplets(rows_ptr, row_ok, gain, tab_ptr, rho_ptr, LP: tl.constexpr,
 
 
 @triton.jit
-def queries(q_pro, qmap, qn, rot_scale, D: tl.constexpr, LP: tl.constexpr, HALVES: tl.constexpr,
-            USE_DOT: tl.constexpr, PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def queries(q_pro, qmap, qn, rot_scale, K):
     """The triplet components of R q, x | y | z, as three operands [M, LP] (zero past d)."""
-    lcol = tl.arange(0, LP)[None, :]
-    qx = project(q_pro, qmap, lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    qy = project(q_pro, qmap, LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-    qz = project(q_pro, qmap, 2 * LP + lcol, rot_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    lcol = tl.arange(0, K.LP)[None, :]
+    qx = project(q_pro, qmap, lcol, rot_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
+    qy = project(q_pro, qmap, K.LP + lcol, rot_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
+    qz = project(q_pro, qmap, 2 * K.LP + lcol, rot_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
     return qx, qy, qz
 
 
 @triton.jit
-def scores(s, qx, qy, qz, k_rows, n_ok, gamma, tab_ptr, rho_ptr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-           LP: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr, K_CODES: tl.constexpr,
-           K_WORDS: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, DIR_TABLE: tl.constexpr,
-           K_WP: tl.constexpr, K_WP2: tl.constexpr, TILE: tl.constexpr, HALVES: tl.constexpr,
-           USE_DOT: tl.constexpr, PREC: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+def scores(s, qx, qy, qz, k_rows, n_ok, gamma, tab_ptr, rho_ptr, K):
     """s + sum over components of q_c . (gamma C_rho n_hat)_c: three LP-deep dots (`octopus_triplets`; the
     tables at tab_ptr, rho_ptr: `attention_tables`)."""
-    kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_ptr, rho_ptr, LP, K_CODES, K_BITS, B_DIR,
-                                  B_RHO, DIR_TABLE, K_WORDS, K_WP, TILE)
-    s = mm_nt(qx, operand(kx, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    s = mm_nt(qy, operand(ky, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
-    s = mm_nt(qz, operand(kz, OPD, RNE_BY_HAND), s, USE_DOT, PREC)
+    kx, ky, kz = octopus_triplets(k_rows, n_ok[:, None], gamma, tab_ptr, rho_ptr, K.LP, K.K_CODES, K.K_BITS,
+                                  K.B_DIR, K.B_RHO, K.DIR_TABLE, K.K_WORDS, K.K_WP, K.TILE)
+    s = mm_nt(qx, operand(kx, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
+    s = mm_nt(qy, operand(ky, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
+    s = mm_nt(qz, operand(kz, K.OPD, K.RNE_BY_HAND), s, K.USE_DOT, K.PREC)
     return s
-
-
 
 
 FOLD_ENTRIES = 256  # fold C_rho into the triplet table when it has at most this many entries per triplet

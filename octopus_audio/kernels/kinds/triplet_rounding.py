@@ -178,45 +178,40 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 
 
 @triton.jit
-def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.constexpr, gmax, inv_g,
-                   inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, D: tl.constexpr,
-                   LOG2D: tl.constexpr, K_CODES: tl.constexpr, K_BITS: tl.constexpr, WP: tl.constexpr,
-                   KP: tl.constexpr, B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr,
-                   LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr,
-                   HAS_QJL: tl.constexpr, DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr):
+def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr,
+                   xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
     three dots with the triplet Hadamard columns (`hadt_ptr` [3, D, LP]), their codes packed into words at
     code J0 (zero elsewhere; with the words' stream numbers, `_pack`: a tile short of the row packs into
     [BT, WP] in order), for -qjl the partial R' r [BT, D] and ||r||^2 [BT] of these triplets (zeros
     otherwise), and `_octopus_tile`'s near-tie flags per row."""
     BT: tl.constexpr = xsg.shape[0]
-    hrow = tl.arange(0, D)[:, None]
+    hrow = tl.arange(0, K.D)[:, None]
     lcol = tl.arange(0, W)[None, :]
-    cols = hrow * LP + J0 + lcol
-    tx = unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), DOT_NATIVE, SPLIT), gmax, inv_g, inv_sqrt_d,
-                      LOG2D)
-    ty = unit_coords(_rotate(xsg, tl.load(hadt_ptr + D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
-                      inv_sqrt_d, LOG2D)
-    tz = unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * D * LP + cols), DOT_NATIVE, SPLIT), gmax, inv_g,
-                      inv_sqrt_d, LOG2D)
+    cols = hrow * K.LP + J0 + lcol
+    tx = unit_coords(_rotate(xsg, tl.load(hadt_ptr + cols), K.DOT_NATIVE, K.SPLIT), gmax, inv_g, inv_sqrt_d,
+                     K.LOG2D)
+    ty = unit_coords(_rotate(xsg, tl.load(hadt_ptr + K.D * K.LP + cols), K.DOT_NATIVE, K.SPLIT), gmax, inv_g,
+                     inv_sqrt_d, K.LOG2D)
+    tz = unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * K.D * K.LP + cols), K.DOT_NATIVE, K.SPLIT), gmax,
+                     inv_g, inv_sqrt_d, K.LOG2D)
     j = J0 + lcol
-    code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
-                                                     HALF, RHO_SCALE,
-                                                     HAS_QJL, EXACT, SPLIT)
-    if J0 == 0 and W >= K_CODES:
-        words, wmap = pack_tile(code, K_CODES, K_BITS, WP, KP)
+    code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K.K_CODES, xib_ptr, aux_ptr, dir_ptr,
+                                                     bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO, K.SEARCH_K,
+                                                     K.LUT_SCALE, K.HALF, K.RHO_SCALE, K.HAS_QJL, K.EXACT,
+                                                     K.SPLIT)
+    if J0 == 0 and W >= K.K_CODES:
+        words, wmap = pack_tile(code, K.K_CODES, K.K_BITS, K.WP, K.KP)
     else:
-        N_CODES: tl.constexpr = W if W < K_CODES - J0 else K_CODES - J0
-        words = pack_codes(code, J0, N_CODES, K_BITS, WP, KP)
-        wmap = tl.arange(0, WP)[None, :]
-    acc = tl.zeros((BT, D), tl.float32)
+        N_CODES: tl.constexpr = W if W < K.K_CODES - J0 else K.K_CODES - J0
+        words = pack_codes(code, J0, N_CODES, K.K_BITS, K.WP, K.KP)
+        wmap = tl.arange(0, K.WP)[None, :]
+    acc = tl.zeros((BT, K.D), tl.float32)
     res2 = tl.zeros((BT,), tl.float32)
-    if HAS_QJL:
-        rx, ry, rz = _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, 3 * j, D, SPLIT)
+    if K.HAS_QJL:
+        rx, ry, rz = _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, 3 * j, K.D, K.SPLIT)
         res2 = tl.sum((rx * rx + ry * ry) + rz * rz, 1)
-        dcol = tl.arange(0, D)[None, :]
+        dcol = tl.arange(0, K.D)[None, :]
         jr = J0 + tl.arange(0, W)[:, None]
         # R' r from the triplet layout: sum over components c of (r_c * s'_c) @ H[3j + c, :]
         for comp in tl.static_range(3):
@@ -227,70 +222,43 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, LP: tl.cons
             else:
                 rc = rz
             jc = 3 * j + comp
-            qsg = tl.where(jc < D, _table(qs_ptr + hoff + tl.minimum(jc, D - 1), SPLIT), 0.0)
-            ht = tl.load(hadt_ptr + (comp * D + dcol) * LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
-            acc += _dot_pm1(rc * qsg, ht, SPLIT)
+            qsg = tl.where(jc < K.D, _table(qs_ptr + hoff + tl.minimum(jc, K.D - 1), K.SPLIT), 0.0)
+            ht = tl.load(hadt_ptr + (comp * K.D + dcol) * K.LP + jr).to(tl.float32)  # [W, D]: H[3j + comp, :]
+            acc += _dot_pm1(rc * qsg, ht, K.SPLIT)
     return words, wmap, acc, res2, near
 
 
 @triton.jit
-def _triplet_encode(xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr,
-                    xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr, K_BITS: tl.constexpr,
-                    K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr, B_DIR: tl.constexpr,
-                    B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                   HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
-                   DOT_NATIVE: tl.constexpr,
-                    SPLIT: tl.constexpr, EXACT: tl.constexpr):
-    """(words, their word map, R' r, ||r||) of the rows' triplets (`_octopus_words`; with EXACT 1 the near-tie
-    flags of the block's groups of NEAR_ROWS rows go to near_ptr[pid * BT / NEAR_ROWS + g])."""
-    if D >= 128:
+def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
+                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, K):
+    """The kind's key encode (scalar.encode_codes' signature): the triplet coordinates straight out of three
+    matmuls with the Hadamard columns 3j, 3j+1, 3j+2 (`hadt_ptr` [3, D, LP]), their codes and QJL terms
+    (`_octopus_words`: the seeds' region lookup at xib_ptr, the candidate and direction rows at aux_ptr, the
+    direction table [3, 4^b_dir] at dir_ptr for near ties); with EXACT 1 the near-tie flags of the block's
+    groups of NEAR_ROWS rows go to near_ptr[pid * BT / NEAR_ROWS + g]."""
+    if K.D >= 128:
         # two tiles: triplets [0, D/4) and [D/4, 3D/8) (the last ceil(D/12) of them used), 3D/8 lanes
         # instead of the D/2 of one power-of-two tile
-        words, wmap, acc, res2, near = _octopus_words(
-            xsg, hadt_ptr, 0, D // 4, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
-            HALF, RHO_SCALE, HAS_QJL,
-            DOT_NATIVE, SPLIT, EXACT)
-        words_b, _, acc_b, res2_b, near_b = _octopus_words(
-            xsg, hadt_ptr, D // 4, D // 8, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
-            dir_ptr, bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE,
-            HALF, RHO_SCALE, HAS_QJL,
-            DOT_NATIVE, SPLIT, EXACT)
+        words, wmap, proj, res2, near = _octopus_words(
+            xsg, hadt_ptr, 0, K.D // 4, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
+            bnd_ptr, cent_ptr, K)
+        words_b, _, proj_b, res2_b, near_b = _octopus_words(
+            xsg, hadt_ptr, K.D // 4, K.D // 8, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr,
+            dir_ptr, bnd_ptr, cent_ptr, K)
         words = words | words_b
-        acc += acc_b
+        proj += proj_b
         res2 += res2_b
         near = tl.maximum(near, near_b)
     else:
-        words, wmap, acc, res2, near = _octopus_words(
-            xsg, hadt_ptr, 0, LP, LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr,
-            bnd_ptr, cent_ptr, D, LOG2D, K_CODES, K_BITS, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
-            RHO_SCALE, HAS_QJL, DOT_NATIVE,
-            SPLIT, EXACT)
-    if EXACT == 1:
+        words, wmap, proj, res2, near = _octopus_words(
+            xsg, hadt_ptr, 0, K.LP, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+            cent_ptr, K)
+    if K.EXACT == 1:
         BT: tl.constexpr = xsg.shape[0]
         NT: tl.constexpr = NEAR_ROWS if BT >= NEAR_ROWS else BT
         groups = tl.max(tl.reshape(near, (BT // NT, NT)), 1)
         tl.store(near_ptr + pid * (BT // NT) + tl.arange(0, BT // NT), groups)
     gamma_r = res2
-    if HAS_QJL:
+    if K.HAS_QJL:
         gamma_r = tl.sqrt_rn(res2)
-    return words, wmap, acc, gamma_r
-
-
-@triton.jit
-def encode_codes(xsg, rscale, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, had_ptr, hadt_ptr, qs_ptr,
-                 cent_ptr, bnd_ptr, xib_ptr, aux_ptr, dir_ptr, D: tl.constexpr, LOG2D: tl.constexpr,
-                 K_BITS: tl.constexpr, K_CODES: tl.constexpr, WP: tl.constexpr, KP: tl.constexpr,
-                 B_DIR: tl.constexpr, B_RHO: tl.constexpr, SEARCH_K: tl.constexpr, LUT_SCALE: tl.constexpr,
-                 HALF: tl.constexpr, RHO_SCALE: tl.constexpr, LP: tl.constexpr, HAS_QJL: tl.constexpr,
-                 DOT_NATIVE: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The kind's key encode (scalar.encode_codes' signature): the triplet coordinates straight out of three
-    matmuls with the Hadamard columns 3j, 3j+1, 3j+2 (`hadt_ptr` [3, D, LP]), then `_triplet_encode` (the
-    seeds' region lookup at xib_ptr, the candidate and direction rows at aux_ptr, the direction table
-    [3, 4^b_dir] at dir_ptr for near ties)."""
-    words, wmap, proj, gamma_r = _triplet_encode(
-        xsg, gmax, inv_g, inv_sqrt_d, hoff, pid, near_ptr, hadt_ptr, qs_ptr, cent_ptr, bnd_ptr, xib_ptr,
-        aux_ptr, dir_ptr, D, LOG2D, K_BITS, K_CODES, WP, KP, B_DIR, B_RHO, SEARCH_K, LUT_SCALE, HALF,
-        RHO_SCALE, LP, HAS_QJL, DOT_NATIVE, SPLIT,
-        EXACT)
     return words, wmap, proj, gamma_r
