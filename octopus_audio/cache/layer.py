@@ -410,19 +410,12 @@ class CompressedKVCache:
         fused kernels where the sequence's plan runs them, else `attend_reference`. Where the data checks are
         immediate (the CPU by default), NaN or Inf in q is refused too."""
         seq = self._seq
-        if seq is None:
-            raise ValueError("attend called on an empty cache: append a unit first")
-        plan = seq.plan
-        # the reference plan runs attend_reference, which checks q itself: one query check an attend. The
-        # sequence's parts are read from `seq` directly (this is the per-token call of a generation: each
-        # cache attribute, property or helper frame here is host time on every attend)
-        check_query(q, scale, seq.layout[0], seq.layout[1], self.head_dim,
-                    data=not seq.deferred and plan.backend != "reference")
-        if not plan.kernel_attention:
+        checked = seq is not None and not seq.deferred
+        # the reference plan runs attend_reference, which checks q itself: one query check an attend
+        self._check_query(q, scale, data=checked and seq.plan.backend != "reference")
+        if not seq.plan.kernel_attention:
             return self.attend_reference(q, scale)
-        native = seq.native
-        return plan.attention(q, scale, seq.store, None if native is None else native.kv(),
-                              self.value_quantizer)
+        return seq.plan.attention(q, scale, seq.store, self.native_kv(), self.value_quantizer)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """All held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the decoded store, the
