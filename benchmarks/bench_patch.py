@@ -431,8 +431,6 @@ def max_batch(pipe, rows: list[dict], budget: float, device: str, timer: DecodeT
     return None
 
 
-
-
 def _names(text: str, allowed: tuple[str, ...], what: str, batched: bool = False) -> list[str]:
     """Comma-separated names, each in `allowed` (batched: optionally followed by ':BATCH', a positive
     integer)."""

@@ -215,7 +215,6 @@ def test_each_codec_name_is_written_in_its_codec_file_only():
         assert where.get(name) == {f"{home}.py"}, (name, where.get(name))
 
 
-
 def test_no_product_file_is_over_600_lines():
     lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _product_files()}
     assert not {name: n for name, n in lines.items() if n > 600}

@@ -99,7 +99,6 @@ def batch_size_problem(batch_size) -> str | None:
     return None
 
 
-
 def evaluate(refs: Sequence[ClipRef], out_dir: str | Path, config: EvalConfig,
              make_backend: Callable[[str], Backend], conditioner, meta: dict | None = None,
              device: str = "cpu", progress: bool = True, overwrite: bool = False,

@@ -234,7 +234,6 @@ def _encode_tables(codec: KernelCodec, dev: torch.device, dummy: torch.Tensor,
     return cache[key]
 
 
-
 # encode_keys' second launch: near-tie groups a program, and its warps. H200, octopus at 64k tokens x 16
 # heads, d=64, the whole encode_keys call (benchmarks/lab/sweep_redo_launch.py): (16, 4) against (16, 1)
 # b=2 / 3 / 4: 0.3176 / 0.3719 / 0.4337 ms against 0.3276 / 0.3850 / 0.4437 (4 warps cost more instructions

@@ -26,7 +26,6 @@ from ..encode_math import (
 NEAR = tl.constexpr(4e-7)  # `_octopus_tile`: scores this close (relative) are re-decided the reference's way
 
 
-
 NEAR_ROWS = tl.constexpr(16)  # encode_keys re-decides near ties in groups of this many rows
 
 
