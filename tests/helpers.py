@@ -59,11 +59,12 @@ def attend_unit_by_unit(cache, units, queries, scale: float) -> torch.Tensor:
 
 def attend_sequence_of(cache, q, k, v, units, scale: float) -> torch.Tensor:
     """Teacher forcing's one pass (`octopus_audio.cache.attend_sequence`) with `cache`'s settings (codec,
-    value quantizer, window, native prefix), as the AAR patch calls it; the cache itself is not touched."""
+    value quantizer, window, native prefix, wide prefix), as the AAR patch calls it; the cache itself is not
+    touched."""
     from octopus_audio.cache import attend_sequence
 
     return attend_sequence(q, k, v, units, scale, codec=cache.codec, value_quantizer=cache.value_quantizer,
-                           window=cache.window, native_prefix=cache.native_prefix)
+                           window=cache.window, native_prefix=cache.native_prefix, wide=cache.wide)
 
 
 def _blas_interpreter_dot() -> None:

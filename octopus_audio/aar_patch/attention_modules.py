@@ -59,3 +59,19 @@ def sink_tokens(model: object, sink_scales: int) -> int:
         raise ValueError(f"sink_scales must be 0 .. {len(patch_nums)} (the model's scales), got "
                          f"{sink_scales}")
     return sum(patch_nums[:sink_scales])
+
+
+def wide_tokens(model: object, sink_scales: int, wide_scales: int) -> int:
+    """The tokens of the `wide_scales` scales after the first `sink_scales` (`model_patch_nums`): the wide
+    prefix that stores them at other widths. A ValueError when the model has fewer scales or does not say
+    them (and `wide_scales` is not 0)."""
+    patch_nums = model_patch_nums(model)
+    if not wide_scales:
+        return 0
+    if patch_nums is None:
+        raise ValueError(f"wide_scales={wide_scales} stores scales at other widths, but "
+                         f"{type(model).__name__} does not say its scales (patch_nums); pass wide_scales=0")
+    if sink_scales + wide_scales > len(patch_nums):
+        raise ValueError(f"sink_scales + wide_scales must be at most the model's {len(patch_nums)} scales, "
+                         f"got {sink_scales} + {wide_scales}")
+    return sum(patch_nums[sink_scales:sink_scales + wide_scales])

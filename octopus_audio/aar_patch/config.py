@@ -20,7 +20,9 @@ class PatchConfig:
     """What `patch_aar` installs: codec name, nominal key bits, value bits (None on construction: the key
     bits), native window (units), value group, base seed, the dtype keys and values are rounded to as they
     enter an uncompressed cache (None: kept as the model makes them), and the scales kept native from the
-    first (`sink_scales`: the cache's native prefix holds their tokens)."""
+    first (`sink_scales`: the cache's native prefix holds their tokens); the scales after them stored at
+    other widths (`wide_scales` of them, keys at `wide_bits`, values at `wide_v_bits`, None on construction:
+    `wide_bits`; the cache's wide prefix holds their tokens)."""
 
     codec: str = DEFAULT_CODEC
     bits: int = 2
@@ -30,14 +32,19 @@ class PatchConfig:
     v_bits: int | None = None
     kv_dtype: torch.dtype | None = None
     sink_scales: int = DEFAULT_SINK_SCALES
+    wide_scales: int = 0
+    wide_bits: int = 4
+    wide_v_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in octopus_audio.CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; allowed: {', '.join(octopus_audio.CODECS)}")
         if self.v_bits is None:
             object.__setattr__(self, "v_bits", self.bits)
+        if self.wide_v_bits is None:
+            object.__setattr__(self, "wide_v_bits", self.wide_bits)
         for name, low in (("bits", 1), ("v_bits", 1), ("window", 0), ("v_group", 1), ("seed", 0),
-                          ("sink_scales", 0)):
+                          ("sink_scales", 0), ("wide_scales", 0), ("wide_bits", 1), ("wide_v_bits", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -49,11 +56,16 @@ class PatchConfig:
                 raise ValueError(f"kv_dtype rounds the keys and values of the uncompressed cache (codec "
                                  f"{UNCOMPRESSED}); codec {self.codec!r} encodes them itself: pass codec "
                                  f"{UNCOMPRESSED!r} or leave kv_dtype None")
+        if self.wide_scales and not codec_class(self.codec).compressed:
+            raise ValueError(f"wide_scales stores scales at other widths, but codec {self.codec!r} stores "
+                             f"every token native: pass a codec that compresses, or wide_scales=0")
 
     @property
     def label(self) -> str:
-        """`octopus b=2 S=3`: the codec, its widths (`bits_label`) and, when any, the sink scales."""
-        return f"{self.codec} {self.bits_label}" + (f" S={self.sink_scales}" if self.sink_scales else "")
+        """`octopus b=2 S=3`: the codec, its widths (`bits_label`) and, when any, the sink scales and the
+        wide scales (`octopus b=2 S=2 W=4@4/4`: the next 4 scales' keys at 4 bits, values at 4)."""
+        return f"{self.codec} {self.bits_label}" + (f" S={self.sink_scales}" if self.sink_scales else "") + (
+            f" W={self.wide_scales}@{self.wide_bits}/{self.wide_v_bits}" if self.wide_scales else "")
 
     @property
     def bits_label(self) -> str:

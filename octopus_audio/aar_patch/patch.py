@@ -53,7 +53,13 @@ from octopus_audio.cache import attend_sequence, check_caches, check_flags, sequ
 from octopus_audio.codecs import DEFAULT_CODEC
 from octopus_audio.rotation import layer_seed
 
-from .attention_modules import ATTENTION_ATTRIBUTES, find_attention, model_patch_nums, sink_tokens
+from .attention_modules import (
+    ATTENTION_ATTRIBUTES,
+    find_attention,
+    model_patch_nums,
+    sink_tokens,
+    wide_tokens,
+)
 from .config import DEFAULT_SINK_SCALES, PatchConfig
 from .stats import CacheStats, LayerStats
 
@@ -82,7 +88,7 @@ class _LayerPatch:
     """One patched attention module: its compressed cache, its original methods, its last accounting."""
 
     def __init__(self, module: nn.Module, index: int, config: PatchConfig, sink_tokens: int,
-                 capacities: tuple[int, int] | None) -> None:
+                 capacities: tuple[int, int] | None, wide_tokens: int = 0) -> None:
         self.module = module
         self.index = index
         self.head_dim = int(module.head_dim)
@@ -96,7 +102,9 @@ class _LayerPatch:
                                                      seed=layer_seed(config.seed, index),
                                                      v_bits=config.v_bits, capacity=capacity,
                                                      native_prefix=sink_tokens,
-                                                     native_capacity=native_capacity)
+                                                     native_capacity=native_capacity,
+                                                     wide_prefix=wide_tokens, wide_bits=config.wide_bits,
+                                                     wide_v_bits=config.wide_v_bits)
         weight = getattr(getattr(module, "mat_qkv", None), "weight", None)
         if isinstance(weight, torch.Tensor) and weight.device.type == "cuda":
             # the codec tables' host-to-device copies (host syncs) now, not in the first generation
@@ -162,7 +170,7 @@ class _LayerPatch:
         else:  # a whole sequence (`forced_sequence`): what the cache gives each scale, in one pass
             o_BHLD = attend_sequence(q_BHLD, k_BHLD, v_BHLD, self.forced_units, self.scale, codec=cache.codec,
                                      value_quantizer=cache.value_quantizer, window=cache.window,
-                                     native_prefix=cache.native_prefix)
+                                     native_prefix=cache.native_prefix, wide=cache.wide)
         return m._project(o_BHLD) if self.own_qkv else self._project(o_BHLD)
 
     # the released math, for modules without their own _qkv / _project
@@ -314,14 +322,17 @@ class PatchHandle:
         state = "active" if self.active else "removed"
         return (f"PatchHandle(codec={c.codec!r}, bits={c.bits}, v_bits={c.v_bits}, window={c.window}, "
                 f"sink_scales={c.sink_scales}, "
-                f"v_group={c.v_group}, seed={c.seed}, "
+                + (f"wide_scales={c.wide_scales}, wide_bits={c.wide_bits}, wide_v_bits={c.wide_v_bits}, "
+                   if c.wide_scales else "")
+                + f"v_group={c.v_group}, seed={c.seed}, "
                 + (f"kv_dtype={c.kv_dtype}, " if c.kv_dtype is not None else "")
                 + f"layers={self.num_layers}, backend={self.backend}, {state})")
 
 
 def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: int = 1, v_group: int = 16,
               seed: int = 0, v_bits: int | None = None, kv_dtype: torch.dtype | None = None,
-              sink_scales: int | None = None) -> PatchHandle:
+              sink_scales: int | None = None, wide_scales: int = 0, wide_bits: int = 4,
+              wide_v_bits: int | None = None) -> PatchHandle:
     """Give every attention layer of `model` its own compressed KV cache; returns the handle that undoes it.
 
     model: an `AARPipeline`, an `AAR`, or any nn.Module (or object holding nn.Modules) whose attention modules
@@ -333,6 +344,9 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     them; the cache's `native_prefix` holds their tokens, counted as native bytes), the model's scales read
     from its `patch_nums` (0 .. the number of scales). None (default): `DEFAULT_SINK_SCALES` for a model that
     says its scales, 0 (logged once) for one that does not; a count > 0 for such a model is a ValueError.
+    `wide_scales` N: the N scales after the sink scales are stored at `wide_bits` key bits and `wide_v_bits`
+    value bits (None: `wide_bits`), the rest at `bits` / `v_bits` (the cache's `wide_prefix` holds their
+    tokens, counted at their own widths); 0 (default): none.
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
     if sink_scales is None:
@@ -341,8 +355,10 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
             log.info("%s does not say its scales (patch_nums): no sink scales (the default keeps the first "
                      "%d native where a model says them)", type(model).__name__, DEFAULT_SINK_SCALES)
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
-                         kv_dtype=kv_dtype, sink_scales=sink_scales)
+                         kv_dtype=kv_dtype, sink_scales=sink_scales, wide_scales=wide_scales,
+                         wide_bits=wide_bits, wide_v_bits=wide_v_bits)
     sinks = sink_tokens(model, sink_scales)
+    wide = wide_tokens(model, sink_scales, wide_scales)
     modules = find_attention(model)
     if not modules:
         raise ValueError(f"no attention modules found in {type(model).__name__}: patch_aar looks for modules "
@@ -356,12 +372,13 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
                                f"empty); patch the model before or after a generation, not during one")
     # every cache is built (and the arguments validated) before any module is touched
     patch_nums = model_patch_nums(model)
-    capacities = None if patch_nums is None else sequence_capacities(patch_nums, window, sinks)
-    layers = [_LayerPatch(m, i, config, sinks, capacities) for i, m in enumerate(modules)]
+    capacities = None if patch_nums is None else sequence_capacities(patch_nums, window, sinks, wide)
+    layers = [_LayerPatch(m, i, config, sinks, capacities, wide) for i, m in enumerate(modules)]
     handle = PatchHandle(model, config, layers)
     for lp in layers:
         lp.install()
-        lp.handle_repr = f"codec={codec!r}, {config.bits_label}, sink_scales={config.sink_scales}"
+        lp.handle_repr = (f"codec={codec!r}, {config.bits_label}, sink_scales={config.sink_scales}"
+                          + (f", wide_scales={wide_scales}" if wide_scales else ""))
         lp.handle = handle
     log.info("patched %d attention layers: %r", len(layers), handle)
     return handle

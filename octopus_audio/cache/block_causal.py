@@ -26,12 +26,14 @@ def encode_sequence(codec, value_quantizer, k: torch.Tensor, v: torch.Tensor) ->
 
 
 def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Sequence[int], scale: float, *,
-                    codec, value_quantizer, window: int, native_prefix: int = 0) -> torch.Tensor:
+                    codec, value_quantizer, window: int, native_prefix: int = 0, wide=None) -> torch.Tensor:
     """A whole sequence in one pass: what each unit's queries get from `CompressedKVCache.attend` when the
     units are appended one by one to a cache of `codec` (a key codec, `get_codec`), `value_quantizer` (None
     for a codec that does not compress), `window` and `native_prefix` (`reset`, then per unit `append` and
     `attend` of that unit's queries), computed for all units at once on the reference path. A patched model's
-    cache passes its own (`cache.codec`, `cache.value_quantizer`, `cache.window`, `cache.native_prefix`).
+    cache passes its own (`cache.codec`, `cache.value_quantizer`, `cache.window`, `cache.native_prefix`,
+    `cache.wide`). `wide`: the cache's wide prefix (`layer.WidePrefix`; None: none), whose tokens, the first
+    stored ones, are encoded by its own codec and value quantizer.
 
     q [B, Hq, T, d], k and v [B, H, T, d], `units` the tokens of each unit in order (summing to T). Returns
     [B, Hq, T, d] in q's dtype. A query of unit i attends, in one softmax, to the native keys and values of
@@ -70,11 +72,15 @@ def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Se
         return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
     start, stop = stored_span(units, window, native_prefix)
     keys, values, visible = [], [], []
-    if stop > start:
-        k_state, v_state = encode_sequence(codec, value_quantizer, k[:, :, start:stop], v[:, :, start:stop])
-        keys.append(codec.decode(k_state, torch.float32))
-        values.append(value_quantizer.decode(v_state, torch.float32))
-        visible.append((age_TT >= window)[:, start:stop])
+    split = start if wide is None else min(start + wide.tokens, stop)  # the wide prefix's stored tokens
+    for a, z, c, quant in ((start, split, None if wide is None else wide.codec,
+                            None if wide is None else wide.value_quantizer),
+                           (split, stop, codec, value_quantizer)):
+        if z > a:
+            k_state, v_state = encode_sequence(c, quant, k[:, :, a:z], v[:, :, a:z])
+            keys.append(c.decode(k_state, torch.float32))
+            values.append(quant.decode(v_state, torch.float32))
+            visible.append((age_TT >= window)[:, a:z])
     if window or start:  # the native keys (window and prefix) beside the store's decoded ones
         prefix_T = torch.arange(k.shape[2], device=k.device) < start
         keys.append(k.float())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +41,16 @@ class _Sequence:
     decoded: DecodedStore = dataclasses.field(default_factory=DecodedStore)
 
 
+class WidePrefix(NamedTuple):
+    """A cache's wide prefix: its `tokens` (after the native prefix), the key `codec` and the
+    `value_quantizer` they are stored with (`CompressedKVCache.wide`; `block_causal.attend_sequence` takes
+    it)."""
+
+    tokens: int
+    codec: object
+    value_quantizer: ValueQuantizer
+
+
 class _SequencePart:
     """A read-only cache attribute that is a field of its current sequence (`_Sequence`), None before the
     sequence's first unit."""
@@ -69,6 +80,11 @@ class CompressedKVCache:
     ends (its first tokens native, the rest encoded). The prefix and the window are held back to back in one
     native buffer (`native.NativeSegment`), so attention reads them as one native segment with no
     concatenation, and the accounting counts the prefix as native bytes.
+    wide_prefix: the next `wide_prefix` tokens after the native prefix are stored at other widths,
+    `wide_bits` key bits and `wide_v_bits` value bits (None: `wide_bits`), in a store of their own (AAR's
+    scales after the sink scales, which later tokens also attend to: `patch_aar(wide_scales=N)`). Tokens, as
+    the prefix, counted as compressed bytes at their own widths; attention reads both stores in one softmax
+    (the split-K kernel takes the wide store as a second segment; `cache.wide` says what it holds).
     attend(q [B, Hq, Tq, d], scale) -> [B, Hq, Tq, d] in q's dtype: one softmax over the compressed store and
     the native tokens (prefix and window); Hq = G * H, query head j uses KV head j // G. Codec `none` stores
     native K/V and attends with plain SDPA in the native dtype (bit-identical to SDPA over the concatenated
@@ -99,12 +115,19 @@ class CompressedKVCache:
     def __init__(self, codec: str, bits: int, head_dim: int, window: int = 1, v_group: int = 16,
                  seed: int = 0, v_bits: int | None = None, capacity: int | None = None,
                  defer_checks: bool | None = None, native_prefix: int = 0, native_capacity: int | None = None,
+                 wide_prefix: int = 0, wide_bits: int | None = None, wide_v_bits: int | None = None,
                  **codec_options) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an integer >= 0 (units kept native), got {window!r}")
         if isinstance(native_prefix, bool) or not isinstance(native_prefix, int) or native_prefix < 0:
             raise ValueError(f"native_prefix must be an integer >= 0 (the sequence's first tokens kept "
                              f"native), got {native_prefix!r}")
+        if isinstance(wide_prefix, bool) or not isinstance(wide_prefix, int) or wide_prefix < 0:
+            raise ValueError(f"wide_prefix must be an integer >= 0 (the tokens after the native prefix "
+                             f"stored at wide_bits), got {wide_prefix!r}")
+        if wide_prefix and (isinstance(wide_bits, bool) or not isinstance(wide_bits, int)):
+            raise ValueError(f"wide_prefix={wide_prefix} needs wide_bits, the key bits of those tokens (an "
+                             f"integer width the codec takes), got {wide_bits!r}")
         for name, value in (("capacity", capacity), ("native_capacity", native_capacity)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be None or an integer >= 0 (tokens), got {value!r}")
@@ -125,6 +148,17 @@ class CompressedKVCache:
         self.seed = seed
         self.value_quantizer = (ValueQuantizer(self.v_bits, head_dim, v_group) if self.codec.compressed
                                 else None)
+        self.wide_prefix = wide_prefix
+        self._wide: CompressedKVCache | None = None
+        if wide_prefix:
+            if not self.codec.compressed:
+                raise ValueError(f"wide_prefix stores tokens at other widths, but codec {codec!r} stores "
+                                 f"every token native: use a codec that compresses, or wide_prefix=0")
+            # the wide tokens' store: a cache of its own (window 0: each part encoded as it arrives); its
+            # data-check record is never read, this cache checks every token of a unit
+            self._wide = CompressedKVCache(codec, wide_bits, head_dim, window=0, v_group=v_group, seed=seed,
+                                           v_bits=wide_v_bits, capacity=wide_prefix, defer_checks=True,
+                                           **codec_options)
         self._flags: DeferredFlags | None = None  # kept across reset(): a graph replay writes the last ones
         self.checks_pending = False  # units appended since the last deferred check
         self.reset()
@@ -134,6 +168,8 @@ class CompressedKVCache:
         """Drop every token (buffers included). Unchecked deferred checks are dropped with them."""
         self._seq: _Sequence | None = None
         self.checks_pending = False
+        if self._wide is not None:
+            self._wide.reset()
 
     store = _SequencePart("store", "The compressed store of the current sequence (a CacheStore; None before "
                                    "its first encoded unit).")
@@ -156,9 +192,21 @@ class CompressedKVCache:
         return 0 if self._native is None else self._native.prefix_tokens
 
     @property
+    def wide_tokens(self) -> int:
+        """Tokens of the wide prefix held (at most `wide_prefix`), in the wide store."""
+        return 0 if self._wide is None else self._wide.length
+
+    @property
+    def wide(self) -> WidePrefix | None:
+        """The wide prefix (`WidePrefix`: its tokens, key codec and value quantizer), None without one."""
+        if self._wide is None:
+            return None
+        return WidePrefix(self.wide_prefix, self._wide.codec, self._wide.value_quantizer)
+
+    @property
     def num_tokens(self) -> int:
-        """All tokens held (compressed store + native prefix + native window)."""
-        return self.length + (0 if self._native is None else self._native.tokens)
+        """All tokens held (compressed stores + native prefix + native window)."""
+        return self.length + self.wide_tokens + (0 if self._native is None else self._native.tokens)
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -210,8 +258,11 @@ class CompressedKVCache:
         return fp16_bytes(self._rows, self.num_tokens, self.head_dim)
 
     def bytes_breakdown(self) -> dict[str, int]:
-        """Key, value, prefix and window bytes plus token counts (`accounting.bytes_breakdown`)."""
-        return bytes_breakdown(self.store, self._native, self._rows, self.head_dim)
+        """Key, value, prefix and window bytes plus token counts (`accounting.bytes_breakdown`); the wide
+        prefix's tokens and bytes count as compressed (`store_tokens`, `k_bytes`, `v_bytes`), and
+        `wide_tokens` says how many of them it holds."""
+        wide = None if self._wide is None else self._wide.store
+        return bytes_breakdown(self.store, self._native, self._rows, self.head_dim, wide)
 
     def prepare(self, num_heads: int, device: torch.device | str) -> None:
         """Build before the first sequence what a sequence of `num_heads` KV heads on `device` needs from the
@@ -223,6 +274,8 @@ class CompressedKVCache:
         if device.type == "cuda" and device.index is None:  # as a tensor's device says it: "cuda:0"
             device = torch.device("cuda", torch.cuda.current_device())
         CachePlan(self.codec, num_heads, device)
+        if self._wide is not None:
+            self._wide.prepare(num_heads, device)
         if self.codec.compressed:
             from octopus_audio.codecs.qjl import QJL_STREAM
 
@@ -270,7 +323,8 @@ class CompressedKVCache:
     def _begin(self, k: torch.Tensor) -> _Sequence:
         """The first unit of a sequence: fix its layout and the ops and checks the sequence runs."""
         device = k.device
-        plan = CachePlan(self.codec, k.shape[1], device)
+        wide = None if self._wide is None else self._wide.codec
+        plan = CachePlan(self.codec, k.shape[1], device, wide=wide)
         deferred = device.type == "cuda" if self.defer_checks is None else self.defer_checks
         if deferred:
             # fresh each sequence (a graph that captured one keeps rewriting the record it saw)
@@ -314,15 +368,19 @@ class CompressedKVCache:
 
     def _leave(self, k: torch.Tensor, v: torch.Tensor, buffered: bool) -> None:
         """The oldest unit leaves the window (k, v: views of it in the native buffer when `buffered`, else the
-        unit as appended): its first tokens join the native prefix while it has room, the rest are encoded
-        into the store."""
+        unit as appended): its first tokens join the native prefix while it has room, the next the wide
+        prefix while it has room, the rest are encoded into the store."""
         seq, t = self._seq, k.shape[2]
         held = 0 if seq.native is None else seq.native.prefix_tokens
         keep = min(max(self.native_prefix - held, 0), t)
-        if keep and seq.deferred and seq.fused:
+        wide = 0 if self._wide is None else min(max(self.wide_prefix - self._wide.length, 0), t - keep)
+        if (keep or wide) and seq.deferred and seq.fused:
             self._flags.record(seq.units_left, k, v)  # the fused encode checks only the tokens it encodes
-        if keep < t:
-            self._compress(k.narrow(2, keep, t - keep), v.narrow(2, keep, t - keep), kernel_checks=not keep)
+        if wide:
+            self._wide.append(k.narrow(2, keep, wide), v.narrow(2, keep, wide))
+        done = keep + wide
+        if done < t:
+            self._compress(k.narrow(2, done, t - done), v.narrow(2, done, t - done), kernel_checks=not done)
         if buffered:
             seq.native.pop(keep)
         elif keep:
@@ -369,15 +427,17 @@ class CompressedKVCache:
             seq.store.select_rows(index)
         if seq.native is not None:
             seq.native.select_rows(index)
+        if self._wide is not None:
+            self._wide.select_rows(index)
         seq.decoded.clear()
         seq.layout = (index.numel(), *seq.layout[1:])
 
     def crop(self, num_tokens: int) -> None:
-        """Keep the first `num_tokens` held tokens in sequence order (the native prefix's, the store's, then
-        the window's) and drop the rest: a rollback of the newest tokens (speculative decoding). What is kept
-        stays as it is held: a token already encoded stays encoded, so the window may hold fewer than `window`
-        units until new units arrive, and a prefix cut short fills again from the next units that leave the
-        window. 0 empties the cache (`reset`)."""
+        """Keep the first `num_tokens` held tokens in sequence order (the native prefix's, the wide prefix's,
+        the store's, then the window's) and drop the rest: a rollback of the newest tokens (speculative
+        decoding). What is kept stays as it is held: a token already encoded stays encoded, so the window may
+        hold fewer than `window` units until new units arrive, and a prefix (native or wide) cut short fills
+        again from the next units that leave the window. 0 empties the cache (`reset`)."""
         held = self.num_tokens
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) or not (
                 0 <= num_tokens <= held):
@@ -387,13 +447,16 @@ class CompressedKVCache:
         if num_tokens == 0:
             self.reset()
             return
-        seq, prefix, stored = self._seq, self.prefix_tokens, self.length
-        keep_stored = min(max(num_tokens - prefix, 0), stored)
+        seq, prefix, wide, stored = self._seq, self.prefix_tokens, self.wide_tokens, self.length
+        keep_wide = min(max(num_tokens - prefix, 0), wide)
+        if keep_wide < wide:
+            self._wide.crop(keep_wide)
+        keep_stored = min(max(num_tokens - prefix - wide, 0), stored)
         if keep_stored < stored:
             seq.store.length = keep_stored
             seq.decoded.clear()
         if seq.native is not None:  # the prefix's kept tokens, then the window's (back to back in the buffer)
-            seq.native.crop(min(num_tokens, prefix) + max(num_tokens - prefix - stored, 0))
+            seq.native.crop(min(num_tokens, prefix) + max(num_tokens - prefix - wide - stored, 0))
         seq.flushed = min(seq.flushed, self.num_units)
 
     # ---- attend ----
@@ -415,11 +478,13 @@ class CompressedKVCache:
         self._check_query(q, scale, data=checked and seq.plan.backend != "reference")
         if not seq.plan.kernel_attention:
             return self.attend_reference(q, scale)
-        return seq.plan.attention(q, scale, seq.store, self.native_kv(), self.value_quantizer)
+        wide = self._wide
+        wide = None if wide is None or not wide.length else (wide.store, wide._seq.plan, wide.value_quantizer)
+        return seq.plan.attention(q, scale, seq.store, self.native_kv(), self.value_quantizer, wide)
 
     def decoded_kv(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """All held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the decoded store, the
-        window (runs `check()`)."""
+        """All held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the decoded wide
+        prefix and store, the window (runs `check()`)."""
         if self._seq is None:
             raise ValueError("decoded_kv called on an empty cache: append a unit first")
         self.check()
@@ -427,11 +492,12 @@ class CompressedKVCache:
 
     def _decoded_kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         seq = self._seq
-        return held_kv(seq.native, seq.store, self.codec, self.value_quantizer, seq.decoded, dtype)
+        wide = self._wide._decoded_kv(dtype) if self.wide_tokens else None
+        return held_kv(seq.native, seq.store, self.codec, self.value_quantizer, seq.decoded, dtype, wide)
 
     def attend_reference(self, q: torch.Tensor, scale: float) -> torch.Tensor:
-        """Reference: decode the store, one SDPA over cat(prefix, decoded, window) in fp32 (codec none:
-        native). NaN or Inf in q is refused where the data checks are immediate."""
+        """Reference: decode the stores, one SDPA over cat(prefix, decoded wide prefix and store, window) in
+        fp32 (codec none: native). NaN or Inf in q is refused where the data checks are immediate."""
         self._check_query(q, scale, data=self._seq is not None and not self._seq.deferred)
         if self.value_quantizer is None:
             k_all, v_all = plain_kv(self._native, self.store, q.dtype)
@@ -442,9 +508,12 @@ class CompressedKVCache:
         return attend(q_c, k_all, v_all, scale).to(q.dtype)
 
     def __repr__(self) -> str:
+        wide = self._wide
+        wide = ("" if wide is None else
+                f"wide_prefix={self.wide_prefix}, wide_bits={wide.bits}, wide_v_bits={wide.v_bits}, ")
         return (f"CompressedKVCache(codec={self.codec_name!r}, bits={self.bits}, v_bits={self.v_bits}, "
-                f"head_dim={self.head_dim}, "
-                f"window={self.window}, native_prefix={self.native_prefix}, v_group={self.v_group}, "
-                f"seed={self.seed}, backend={self.backend!r}, "
+                f"head_dim={self.head_dim}, window={self.window}, native_prefix={self.native_prefix}, {wide}"
+                f"v_group={self.v_group}, seed={self.seed}, backend={self.backend!r}, "
                 f"kernels={self._plan.kernels_used() if self._plan else None!r}, "
-                f"tokens={self.num_tokens}, compressed={self.length}, nbytes={self.nbytes})")
+                f"tokens={self.num_tokens}, compressed={self.length + self.wide_tokens}, "
+                f"nbytes={self.nbytes})")

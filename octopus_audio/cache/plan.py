@@ -32,7 +32,7 @@ class CachePlan:
     tokens (prefix and window, one segment the kernels take as their window).
     """
 
-    def __init__(self, codec, num_heads: int, device: torch.device) -> None:
+    def __init__(self, codec, num_heads: int, device: torch.device, wide=None) -> None:
         self.backend = attention_backend(device, codec)
         self.native = not codec.compressed
         self.kernel = None
@@ -41,6 +41,8 @@ class CachePlan:
         self.used: dict[str, dict[str, str]] = {}
         if self.backend == "triton":
             why_encode, why_attend = kernel_limit(codec), kernel_limit(codec, for_encode=False)
+            if why_attend is None and wide is not None and kernel_limit(wide, for_encode=False) is not None:
+                why_attend = f"the wide prefix's codec: {kernel_limit(wide, for_encode=False)}"
             if why_encode is not None:
                 announce("reference", f"encode: {why_encode}")
             if why_attend is not None:
@@ -91,17 +93,22 @@ class CachePlan:
         return quantizer.encode_unchecked(v)
 
     def attention(self, q: torch.Tensor, scale: float, store: CacheStore | None,
-                  native_kv: tuple[torch.Tensor, torch.Tensor] | None, quantizer) -> torch.Tensor:
+                  native_kv: tuple[torch.Tensor, torch.Tensor] | None, quantizer, wide=None) -> torch.Tensor:
         """The fused attention (`kernel_attention` plans only) of q [B, Hq, Tq, d] over the store's valid
-        tokens (None: an empty store) and the native K, V [B, H, T_native, d] (the prefix then the window;
-        None: none), values decoded by `quantizer`'s widths -> [B, Hq, Tq, d]."""
+        tokens (None: an empty store), the wide prefix (`wide`: its (store, plan, quantizer), None: none) and
+        the native K, V [B, H, T_native, d] (the prefix then the window; None: none), values decoded by
+        `quantizer`'s widths -> [B, Hq, Tq, d]."""
         if store is not None:
             keys, values = store.packed(self._packed_keys, self._packed_values, quantizer)
         else:
             keys, values = self._empty_store(q, quantizer)
         k_win, v_win = native_kv if native_kv is not None else (None, None)
+        if wide is not None:
+            w_store, w_plan, w_quant = wide
+            w_keys, w_values = w_store.packed(self._packed_keys, self._packed_values, w_quant)
+            wide = self.ops.WideSegment(w_keys, w_values, w_store.length, w_plan.kernel)
         return self.ops.attention(q, keys, values, 0 if store is None else store.length, k_win, v_win,
-                                  self.kernel, scale=scale, gluon=self.gluon, record=self.used)
+                                  self.kernel, scale=scale, gluon=self.gluon, record=self.used, wide=wide)
 
     def kernels_used(self) -> str | None:
         """The kernel implementations that ran, per op (`attention: split-k, score-tables; key encode:

@@ -54,9 +54,11 @@ def in_order(native: NativeSegment | None, store_k: list[torch.Tensor],
 
 
 def held_kv(native: NativeSegment | None, store: CacheStore | None, codec, quantizer, decoded: DecodedStore,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the store decoded by
-    `codec` and `quantizer` (None: a codec that does not compress, its native K/V as stored), the window."""
+            dtype: torch.dtype, wide: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every held K, V [B, H, T, d] in `dtype`, in sequence order: the native prefix, the wide prefix's K, V
+    (`wide`, already decoded; None: none), the store decoded by `codec` and `quantizer` (None: a codec that
+    does not compress, its native K/V as stored), the window."""
     store_k, store_v = [], []
     if store is not None and store.length:
         if quantizer is None:
@@ -64,6 +66,8 @@ def held_kv(native: NativeSegment | None, store: CacheStore | None, codec, quant
             store_k, store_v = [k_state.native], [v_state.native]
         else:
             store_k, store_v = decoded.chunks(store, codec, quantizer, dtype)
+    if wide is not None:
+        store_k, store_v = [wide[0], *store_k], [wide[1], *store_v]
     ks, vs = in_order(native, store_k, store_v)
     return torch.cat([k.to(dtype) for k in ks], 2), torch.cat([v.to(dtype) for v in vs], 2)
 

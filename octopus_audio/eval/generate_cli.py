@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"keep the first S scales native in the compressed cache (every later scale "
                              f"attends to them; their bytes count as native), 0 .. the model's scales "
                              f"(default {DEFAULT_SINK_SCALES}); --codec {UNCOMPRESSED} takes none")
+    parser.add_argument("--wide-scales", type=int, default=0, metavar="N",
+                        help="store the N scales after the sink scales at --wide-bits (more bits for the "
+                             "coarse scales later ones attend to; default 0: none)")
+    parser.add_argument("--wide-bits", type=int, default=4, metavar="B",
+                        help="key and value bits of the --wide-scales scales (default 4)")
     parser.add_argument("--aar", type=path_arg, help="AAR transformer checkpoint (e.g. AAR_d16_bs2048.pth)")
     parser.add_argument("--sat", type=path_arg, help="SAT tokenizer checkpoint (SAT_d128_lat128.pth)")
     source = parser.add_mutually_exclusive_group()
@@ -163,6 +168,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--codec {args.codec} keeps every scale native and takes no --sink-scales; drop "
                          f"--sink-scales {args.sink_scales}, or pass a codec that compresses (for example "
                          f"--codec {DEFAULT_CODEC} --bits 2)")
+    if not compressed and args.wide_scales:
+        raise UsageError(f"--codec {args.codec} keeps every scale native and takes no --wide-scales; drop "
+                         f"--wide-scales {args.wide_scales}, or pass a codec that compresses")
+    if args.wide_scales < 0:
+        raise UsageError(f"--wide-scales must be an integer >= 0 (the scales after the sink scales stored at "
+                         f"--wide-bits), got {args.wide_scales}")
+    if args.wide_scales and bits_problem(args.codec, args.wide_bits):
+        raise UsageError(bits_problem(args.codec, args.wide_bits).replace("--bits", "--wide-bits"))
+    if args.wide_scales and args.wide_bits not in VALUE_BITS:
+        raise UsageError(f"--wide-bits {args.wide_bits}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
     if args.sink_scales is not None and args.sink_scales < 0:
         raise UsageError(f"--sink-scales must be an integer >= 0 (the first scales kept native), got "
                          f"{args.sink_scales}")
@@ -204,10 +219,11 @@ def _device(choice: str) -> str:
 
 
 def _bits_tag(args: argparse.Namespace) -> str:
-    """`b2` when keys and values share the width, else `k2v4`; `-s3` after it with sink scales (file
-    names)."""
+    """`b2` when keys and values share the width, else `k2v4`; `-s3` after it with sink scales, `-w4x4` with
+    wide scales (file names)."""
     bits = f"b{args.k_bits}" if args.k_bits == args.v_bits else f"k{args.k_bits}v{args.v_bits}"
-    return bits + (f"-s{args.sink_scales}" if args.sink_scales else "")
+    return bits + (f"-s{args.sink_scales}" if args.sink_scales else "") + (
+        f"-w{args.wide_scales}x{args.wide_bits}" if args.wide_scales else "")
 
 
 def _load_condition(args: argparse.Namespace, device: str) -> tuple[np.ndarray, str]:
@@ -301,12 +317,15 @@ def _apply_codec(pipe, args: argparse.Namespace):
     if not codec_class(args.codec).compressed:
         return patch_aar(pipe, args.codec, 16, sink_scales=0)
     try:
-        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits, sink_scales=args.sink_scales)
+        return patch_aar(pipe, args.codec, args.k_bits, v_bits=args.v_bits, sink_scales=args.sink_scales,
+                         wide_scales=args.wide_scales, wide_bits=args.wide_bits)
     except ValueError as e:
         given = (f"--bits {args.bits}" if args.k_bits == args.v_bits == args.bits
                  else f"--k-bits {args.k_bits} --v-bits {args.v_bits}")
-        raise UsageError(f"--codec {args.codec} {given} --sink-scales {args.sink_scales}: "
-                         f"{str(e).replace('sink_scales', '--sink-scales')}") from e
+        wide = f" --wide-scales {args.wide_scales}" if args.wide_scales else ""
+        said = str(e).replace('sink_scales', '--sink-scales').replace('wide_scales', '--wide-scales')
+        raise UsageError(f"--codec {args.codec} {given} --sink-scales {args.sink_scales}{wide}: "
+                         f"{said}") from e
 
 
 def _compare(pipe, cond_BE: np.ndarray, result, args: argparse.Namespace, fast: bool | None,

@@ -20,9 +20,9 @@ from .impls.encode import encode_unit
 from .kinds import DecodeKind, KindEncode, KindTables, kind_named, kinds, register_kind, unregister_kind
 from .launch import AttnConfig, EncodeConfig
 from .select import attention, encode_keys
-from .spec import KernelCodec, PackedKeys, PackedValues
+from .spec import KernelCodec, PackedKeys, PackedValues, WideSegment
 from .value_encode import encode_values
 
 __all__ = ["AttnConfig", "DecodeKind", "EncodeConfig", "KernelCodec", "KindEncode", "KindTables",
-           "PackedKeys", "PackedValues", "attention", "encode_keys", "encode_unit", "encode_values",
-           "kind_named", "kinds", "register_kind", "unregister_kind"]
+           "PackedKeys", "PackedValues", "WideSegment", "attention", "encode_keys", "encode_unit",
+           "encode_values", "kind_named", "kinds", "register_kind", "unregister_kind"]

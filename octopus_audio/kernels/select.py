@@ -31,7 +31,7 @@ from .impls import encode as triton_encode
 from .impls import flash, score_tables
 from .impls.gluon import scope
 from .launch import AttnConfig, EncodeConfig, _interpreting, _outside_autocast, _sm_count, device_capability
-from .spec import KernelCodec, PackedKeys, PackedValues
+from .spec import KernelCodec, PackedKeys, PackedValues, WideSegment
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ GLUON = "gluon"
 ATTENTION = (GLUON, score_tables.NAME, flash.NAME)  # attention implementations, in priority order
 ENCODE = (GLUON, triton_encode.NAME)  # key encode implementations, in priority order
 _announced: set[tuple[str, ...]] = set()
+# why the Gluon kernel and the score tables decline a call with a wide segment (they read one key and value
+# width a call)
+WIDE_LIMIT = "a wide prefix (a second store at other widths; it reads one width a call)"
 
 
 @functools.cache
@@ -121,7 +124,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
               k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
               scale: float | None = None, num_splits: int | None = None,
               config: AttnConfig | None = None, gluon: bool = True,
-              record: dict | None = None) -> torch.Tensor:
+              record: dict | None = None, wide: WideSegment | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win], decoding the store in registers.
 
     q [B, Hq, Tq, d] (any float dtype, any strides); `keys`/`values` buffers [B, H, Tcap, ...] of
@@ -130,7 +133,9 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     The implementation is the first of ATTENTION that takes the call (module docstring; said once per reason
     in the log). `num_splits` forces the split-K count (default: enough programs to fill the GPU); `config`
     overrides the launch heuristic (AttnConfig); either keeps the call on the Triton kernels. `gluon` False:
-    never the Gluon kernel. `record`: a dict that collects the implementation that ran (`announce`).
+    never the Gluon kernel. `record`: a dict that collects the implementation that ran (`announce`). `wide`: a
+    second store in the same softmax (a cache's wide prefix, its keys and values at their own widths, a codec
+    of the same kind and head dim), which only the split-K kernel reads.
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -147,15 +152,30 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     if t_win and (k_window.shape != (b, h, t_win, d) or v_window is None or v_window.shape != k_window.shape):
         raise ValueError(f"window K/V must both be [{b}, {h}, Tw, {d}], got {tuple(k_window.shape)} and "
                          f"{None if v_window is None else tuple(v_window.shape)}")
-    if length + t_win == 0:
+    if wide is not None:
+        wc = wide.codec
+        if wc.kind is not codec.kind or wc.head_dim != d or wc.has_qjl != codec.has_qjl:
+            raise ValueError(f"the wide segment's codec ({wc.kind.name}, d={wc.head_dim}) must be of the "
+                             f"store codec's kind and head dim ({codec.kind.name}, d={d})")
+        if wc.num_heads != h:
+            raise ValueError(f"the wide segment's codec was built for {wc.num_heads} KV heads, not {h}")
+        if not 0 <= wide.length <= _check_packed(wide.keys, wide.values, wide.codec, b, h):
+            raise ValueError(f"wide segment length {wide.length} is outside its store's capacity")
+        if not wide.length:
+            wide = None
+    if length + t_win + (0 if wide is None else wide.length) == 0:
         raise ValueError("attention needs at least one key: the store and the window are both empty")
     codec = codec.to(q_BHTD.device)
+    if wide is not None:
+        wide = WideSegment(wide.keys, wide.values, wide.length, wide.codec.to(q_BHTD.device))
     n_rows = hq // h * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not gluon:
         why_gluon = "Gluon kernels not allowed"
     elif config is not None or num_splits is not None:
         why_gluon = "a launch configuration or split count given"
+    elif wide is not None:
+        why_gluon = WIDE_LIMIT
     else:
         why_gluon = attention_gluon_limit(q_BHTD, values, k_window, codec, n_rows, b * h)
         if why_gluon is None:
@@ -163,14 +183,14 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
 
             announce("attention", GLUON, "in scope", record)
             return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale)
-    why_tables = score_tables.adc_limit(codec, n_rows, t_win)
+    why_tables = WIDE_LIMIT if wide is not None else score_tables.adc_limit(codec, n_rows, t_win)
     if why_tables is None:
         announce("attention", score_tables.NAME, f"one query row a KV head; {GLUON}: {why_gluon}", record)
         return score_tables.table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale,
                                             num_splits, config)
     announce("attention", flash.NAME, f"{GLUON}: {why_gluon}; {score_tables.NAME}: {why_tables}", record)
     return flash.attention_flash(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
-                                 config)
+                                 config, wide)
 
 
 @_outside_autocast

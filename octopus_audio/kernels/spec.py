@@ -156,3 +156,15 @@ class PackedValues:
     minimum: torch.Tensor
     bits: int
     group: int = V_GROUP
+
+
+@dataclass(frozen=True)
+class WideSegment:
+    """A second compressed store attended in the same softmax as the main one (a cache's wide prefix): its
+    `keys` and `values` [B, H, Tcap, ...] at their own widths, of which the first `length` tokens are valid,
+    and the `codec` (a KernelCodec of the main codec's kind, at the wide key width) that decodes them."""
+
+    keys: PackedKeys
+    values: PackedValues
+    length: int
+    codec: KernelCodec

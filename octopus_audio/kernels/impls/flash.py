@@ -28,7 +28,7 @@ from ..launch import (
 )
 from ..operands import mm_nn, mm_nt, operand, project
 from ..qjl import qjl_scores
-from ..spec import KernelCodec, PackedKeys, PackedValues
+from ..spec import KernelCodec, PackedKeys, PackedValues, WideSegment
 from ..value_decode import value_tile
 
 NAME = "split-k"
@@ -89,10 +89,30 @@ def _compressed_tile(m_i, l_i, acc, qa, qb, qc, qj, qj2, n0, end, row0,
     v = value_tile(vc_ptr, vs_ptr, vm_ptr, krow, n_ok, BLOCK_N, D, V_GROUP, V_BITS, V_WORDS, V_WP, v_tile)
     return _online_update(m_i, l_i, acc, s, operand(v, OPD, RNE_BY_HAND), USE_DOT, PREC, OPD, RNE_BY_HAND)
 
+@triton.jit
+def _qjl_queries(q_pro, qmap, qn, qjl_scale, NP: tl.constexpr, HAS_QJL: tl.constexpr, K):
+    """The QJL query operands (qj, and qj2 for the second half when K.HALVES) from the query map's last D
+    columns (NP columns in all); without a QJL term, placeholders never read."""
+    qj = qn
+    qj2 = qn
+    if HAS_QJL:  # the QJL block: the map's last D columns
+        QJL_COL: tl.constexpr = NP - K.D
+        if K.HALVES:
+            hcol = tl.arange(0, K.D // 2)[None, :]
+            qj = project(q_pro, qmap, QJL_COL + hcol, qjl_scale, K.USE_DOT, K.PREC_Q, K.OPD, K.RNE_BY_HAND)
+            qj2 = project(q_pro, qmap, (QJL_COL + K.D // 2) + hcol, qjl_scale, K.USE_DOT, K.PREC_Q, K.OPD,
+                          K.RNE_BY_HAND)
+        else:
+            qj = project(q_pro, qmap, QJL_COL + tl.arange(0, K.D)[None, :], qjl_scale, K.USE_DOT, K.PREC_Q,
+                         K.OPD, K.RNE_BY_HAND)
+    return qj, qj2
+
+
 # the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
 # serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
 # their specialisation (their divisibility is what vectorises the loads)
-PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows"]
+PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows",
+                 "w_cap", "t_wide"]
 
 
 @triton.jit(do_not_specialize=PER_CALL_INTS)
@@ -102,8 +122,9 @@ def _attn_fwd_kernel(
     vc_ptr, vs_ptr, vm_ptr,
     kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
     tab_a_ptr, tab_b_ptr,
+    wc_ptr, wg_ptr, ws_ptr, wr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_a_ptr, wtab_b_ptr, wmap_ptr,
     out_ptr, opart_ptr, lse_ptr,
-    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows, w_cap, t_wide,
     qk_scale, rot_scale, qjl_scale,
     QUERIES: tl.constexpr, SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
     LOG2D: tl.constexpr,
@@ -116,6 +137,10 @@ def _attn_fwd_kernel(
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
     K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
+    WIDE: tl.constexpr, W_NP: tl.constexpr, W_LP: tl.constexpr, W_K_BITS: tl.constexpr,
+    W_K_CODES: tl.constexpr, W_K_WORDS: tl.constexpr, W_B_DIR: tl.constexpr, W_B_RHO: tl.constexpr,
+    W_DIR_TABLE: tl.constexpr, W_K_WP: tl.constexpr, W_K_WP2: tl.constexpr, W_TILE: tl.constexpr,
+    W_V_BITS: tl.constexpr, W_V_WORDS: tl.constexpr, W_V_WP: tl.constexpr,
 ):
     """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
 
@@ -134,6 +159,10 @@ def _attn_fwd_kernel(
     (d >= 128):
     the d-wide projections and score dots as two of d/2 each (see _compressed_tile). BLOCK_W: native window
     keys per step.
+    WIDE: a second compressed store in the same softmax (a cache's wide prefix: `t_wide` keys at store rows
+    pid_bh * w_cap .., the same kind at other widths, the W_ constants, its own tables and query map with W_NP
+    columns), split 0's share: its query operands projected through its map, its tiles scored and folded
+    like the store's.
     """
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -172,22 +201,25 @@ def _attn_fwd_kernel(
 
     # the query's projections for the compressed keys (after the window: q and these are not live together)
     q_pro = q.to(qmap_ptr.dtype.element_ty)
-    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
     K: tl.constexpr = AttentionConstants(BLOCK_N, D, LP, LOG2D, K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO,
                                          DIR_TABLE, K_WP, K_WP2, TILE, HALVES, USE_DOT, PREC, PREC_Q, OPD,
                                          RNE_BY_HAND)
+    if WIDE:  # the wide store first, split 0's share, through its own map and widths
+        KW: tl.constexpr = AttentionConstants(BLOCK_N, D, W_LP, LOG2D, W_K_BITS, W_K_CODES, W_K_WORDS,
+                                              W_B_DIR, W_B_RHO, W_DIR_TABLE, W_K_WP, W_K_WP2, W_TILE, HALVES,
+                                              USE_DOT, PREC, PREC_Q, OPD, RNE_BY_HAND)
+        w_end = tl.where(pid_s == 0, t_wide, 0)
+        wmap = wmap_ptr + h * (D * W_NP) + tl.arange(0, D)[:, None] * W_NP
+        wa, wb, wq = QUERIES(q_pro, wmap, qn, rot_scale, KW)
+        wj, wj2 = _qjl_queries(q_pro, wmap, qn, qjl_scale, W_NP, HAS_QJL, KW)
+        for n0 in tl.range(0, w_end, BLOCK_N):
+            m_i, l_i, acc = _compressed_tile(
+                m_i, l_i, acc, wa, wb, wq, wj, wj2, n0, w_end, pid_bh * w_cap, wc_ptr, wg_ptr, ws_ptr, wr_ptr,
+                wvc_ptr, wvs_ptr, wvm_ptr, wtab_a_ptr, wtab_b_ptr, SCORES, KW, HAS_QJL, S_WP, V_GROUP,
+                W_V_BITS, W_V_WORDS, W_V_WP, BLOCK_M, True)
+    qmap = qmap_ptr + h * (D * NP) + tl.arange(0, D)[:, None] * NP
     qa, qb, qc = QUERIES(q_pro, qmap, qn, rot_scale, K)
-    qj = qn  # placeholders where there is no QJL term (never read)
-    qj2 = qn
-    if HAS_QJL:  # the QJL block: the map's last D columns
-        QJL_COL: tl.constexpr = NP - D
-        if HALVES:
-            hcol = tl.arange(0, D // 2)[None, :]
-            qj = project(q_pro, qmap, QJL_COL + hcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
-            qj2 = project(q_pro, qmap, (QJL_COL + D // 2) + hcol, qjl_scale, USE_DOT, PREC_Q, OPD,
-                           RNE_BY_HAND)
-        else:
-            qj = project(q_pro, qmap, QJL_COL + dcol, qjl_scale, USE_DOT, PREC_Q, OPD, RNE_BY_HAND)
+    qj, qj2 = _qjl_queries(q_pro, qmap, qn, qjl_scale, NP, HAS_QJL, K)
 
     # compressed store: whole tiles without key masks, then the partial tail tile
     start = pid_s * chunk
@@ -292,15 +324,30 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
+def _wide_constants(wide: WideSegment | None, codec: KernelCodec, values: PackedValues, qmap: torch.Tensor,
+                    block_m: int, d: int) -> dict:
+    """The kernel's W_ constants: the wide segment's widths (`wide`), or, without one, the store's own (the
+    launch then compiles to the same variant whatever the codec's widths)."""
+    wc, wv = (codec, values) if wide is None else (wide.codec, wide.values)
+    c = _codec_constants(wc)
+    np_ = qmap.shape[-1] if wide is None else wc.query_map(qmap.dtype).shape[-1]
+    return dict(WIDE=wide is not None, W_NP=np_, W_LP=c["LP"], W_K_BITS=c["K_BITS"], W_K_CODES=c["K_CODES"],
+                W_K_WORDS=c["K_WORDS"], W_B_DIR=c["B_DIR"], W_B_RHO=c["B_RHO"], W_DIR_TABLE=c["DIR_TABLE"],
+                W_K_WP=c["K_WP"], W_K_WP2=_pow2(max(1, d * wc.code_bits // 64)),
+                W_TILE=not (wc.kind.gathers(wc) and block_m > 1), W_V_BITS=wv.bits,
+                W_V_WORDS=wv.codes.shape[-1], W_V_WP=_pow2(wv.codes.shape[-1]))
+
+
 def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                     k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
                     scale: float, num_splits: int | None = None,
-                    config: AttnConfig | None = None) -> torch.Tensor:
+                    config: AttnConfig | None = None, wide: WideSegment | None = None) -> torch.Tensor:
     """softmax(scale * q.[K_hat; K_win]) @ [V_hat; V_win] by the split-K kernel, for arguments the selector
     has checked (`select.attention`: the shapes there; `codec` on q's device). `num_splits` forces the
     split-K count (default: enough programs to fill the GPU); `config` overrides the launch heuristic
     (AttnConfig). One kernel launch (plus the split merge); the query rotation and layouts happen in the
-    kernel's prologue, so the host does no tensor math."""
+    kernel's prologue, so the host does no tensor math. `wide`: a second store in the same softmax (the
+    selector checked it), read by split 0."""
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     t_cap = keys.codes.shape[2]
@@ -351,6 +398,14 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
     opart, lse = split_buffers(out, splits, total_rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
+    if wide is None:  # the store's own buffers stand in for the never-read wide segment
+        wk, wv, w_tabs, w_map, w_len = keys, values, (tab_a, tab_b), qmap, 0
+        w_signs, w_gamma_r = signs, gamma_r
+    else:
+        wk, wv, w_len = wide.keys, wide.values, wide.length
+        w_tabs, w_map = wide.codec.kind.attention_tables(wide.codec), wide.codec.query_map(qmap.dtype)
+        w_signs = wk.signs if codec.has_qjl else wk.codes
+        w_gamma_r = wk.gamma_r if codec.has_qjl else wk.gamma
     _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
         q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
         keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
@@ -358,8 +413,10 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         tab_a, tab_b,
+        wk.codes.contiguous(), wk.gamma.contiguous(), w_signs.contiguous(), w_gamma_r.contiguous(),
+        wv.codes.contiguous(), wv.scale.contiguous(), wv.minimum.contiguous(), *w_tabs, w_map,
         out, opart, lse,
-        h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows,
+        h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows, wk.codes.shape[2], w_len,
         qk_scale, rot_scale, qjl_scale,
         **_codec_constants(codec), NP=qmap.shape[-1],
         V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
@@ -367,7 +424,8 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
         DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
         PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
         OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
-        K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n, num_warps=warps,
+        K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
+        **_wide_constants(wide, codec, values, qmap, block_m, d), num_warps=warps,
         num_stages=cfg.num_stages or 1,
     )
     if not direct:
