@@ -297,9 +297,11 @@ def test_every_configuration_compiles_in_one_pool_run_and_shared_variants_once(m
         ("octopus b=2", 3, 3, {}), ("turboquant-mse b=3", 3, 2, {"tq-attn": "boom"})]
 
 
-@pytest.mark.parametrize("codec, bits, v_bits", [("octopus", 2, 3), ("turboquant-qjl", 4, 2)],
-                         ids=["octopus-k2v3", "turboquant-qjl-k4v2"])
-def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, v_bits, monkeypatch):
+@pytest.mark.parametrize("codec, bits, v_bits, wide_scales",
+                         [("octopus", 2, 3, 0), ("turboquant-qjl", 4, 2, 0), ("octopus", 2, 2, 3)],
+                         ids=["octopus-k2v3", "turboquant-qjl-k4v2", "octopus-b2-wide3"])
+def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, v_bits, wide_scales,
+                                                                    monkeypatch):
     """The fp32 encodes teacher forcing's one pass of the default model launches (its caches' encode calls
     replayed with the kernels chosen, recorded) are the variants `sequence_launches` enumerates."""
     from octopus_audio.aar_patch import generate, load_aar, patch_aar
@@ -314,9 +316,9 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     monkeypatch.setattr(block_causal, "encode_sequence",
                         lambda *args: calls.append(args) or encode(*args))
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "reference")
-    with patch_aar(pipe, codec, bits, v_bits=v_bits) as handle:  # the default sink scales
+    with patch_aar(pipe, codec, bits, v_bits=v_bits, wide_scales=wide_scales) as handle:  # default sinks
         teacher_forced_probs(pipe, cond, tokens, scale_loop=False)
-        prefix = handle.caches[0].native_prefix
+        prefix, wide = handle.caches[0].native_prefix, handle.caches[0].wide_prefix
     monkeypatch.setattr(block_causal, "encode_sequence", encode)
     monkeypatch.setenv("OCTOPUS_AUDIO_KERNELS", "kernels")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels may be chosen for CPU tensors (none runs)
@@ -328,6 +330,8 @@ def test_enumerated_teacher_forcing_variants_equal_a_real_one_pass(codec, bits, 
     _, backend = ahead.target_backend(GPUTarget("cuda", 90, 32))
     real = set(ahead.launches_of(launched, backend))
     enumerated = set(ahead.sequence_launches(codec, bits, generation_shapes(pipe, 1, torch.float32), "cpu",
-                                             v_bits=v_bits, backend=backend, native_prefix=prefix))
-    assert len(calls) == 4 and {x.name for x in real} == {"_encode_keys_kernel", "_encode_values_kernel"}
+                                             v_bits=v_bits, backend=backend, native_prefix=prefix,
+                                             wide_prefix=wide))
+    assert len(calls) == (8 if wide_scales else 4)
+    assert {x.name for x in real} == {"_encode_keys_kernel", "_encode_values_kernel"}
     assert enumerated == real

@@ -13,7 +13,7 @@ from typing import TextIO
 import torch
 
 from . import compile_variants as ahead
-from .attention_modules import find_attention, model_patch_nums, sink_tokens
+from .attention_modules import find_attention, model_patch_nums, sink_tokens, wide_tokens
 
 # progress(label, done, total): `total` variants of `label` (say "octopus b=2") are not in Triton's cache yet
 # and `done` of them are compiled; called with done 0 before the first
@@ -81,7 +81,9 @@ def compile_ahead(model: object, configs: Iterable, batch: int | Iterable[int],
     for config in configs:
         variants: dict[ahead.Launch, None] = {}
         options = dict(v_bits=config.v_bits, window=config.window, v_group=config.v_group, backend=backend,
-                       native_prefix=sink_tokens(model, config.sink_scales))
+                       native_prefix=sink_tokens(model, config.sink_scales),
+                       wide_prefix=wide_tokens(model, config.sink_scales, config.wide_scales),
+                       wide_bits=config.wide_bits, wide_v_bits=config.wide_v_bits)
         for shape in shapes:
             with torch.cuda.device(device):
                 variants.update(dict.fromkeys(ahead.cache_launches(config.codec, config.bits, shape, device,

@@ -201,21 +201,23 @@ def _unit(shapes: UnitShapes, tokens: int, device: torch.device, gen: torch.Gene
 
 def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
                    v_bits: int | None = None, window: int = 1, v_group: int = 16, backend=None,
-                   defer_checks: bool | None = None, native_prefix: int = 0) -> list[Launch]:
+                   defer_checks: bool | None = None, native_prefix: int = 0, wide_prefix: int = 0,
+                   wide_bits: int = 4, wide_v_bits: int | None = None) -> list[Launch]:
     """The distinct variants a CompressedKVCache (`codec`, key `bits`, value `v_bits`, `window`,
-    `v_group`, `native_prefix` tokens) launches over one sequence of `shapes` on `device`: a cache is driven
-    unit by unit (append, then attend, as a patched attention layer does) with every launch recorded, not
-    run; `backend` as `target_backend` gives it (default: the current GPU's). A codec that runs no kernel
-    gives []."""
+    `v_group`, `native_prefix` tokens, `wide_prefix` tokens at `wide_bits` / `wide_v_bits`) launches over
+    one sequence of `shapes` on `device`: a cache is driven unit by unit (append, then attend, as a patched
+    attention layer does) with every launch recorded, not run; `backend` as `target_backend` gives it
+    (default: the current GPU's). A codec that runs no kernel gives []."""
     from octopus_audio.cache import CompressedKVCache, sequence_capacities
 
     device = torch.device(device)
     if backend is None:
         backend = target_backend()[1]
-    capacity, native_capacity = sequence_capacities(shapes.units, window, native_prefix)
+    capacity, native_capacity = sequence_capacities(shapes.units, window, native_prefix, wide_prefix)
     cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
                               capacity=capacity, defer_checks=defer_checks, native_prefix=native_prefix,
-                              native_capacity=native_capacity)
+                              native_capacity=native_capacity, wide_prefix=wide_prefix, wide_bits=wide_bits,
+                              wide_v_bits=wide_v_bits)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.inference_mode(), recording() as calls:
         if device.type == "cuda":
@@ -230,24 +232,28 @@ def cache_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.devi
 
 def sequence_launches(codec: str, bits: int, shapes: UnitShapes, device: torch.device | str,
                       v_bits: int | None = None, window: int = 1, v_group: int = 16,
-                      backend=None, native_prefix: int = 0) -> list[Launch]:
+                      backend=None, native_prefix: int = 0, wide_prefix: int = 0, wide_bits: int = 4,
+                      wide_v_bits: int | None = None) -> list[Launch]:
     """The distinct variants one `cache.block_causal.attend_sequence` over a whole sequence of `shapes`
-    launches (teacher forcing's one pass: the encode of the tokens a generation stores, on k and v laid out
-    as an attention layer makes them; its attention is PyTorch's), recorded, not run. `backend` as in
-    `cache_launches`. A codec that runs no kernel, or a sequence that stores nothing, gives []."""
-    from octopus_audio.cache import CompressedKVCache, encode_sequence, stored_span
+    launches (teacher forcing's one pass: the encode of the tokens a generation stores, the wide prefix's at
+    its widths, on k and v laid out as an attention layer makes them; its attention is PyTorch's), recorded,
+    not run. `backend` and the cache's arguments as in `cache_launches`. A codec that runs no kernel, or a
+    sequence that stores nothing, gives []."""
+    from octopus_audio.cache import CompressedKVCache, encode_sequence, stored_parts, stored_span
 
     device = torch.device(device)
     if backend is None:
         backend = target_backend()[1]
     cache = CompressedKVCache(codec, bits, shapes.head_dim, window=window, v_group=v_group, v_bits=v_bits,
-                              native_prefix=native_prefix)
+                              native_prefix=native_prefix, wide_prefix=wide_prefix, wide_bits=wide_bits,
+                              wide_v_bits=wide_v_bits)
     start, stop = stored_span(shapes.units, window, native_prefix)
     if stop == start or cache.value_quantizer is None:
         return []
     _, k, v = _unit(shapes, sum(shapes.units), device, torch.Generator(device=device).manual_seed(0))
     with torch.inference_mode(), recording() as calls:
-        encode_sequence(cache.codec, cache.value_quantizer, k[:, :, start:stop], v[:, :, start:stop])
+        for a, z, codec_, quant in stored_parts(start, stop, cache.codec, cache.value_quantizer, cache.wide):
+            encode_sequence(codec_, quant, k[:, :, a:z], v[:, :, a:z])
     return launches_of(calls, backend)
 
 

@@ -6,7 +6,7 @@ layout (where a sequence's tokens land), block_causal (teacher forcing's whole-s
 
 from octopus_audio.cache.accounting import bytes_breakdown, fp16_bytes
 from octopus_audio.cache.backend import attention_backend, reference_backend
-from octopus_audio.cache.block_causal import attend_sequence, encode_sequence
+from octopus_audio.cache.block_causal import attend_sequence, encode_sequence, stored_parts
 from octopus_audio.cache.checks import DeferredFlags, check_caches, check_flags
 from octopus_audio.cache.kernel_view import kernel_codec, kernel_limit
 from octopus_audio.cache.layer import CompressedKVCache
@@ -15,4 +15,4 @@ from octopus_audio.cache.plan import CachePlan
 
 __all__ = ["CachePlan", "CompressedKVCache", "DeferredFlags", "attend_sequence", "attention_backend",
            "bytes_breakdown", "check_caches", "check_flags", "encode_sequence", "fp16_bytes", "kernel_codec",
-           "kernel_limit", "reference_backend", "sequence_capacities", "stored_span"]
+           "kernel_limit", "reference_backend", "sequence_capacities", "stored_parts", "stored_span"]

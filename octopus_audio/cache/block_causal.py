@@ -25,6 +25,16 @@ def encode_sequence(codec, value_quantizer, k: torch.Tensor, v: torch.Tensor) ->
     return plan.encode_keys(codec, k), plan.encode_values(value_quantizer, v)
 
 
+def stored_parts(start: int, stop: int, codec, value_quantizer,
+                 wide=None) -> list[tuple[int, int, object, object]]:
+    """The stored tokens [start, stop) of a sequence (`layout.stored_span`) as (from, to, key codec, value
+    quantizer) parts, each non-empty, in order: the wide prefix's first (`wide`, a `layer.WidePrefix`: its
+    tokens at its widths; None: none), then the rest at the cache's."""
+    split = start if wide is None else min(start + wide.tokens, stop)
+    parts = [] if wide is None else [(start, split, wide.codec, wide.value_quantizer)]
+    return [p for p in parts + [(split, stop, codec, value_quantizer)] if p[1] > p[0]]
+
+
 def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Sequence[int], scale: float, *,
                     codec, value_quantizer, window: int, native_prefix: int = 0, wide=None) -> torch.Tensor:
     """A whole sequence in one pass: what each unit's queries get from `CompressedKVCache.attend` when the
@@ -72,15 +82,11 @@ def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, units: Se
         return attend(q, k.to(q.dtype), v.to(q.dtype), scale, age_TT >= 0)
     start, stop = stored_span(units, window, native_prefix)
     keys, values, visible = [], [], []
-    split = start if wide is None else min(start + wide.tokens, stop)  # the wide prefix's stored tokens
-    for a, z, c, quant in ((start, split, None if wide is None else wide.codec,
-                            None if wide is None else wide.value_quantizer),
-                           (split, stop, codec, value_quantizer)):
-        if z > a:
-            k_state, v_state = encode_sequence(c, quant, k[:, :, a:z], v[:, :, a:z])
-            keys.append(c.decode(k_state, torch.float32))
-            values.append(quant.decode(v_state, torch.float32))
-            visible.append((age_TT >= window)[:, a:z])
+    for a, z, c, quant in stored_parts(start, stop, codec, value_quantizer, wide):
+        k_state, v_state = encode_sequence(c, quant, k[:, :, a:z], v[:, :, a:z])
+        keys.append(c.decode(k_state, torch.float32))
+        values.append(quant.decode(v_state, torch.float32))
+        visible.append((age_TT >= window)[:, a:z])
     if window or start:  # the native keys (window and prefix) beside the store's decoded ones
         prefix_T = torch.arange(k.shape[2], device=k.device) < start
         keys.append(k.float())
