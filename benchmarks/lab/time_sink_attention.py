@@ -7,9 +7,11 @@ reserves them) is fed random bf16 K/V scale by scale; then (1) the last scale's 
 `octopus-audio bench` times it, each output checked against the cache's reference path; (2) one whole
 sequence, 16 appends and attends from an empty cache (`reset` first), eager, timed with do_bench: what a
 generation's attention layer does, the native buffer's writes included. The ratio to S=0's time is the
-figure of merit (issue 36: within 5%).
+figure of merit (issue 36: within 5%). A configuration `S+N@B` adds per-scale widths: the N scales after the
+S sink scales stored at B-bit keys and values (the cache's wide prefix; the split-K kernel reads it, the Gluon
+kernel declines it).
 
-    python benchmarks/lab/time_sink_attention.py --sink-scales 0,3,5 --batches 64,512 --out OUT.json
+    python benchmarks/lab/time_sink_attention.py --sink-scales 0,3,5,2+4@4 --batches 64,512 --out OUT.json
     # on the CPU (no timing worth reading; checks that every path runs and agrees with the reference):
     TRITON_INTERPRET=1 OCTOPUS_AUDIO_KERNELS=kernels python benchmarks/lab/time_sink_attention.py \\
         --device cpu --batches 1 --heads 2 --sink-scales 0,3
@@ -32,11 +34,19 @@ from octopus_audio.apps.timing import graphed as _graphed
 from octopus_audio.cache import sequence_capacities
 
 
-def make_cache(codec: str, bits: int, sinks: int) -> CompressedKVCache:
+def parse_config(text: str) -> tuple[int, int, int]:
+    """`S` or `S+N@B` -> (sink scales, wide scales, wide bits)."""
+    sinks, _, rest = text.partition("+")
+    wide, _, wide_bits = rest.partition("@")
+    return int(sinks), int(wide or 0), int(wide_bits or 4)
+
+
+def make_cache(codec: str, bits: int, sinks: int, wide: int = 0, wide_bits: int = 4) -> CompressedKVCache:
     prefix = sum(RELEASE_PATCH_NUMS[:sinks])
-    capacity, native_capacity = sequence_capacities(RELEASE_PATCH_NUMS, 1, prefix)
+    wide_tokens = sum(RELEASE_PATCH_NUMS[sinks:sinks + wide])
+    capacity, native_capacity = sequence_capacities(RELEASE_PATCH_NUMS, 1, prefix, wide_tokens)
     return CompressedKVCache(codec, bits, 64, window=1, capacity=capacity, native_prefix=prefix,
-                             native_capacity=native_capacity)
+                             native_capacity=native_capacity, wide_prefix=wide_tokens, wide_bits=wide_bits)
 
 
 def scales(rows: int, heads: int, device, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
@@ -72,9 +82,10 @@ def timer(device, rep_ms: float):
     return wall
 
 
-def row(codec: str, bits: int, batch: int, heads: int, sinks: int, device, rep_ms: float) -> dict:
+def row(codec: str, bits: int, batch: int, heads: int, config: str, device, rep_ms: float) -> dict:
     data = scales(2 * batch, heads, device)
-    cache = make_cache(codec, bits, sinks)
+    sinks, wide, wide_bits = parse_config(config)
+    cache = make_cache(codec, bits, sinks, wide, wide_bits)
     scale = 1.0  # cosine attention: the queries carry the scale
     for _, k, v in data:
         cache.append(k, v)
@@ -94,17 +105,18 @@ def row(codec: str, bits: int, batch: int, heads: int, sinks: int, device, rep_m
 
     seq = bench(sequence)
     return {"codec": codec, "bits": bits, "batch": batch, "rows": 2 * batch, "heads": heads,
-            "sink_scales": sinks, "prefix_tokens": cache.prefix_tokens,
+            "config": config, "sink_scales": sinks, "wide_scales": wide, "wide_bits": wide_bits,
+            "wide_tokens": cache.wide_tokens, "prefix_tokens": cache.prefix_tokens,
             "native_tokens": cache.native_kv()[0].shape[2], "store_tokens": cache.length,
             "backend": cache.backend, "rel_err_vs_reference": rel, "last_scale_ms": last,
             "last_scale_graph_ms": last_graph, "sequence_ms": seq}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| codec | b | 2B | S | native keys | last scale ms | x S=0 | graph ms | x S=0 | 16 scales ms "
-             "| x S=0 | rel err |", "|" + " --- |" * 12]
-    first = rows[0]["sink_scales"]
-    base = {(r["codec"], r["bits"], r["batch"]): r for r in rows if r["sink_scales"] == first}
+    lines = ["| codec | b | 2B | S+N@B | native keys | last scale ms | x first | graph ms | x first "
+             "| 16 scales ms | x first | rel err |", "|" + " --- |" * 12]
+    first = rows[0]["config"]
+    base = {(r["codec"], r["bits"], r["batch"]): r for r in rows if r["config"] == first}
 
     def ratio(r, key):
         b = base[r["codec"], r["bits"], r["batch"]][key]
@@ -114,7 +126,7 @@ def table(rows: list[dict]) -> str:
         return "-" if v is None else f"{v:.4f}"
 
     for r in rows:
-        cells = [r["codec"], r["bits"], r["rows"], r["sink_scales"], r["native_tokens"],
+        cells = [r["codec"], r["bits"], r["rows"], r["config"], r["native_tokens"],
                  ms(r["last_scale_ms"]), ratio(r, "last_scale_ms"), ms(r["last_scale_graph_ms"]),
                  ratio(r, "last_scale_graph_ms"), ms(r["sequence_ms"]), ratio(r, "sequence_ms"),
                  f"{r['rel_err_vs_reference']:.1e}"]
@@ -128,7 +140,9 @@ def main() -> None:
     p.add_argument("--bits", default="2", help="comma list of widths (default 2)")
     p.add_argument("--batches", default="64,512", help="conditions B; the rows are 2B (default 64,512)")
     p.add_argument("--heads", type=int, default=16, help="KV heads (default 16, AAR d16)")
-    p.add_argument("--sink-scales", default="0,3", help="comma list; the first is the baseline (default 0,3)")
+    p.add_argument("--sink-scales", default="0,3",
+                   help="comma list of S or S+N@B (N wide scales at B bits); the first is the baseline "
+                        "(default 0,3)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench's rep (default 200)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, default=None,
@@ -139,8 +153,8 @@ def main() -> None:
     for codec in args.codecs.split(","):
         for bits in (int(b) for b in args.bits.split(",")):
             for batch in (int(b) for b in args.batches.split(",")):
-                for sinks in (int(s) for s in args.sink_scales.split(",")):
-                    r = row(codec, bits, batch, args.heads, sinks, device, args.rep_ms)
+                for config in args.sink_scales.split(","):
+                    r = row(codec, bits, batch, args.heads, config, device, args.rep_ms)
                     print(json.dumps(r), flush=True)
                     rows.append(r)
     text = table(rows)
