@@ -14,7 +14,7 @@ from octopus_audio.audio_metrics.latent import latent_cosine
 from octopus_audio.audio_metrics.logmel import logmel_mse
 from octopus_audio.audio_metrics.lsd import lsd_db
 from octopus_audio.audio_metrics.snr import snr_db
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig, Job
 from octopus_audio.eval.sources import CLAP_RATE, decode, list_folder, prepare
 
 torch = pytest.importorskip("torch")
@@ -142,5 +142,5 @@ def test_the_cli_flag_turns_both_floors_off(tmp_path, monkeypatch, flags, floor)
                  "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
                  "--device", "cpu", *flags]) == 0
     assert seen["config"].floor is floor and seen["config"].bf16_floor is floor
-    assert seen["config"].jobs()[:2] == ([(FLOOR, None, None, None), (KV_FLOOR, None, None, None)] if floor
-                                         else [("octopus", 2, 2, DEFAULT_SINK_SCALES)])
+    assert seen["config"].jobs()[:2] == ([Job(FLOOR), Job(KV_FLOOR)] if floor
+                                         else [Job("octopus", 2, 2, DEFAULT_SINK_SCALES, 0)])

@@ -16,7 +16,7 @@ from test_eval_runner import (
 )
 
 from octopus_audio.eval.backends import AARBackend, LazyBackend
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig, Job
 from octopus_audio.eval.runner import evaluate
 from octopus_audio.eval.sources import list_folder
 
@@ -302,7 +302,7 @@ def test_bf16_floor_must_be_a_bool():
     off, on = EvalConfig(codecs=("octopus",)), EvalConfig(codecs=("octopus",), bf16_floor=True)
     from octopus_audio.aar_patch.patch import DEFAULT_SINK_SCALES as S
 
-    assert off.jobs() == [(FLOOR, None, None, None), ("octopus", 2, 2, S), ("octopus", 3, 3, S),
-                          ("octopus", 4, 4, S)]  # opt-in here
-    assert on.jobs()[:2] == [(FLOOR, None, None, None), (KV_FLOOR, None, None, None)]
+    assert off.jobs() == [Job(FLOOR), Job("octopus", 2, 2, S, 0), Job("octopus", 3, 3, S, 0),
+                          Job("octopus", 4, 4, S, 0)]  # opt-in here
+    assert on.jobs()[:2] == [Job(FLOOR), Job(KV_FLOOR)]
     assert off.identity() == on.identity()  # a rerun into the same folder may add the row

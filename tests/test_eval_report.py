@@ -294,7 +294,8 @@ def test_listening_page_in_headless_chromium(report_dir, tmp_path):
 def _group(codec, bits, sinks, rate, kl):
     """A made-up aggregate row (report.aggregate's shape) with only what the equal-rate tables read."""
     none = {m: None for m in METRIC_KEYS}
-    return {"codec": codec, "bits": bits, "v_bits": bits, "sink_scales": sinks, "clips_ok": 1,
+    return {"codec": codec, "bits": bits, "v_bits": bits, "sink_scales": sinks, "wide_scales": 0,
+            "wide_bits": None, "clips_ok": 1,
             "clips_failed": 0, "metrics": {**none, "tf_kl_nats": {"mean": kl, "min": kl, "max": kl}},
             "kv_bits_per_coord": {"mean": rate, "min": rate, "max": rate}}
 

@@ -19,7 +19,7 @@ from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
 from octopus_audio.errors import UsageError
 from octopus_audio.eval.backends import AARBackend, LazyBackend
 from octopus_audio.eval.batch import kv_summary
-from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig
+from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, EvalConfig, Job
 from octopus_audio.eval.runner import evaluate
 from octopus_audio.eval.sources import list_folder
 
@@ -123,25 +123,26 @@ def fake_teacher_forced(pipe, cond_BD, tokens, cfg):
 
 
 class FakeStats:
-    def __init__(self, bits, v_bits=None):
+    def __init__(self, bits, v_bits=None, wide_scales=0):
         self.bits = bits
         self.v_bits = bits if v_bits is None else v_bits
+        self.wide = 0.5 * wide_scales  # wide scales raise the stored bits
 
     def as_dict(self):  # the shape of aar_patch's CacheStats.as_dict()
-        b, vb = self.bits, self.v_bits
+        b, vb = self.bits + self.wide, self.v_bits + self.wide
         return {"config": {}, "total": {"ratio": 16.0 / (b + 0.5), "k_bits": b + 0.25, "v_bits": vb + 2.0},
                 "layers": []}
 
 
 @contextlib.contextmanager
 def fake_compressed_kv(pipe, codec, bits, window=1, v_group=16, seed=0, v_bits=None, kv_dtype=None,
-                       sink_scales=0):
+                       sink_scales=0, wide_scales=0, wide_bits=4):
     if kv_dtype is not None:  # the bf16-KV floor: the fakes add noise of 2^-16 and change every token
         assert (codec, bits, kv_dtype) == ("none", 16, torch.bfloat16)
         codec = KV_FLOOR
     pipe.active = (codec, bits)  # the fake's noise follows the key bits
     try:
-        yield type("Handle", (), {"stats": lambda self: FakeStats(bits, v_bits)})()
+        yield type("Handle", (), {"stats": lambda self: FakeStats(bits, v_bits, wide_scales)})()
     finally:
         pipe.active = None
 
@@ -443,7 +444,7 @@ def test_two_processes_under_torchrun_give_the_same_results_as_one(tmp_path):
 def test_keys_and_values_at_widths_of_their_own(tmp_path, monkeypatch):
     clips = make_clips(tmp_path / "clips", n=1)
     cfg = EvalConfig(codecs=("octopus",), bits=(2,), v_bits=(2, 4), seed=3, floor=False, sink_scales=(0,))
-    assert cfg.jobs() == [("octopus", 2, 2, 0), ("octopus", 2, 4, 0)]
+    assert cfg.jobs() == [Job("octopus", 2, 2, 0, 0), Job("octopus", 2, 4, 0, 0)]  # no wide scales: 0
     assert EvalConfig(codecs=("octopus",), bits=(2, 3)).bit_pairs() == [(2, 2), (3, 3)]
     assert EvalConfig(codecs=("octopus",), bits=(2, 3), k_bits=(4,)).bit_pairs() == [(4, 2), (4, 3)]
     run_fake(clips, tmp_path / "out", cfg=cfg)
@@ -479,8 +480,8 @@ def test_sink_scales_run_as_widths_do(tmp_path):
     and another count extends the run by its own rows."""
     clips = make_clips(tmp_path / "clips", n=1)
     cfg = EvalConfig(codecs=("octopus", "none"), bits=(2, 4), seed=3, floor=False, sink_scales=(0, 3))
-    assert cfg.jobs() == [("octopus", 2, 2, 0), ("octopus", 4, 4, 0), ("octopus", 2, 2, 3),
-                          ("octopus", 4, 4, 3), ("none", None, None, None)]
+    assert cfg.jobs() == [Job("octopus", 2, 2, 0, 0), Job("octopus", 4, 4, 0, 0), Job("octopus", 2, 2, 3, 0),
+                          Job("octopus", 4, 4, 3, 0), Job("none")]
     assert [c.sink_scales for c in cfg.patch_configs()] == [0, 0, 3, 3]
     out = tmp_path / "out"
     run_fake(clips, out, cfg=cfg)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from octopus_audio.eval.records import DEFAULT_WIDE_BITS
 from octopus_audio.eval.sources import MODEL_RATE
 
 if TYPE_CHECKING:
@@ -42,9 +43,11 @@ class Backend(Protocol):
         where the model is) with `tokens[i]` (that row's tokens per scale) forced."""
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
-                   sink_scales: int | None = None) -> contextlib.AbstractContextManager:
+                   sink_scales: int | None = None, wide_scales: int | None = None,
+                   wide_bits: int | None = None) -> contextlib.AbstractContextManager:
         """A context inside which `generate` runs under the codec (keys at `bits`, values at `v_bits`, None:
-        `bits`; the first `sink_scales` scales native, None: 0); its value has `stats()`."""
+        `bits`; the first `sink_scales` scales native, None: 0; the `wide_scales` after them, None: 0, at
+        `wide_bits` key and value bits; arguments: a `records.Job`); its value has `stats()`."""
 
     def bf16_kv(self) -> contextlib.AbstractContextManager:
         """A context inside which `generate` and `teacher_forced` run the uncompressed model with every key
@@ -96,8 +99,9 @@ class LazyBackend:
         return self.backend.teacher_forced(cond_BD, tokens)
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
-                   sink_scales: int | None = None):
-        return self.backend.compressed(codec, bits, v_bits, sink_scales)
+                   sink_scales: int | None = None, wide_scales: int | None = None,
+                   wide_bits: int | None = None):
+        return self.backend.compressed(codec, bits, v_bits, sink_scales, wide_scales, wide_bits)
 
     def bf16_kv(self):
         return self.backend.bf16_kv()
@@ -112,7 +116,8 @@ class AARBackend:
     A call generates a batch of conditions, each row from its own seed (`generate(..., seed=[...])`), so a
     row's tokens do not depend on how clips are batched or sharded but through float rounding in the batched
     matmuls. `generate_fn`, `compressed_kv_fn` and `teacher_forced_fn` default to the package's
-    `generate`, `compressed_kv` (the codec rows, and with `kv_dtype` the bf16-KV floor) and
+    `generate`, `patch_aar` (its handle a context: the codec rows, wide scales included, and with `kv_dtype`
+    the bf16-KV floor) and
     `eval.fidelity.teacher_forced_probs` (tests inject fakes). Generation runs at `generate`'s default
     precision for the device (fp32 on CPU, bf16-autocast blocks on CUDA); teacher forcing runs in fp32 with
     PyTorch's attention on every device: on a GPU one block-causal pass per batch, whose stored keys and
@@ -139,7 +144,7 @@ class AARBackend:
         self.device = device
         self.sample_rate = MODEL_RATE
         self._generate = generate_fn or aar_patch.generate
-        self._compressed_kv = compressed_kv_fn or aar_patch.compressed_kv
+        self._compressed_kv = compressed_kv_fn or aar_patch.patch_aar
         if teacher_forced_fn is None:
             from octopus_audio.eval.fidelity import teacher_forced_probs as teacher_forced_fn
         self._teacher_forced = teacher_forced_fn
@@ -184,11 +189,13 @@ class AARBackend:
         return list(torch.cat([p.float() for p in probs], dim=1).unbind(0))
 
     def compressed(self, codec: str, bits: int | None, v_bits: int | None = None,
-                   sink_scales: int | None = None):
+                   sink_scales: int | None = None, wide_scales: int | None = None,
+                   wide_bits: int | None = None):
         c = self.config
         return self._compressed_kv(self.pipe, codec=codec, bits=16 if bits is None else bits, window=c.window,
                                    v_group=c.v_group, seed=c.patch_seed, v_bits=v_bits,
-                                   sink_scales=sink_scales or 0)
+                                   sink_scales=sink_scales or 0, wide_scales=wide_scales or 0,
+                                   wide_bits=wide_bits or DEFAULT_WIDE_BITS)
 
     def bf16_kv(self):
         import torch

@@ -29,6 +29,7 @@ from octopus_audio.eval.identity import audio_sha256
 from octopus_audio.eval.metrics import MetricReference
 from octopus_audio.eval.parting import parting_metrics
 from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, Job, Unit
+from octopus_audio.eval.rows import job_fields
 from octopus_audio.eval.run_files import as_generated, load_reference, save_reference, wav_files, wav_name
 from octopus_audio.eval.run_folder import EVAL
 from octopus_audio.eval.sources import CLAP_RATE, CLIP_SECONDS, ClipRef, decode, prepare
@@ -187,7 +188,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Unit]]], out_dir: Path, co
     def fail(clip: Clip, units: Sequence[Unit], stage: str, e: BaseException) -> None:
         log.warning("clip %s: %s failed: %s", clip.ref.clip_id, stage, _error_text(e))
         for job, draw in units:
-            emit_row({**clip.base, **job._asdict(), "draw": draw,
+            emit_row({**clip.base, **job_fields(job), "draw": draw,
                       "seed": config.sample_seed(job.codec, draw), "status": "error", "stage": stage,
                       "error": _error_text(e), "metrics": None, "kv": None, "adherence": None,
                       "embeddings": None, "seconds": None, "threads": None})
@@ -253,16 +254,16 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Unit]]], out_dir: Path, co
             except Exception as e:
                 fail(clip, [unit], "embed", e)
                 continue
-            emb = embedding_path(clip.ref.clip_id, *job, draw)
+            emb = embedding_path(clip.ref.clip_id, job, draw)
             files.add([emb])
             save_embeddings(out_dir, emb, clip.identity, latent, frames, cond)
             if paired:
                 name = wav_name(clip.ref.clip_id, *job)
                 files.add(wav_files(name))
                 write_wav(out_dir / "wav" / name, out.audio, backend.sample_rate)
-            emit_row({**clip.base, **job._asdict(), "draw": draw, "seed": config.sample_seed(job.codec, draw),
-                      "status": "ok", "stage": None, "error": None, "metrics": metrics, "kv": kv,
-                      "adherence": adhere, "embeddings": emb,
+            emit_row({**clip.base, **job_fields(job), "draw": draw,
+                      "seed": config.sample_seed(job.codec, draw), "status": "ok", "stage": None,
+                      "error": None, "metrics": metrics, "kv": kv, "adherence": adhere, "embeddings": emb,
                       "seconds": round(share + time.perf_counter() - start, 3),
                       "threads": torch.get_num_threads()})
 
@@ -285,7 +286,7 @@ def run_batch(batch: Sequence[tuple[ClipRef, Sequence[Unit]]], out_dir: Path, co
                 elif job.codec == KV_FLOOR:
                     context = backend.bf16_kv()
                 else:
-                    context = backend.compressed(job.codec, job.bits, job.v_bits, job.sink_scales)
+                    context = backend.compressed(*job)
                 with context as handle:
                     made.update(zip(pending, _each(sample(job), pending), strict=True))
                     ok = [u for u in pending if not isinstance(made[u], Exception)]

@@ -6,9 +6,13 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from octopus_audio.errors import UsageError
 from octopus_audio.outdir import check_out_path, nonempty
+
+if TYPE_CHECKING:
+    from octopus_audio.eval.records import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of counts of first scales kept native in the compressed cache (each "
                         f"count runs at every width, as --bits; their bytes count as native in the rates), "
                         f"0 .. the model's scales (default {DEFAULT_SINK_SCALES})")
+    from octopus_audio.eval.records import DEFAULT_WIDE_BITS
+
+    p.add_argument("--wide-scales", default=None,
+                   help="comma list of counts N: the N scales after the sink scales stored at --wide-bits "
+                        "(each count runs at every width and count of sink scales, as --sink-scales does; "
+                        "default 0: none)")
+    p.add_argument("--wide-bits", type=int, default=DEFAULT_WIDE_BITS, metavar="B",
+                   help=f"key and value bits of the --wide-scales scales, one width for the run (default "
+                        f"{DEFAULT_WIDE_BITS})")
     p.add_argument("--clap", default="auto",
                    help="conditioner: auto, spectral (offline stand-in), hf:HUB_ID_OR_DIR, "
                         "laion:FILE[#AMODEL] (default auto: hf:laion/larger_clap_general if cached locally, "
@@ -183,31 +196,35 @@ def parse_bits(text: str | None, flag: str = "--bits") -> tuple[int, ...] | None
         raise UsageError(f"{flag} must be a comma list of integers such as 2,3,4, got {text!r}") from e
 
 
-def parse_sink_scales(text: str | None) -> tuple[int, ...]:
-    """--sink-scales as a tuple of ints (unset: `DEFAULT_SINK_SCALES`); EvalConfig checks the values."""
-    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
-
+def parse_counts(text: str | None, flag: str, default: int, example: str) -> tuple[int, ...]:
+    """A comma list of scale counts (--sink-scales, --wide-scales) as a tuple of ints (unset: `default`
+    alone); EvalConfig checks the values."""
     if text is None:
-        return (DEFAULT_SINK_SCALES,)
-    items = comma_list(text, "--sink-scales", "0,3,5")
+        return (default,)
+    items = comma_list(text, flag, example)
     try:
         return tuple(int(s) for s in items)
     except ValueError as e:
-        raise UsageError(f"--sink-scales must be a comma list of integers >= 0 such as 0,3,5, got "
+        raise UsageError(f"{flag} must be a comma list of integers >= 0 such as {example}, got "
                          f"{text!r}") from e
 
 
-def check_sink_scales(sink_scales: tuple[int, ...], aar: str | None, sat: str | None) -> None:
-    """Every count of --sink-scales within the model's scales (read before the run: the default model's and
-    a model folder's from config.json, a checkpoint's from its state dict)."""
-    if max(sink_scales) == 0:
+def check_scale_counts(config: EvalConfig, aar: str | None, sat: str | None) -> None:
+    """Every count of --sink-scales, and every sum of one with a count of --wide-scales, within the model's
+    scales (read before the run: the default model's and a model folder's from config.json, a checkpoint's
+    from its state dict)."""
+    sinks, wide = max(config.sink_scales), max(config.wide_scales)
+    if sinks + wide == 0:
         return
     from octopus_audio.aar_patch.loading import model_patch_nums
 
     scales = len(model_patch_nums(aar, sat))
-    if max(sink_scales) > scales:
-        raise UsageError(f"--sink-scales {max(sink_scales)} is more than the model's {scales} scales; pass "
-                         f"counts from 0 to {scales}")
+    if sinks > scales:
+        raise UsageError(f"--sink-scales {sinks} is more than the model's {scales} scales; pass counts from "
+                         f"0 to {scales}")
+    if sinks + wide > scales:
+        raise UsageError(f"--sink-scales {sinks} + --wide-scales {wide} is more than the model's {scales} "
+                         f"scales; pass counts whose sum is at most {scales}")
 
 
 def model_name(aar: str | None, sat: str | None) -> str:
@@ -277,12 +294,41 @@ def set_threads(threads: int | None) -> None:
              "--threads" if threads is not None else "torch's default; pass --threads N to choose")
 
 
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The run's EvalConfig from the flags (the widths and scale counts refused, one sentence each, with
+    codecs that keep the cache uncompressed alone)."""
+    from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, compressed_codecs
+    from octopus_audio.eval.records import EvalConfig
+
+    codecs = parse_codecs(args.codecs)
+    listed = ",".join(codecs)
+    given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
+                                                     ("--v-bits", args.v_bits)) if value is not None]
+    if given and set(codecs) <= set(CODECS) and not set(codecs) & set(compressed_codecs()):
+        raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits, --k-bits "
+                         f"or --v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
+                         f"--codecs {listed},{DEFAULT_CODEC})")
+    for flag, value in (("--sink-scales", args.sink_scales), ("--wide-scales", args.wide_scales)):
+        if value is not None and codecs and not set(codecs) & set(compressed_codecs()):
+            raise UsageError(f"--codecs {listed} keeps every scale native and takes no {flag}; drop {flag} "
+                             f"{value}, or add a codec that compresses (for example --codecs "
+                             f"{listed},{DEFAULT_CODEC})")
+    sink_scales = parse_counts(args.sink_scales, "--sink-scales", DEFAULT_SINK_SCALES, "0,3,5")
+    wide_scales = parse_counts(args.wide_scales, "--wide-scales", 0, "0,4")
+    return EvalConfig(codecs=codecs, bits=parse_bits(DEFAULT_BITS if args.bits is None else args.bits),
+                      seed=args.seed, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
+                      v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
+                      k_bits=parse_bits(args.k_bits, "--k-bits"), v_bits=parse_bits(args.v_bits, "--v-bits"),
+                      sink_scales=sink_scales, wide_scales=wide_scales, wide_bits=args.wide_bits,
+                      draws=args.draws if args.draws is not None else default_draws(args.device))
+
+
 def run(args: argparse.Namespace) -> int:
     from octopus_audio.eval.backends import AARBackend, LazyBackend
     from octopus_audio.eval.conditioning import CachedConditioner, default_cache_dir, make_conditioner
     from octopus_audio.eval.distributed import DistInfo, resolve_device, use_device
     from octopus_audio.eval.identity import model_identity
-    from octopus_audio.eval.records import EvalConfig
     from octopus_audio.eval.runner import evaluate
     from octopus_audio.eval.sources import DatasetSpec, list_clips
 
@@ -290,30 +336,9 @@ def run(args: argparse.Namespace) -> int:
     check_out_path(args.out)
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     check_out_path(cache_dir, "--cache-dir")
-    codecs = parse_codecs(args.codecs)
-    from octopus_audio.codecs import CODECS, DEFAULT_CODEC, compressed_codecs
-
-    given = [f"{flag} {value}" for flag, value in (("--bits", args.bits), ("--k-bits", args.k_bits),
-                                                     ("--v-bits", args.v_bits)) if value is not None]
-    if given and set(codecs) <= set(CODECS) and not set(codecs) & set(compressed_codecs()):
-        listed = ",".join(codecs)
-        raise UsageError(f"--codecs {listed} keeps the KV cache uncompressed and takes no --bits, --k-bits "
-                         f"or --v-bits; drop {' '.join(given)}, or add a codec that uses them (for example "
-                         f"--codecs {listed},{DEFAULT_CODEC})")
-    if args.sink_scales is not None and codecs and not set(codecs) & set(compressed_codecs()):
-        listed = ",".join(codecs)
-        raise UsageError(f"--codecs {listed} keeps every scale native and takes no --sink-scales; drop "
-                         f"--sink-scales {args.sink_scales}, or add a codec that compresses (for example "
-                         f"--codecs {listed},{DEFAULT_CODEC})")
-    config = EvalConfig(codecs=codecs, bits=parse_bits(DEFAULT_BITS if args.bits is None else args.bits),
-                        seed=args.seed, cfg=args.cfg, top_k=args.top_k, top_p=args.top_p, window=args.window,
-                        v_group=args.v_group, floor=not args.no_floor, bf16_floor=not args.no_floor,
-                        k_bits=parse_bits(args.k_bits, "--k-bits"),
-                        v_bits=parse_bits(args.v_bits, "--v-bits"),
-                        sink_scales=parse_sink_scales(args.sink_scales),
-                        draws=args.draws if args.draws is not None else default_draws(args.device))
+    config = eval_config(args)
     check_model_paths(args.aar, args.sat)
-    check_sink_scales(config.sink_scales, args.aar, args.sat)
+    check_scale_counts(config, args.aar, args.sat)
     if args.batch_size is not None:
         parse_batch_size(args.batch_size, "cpu")  # refused before anything loads
     set_threads(args.threads)

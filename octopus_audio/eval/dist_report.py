@@ -31,7 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from octopus_audio.eval import distribution as stats
-from octopus_audio.eval.cells import UNCOMPRESSED_ROWS, bits_cells, curve_names, kv_bits
+from octopus_audio.eval.cells import (
+    JOB_COLUMNS,
+    UNCOMPRESSED_ROWS,
+    bits_cells,
+    curve_names,
+    curve_of,
+    group_job,
+    kv_bits,
+)
 from octopus_audio.eval.distribution import (
     MIN_VERDICT_CLIPS,
     ClipFrames,
@@ -56,9 +64,9 @@ DIFF_FORMATS = {**{label: "{:+.3g}" for label in FAD_LABELS.values()}, "adherenc
 
 
 def _collect(out_dir: Path, rows: Sequence[dict], draws: int, embeddings: Sequence[str]) -> dict:
-    """{Job (codec, bits, v_bits, sink scales): {clip: {"frames": {embedding: (n, C) all draws}, "adherence":
-    (draws,)}}} for every (row, clip) whose `draws` rows are all ok and whose embedding files read back for
-    their identity (an unreadable file leaves its clip out of that row, logged)."""
+    """{Job (codec, widths, sink and wide scales): {clip: {"frames": {embedding: (n, C) all draws},
+    "adherence": (draws,)}}} for every (row, clip) whose `draws` rows are all ok and whose embedding files
+    read back for their identity (an unreadable file leaves its clip out of that row, logged)."""
     by_set: dict[tuple, dict[str, dict[int, dict]]] = {}
     for r in rows:
         if r["status"] != "ok" or r.get("embeddings") is None:
@@ -205,7 +213,7 @@ def head(dist: dict) -> list[str]:
 
 
 def cells(dist: dict, g: dict) -> list[str]:
-    bits = bits_cells(g["codec"], g["bits"], g["v_bits"], g["sink_scales"])
+    bits = bits_cells(group_job(g))
     kv = "-" if g["kv_bits_per_coord"] is None else f"{g['kv_bits_per_coord']:.3f}"
     fads = [_cell(g["fad"].get(e), FAD_FORMAT) for e in dist["embeddings"]]
     return ([g["codec"], *bits, f"{g['outputs']} ({g['clips']} x {g['draws']})", kv, *fads,
@@ -224,12 +232,12 @@ def table_csv(dist: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     stats = ("value", "low", "high")
-    w.writerow(["codec", "bits", "v_bits", "sink_scales", "clips", "draws", "outputs", "kv_bits_per_coord"]
+    w.writerow(["codec", *JOB_COLUMNS, "clips", "draws", "outputs", "kv_bits_per_coord"]
                + [f"fad_{e}_{s}" for e in dist["embeddings"] for s in (*stats, "floor", "difference_low",
                                                                        "difference_high")]
                + [f"adherence_{s}" for s in stats] + ["distinguishable", "verdict"])
     for g in dist["groups"]:
-        row = [g["codec"], g["bits"], g["v_bits"], g["sink_scales"], g["clips"], g["draws"], g["outputs"],
+        row = [g["codec"], *(g[k] for k in JOB_COLUMNS), g["clips"], g["draws"], g["outputs"],
                g["kv_bits_per_coord"]]
         for e in dist["embeddings"]:
             f = g["fad"].get(e)
@@ -244,9 +252,9 @@ def table_csv(dist: dict) -> str:
 
 def plot(dist: dict, plots_dir: Path) -> list[str]:
     """One PNG per FAD embedding and one for the adherence (`plot_names`): each curve's value (`curve_names`:
-    each codec, at each count of sink scales) against its stored K+V bits per coordinate (a line through its
-    widths, its interval as error bars), the reference row's value and interval as a dashed line in a band
-    (the floor); `distribution.json` the plotted values."""
+    each codec, at each count of sink and of wide scales) against its stored K+V bits per coordinate (a line
+    through its widths, its interval as error bars), the reference row's value and interval as a dashed line
+    in a band (the floor); `distribution.json` the plotted values."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -254,7 +262,7 @@ def plot(dist: dict, plots_dir: Path) -> list[str]:
     measures = [(e, FAD_LABELS[e], lambda g, e=e: g["fad"].get(e)) for e in dist["embeddings"]]
     measures.append((ADHERENCE, "condition adherence", lambda g: g["adherence"]))
     names, curves = [], {}
-    curve_of = curve_names(dist["groups"])
+    curve_name = curve_names(dist["groups"])
     for (key, label, value_of), name in zip(measures, plot_names(dist["embeddings"]), strict=True):
         per_codec: dict[str, list] = {}
         for g in dist["groups"]:
@@ -262,7 +270,7 @@ def plot(dist: dict, plots_dir: Path) -> list[str]:
             if g["codec"] in UNCOMPRESSED_ROWS or g["kv_bits_per_coord"] is None or v is None:
                 continue
             point = (g["kv_bits_per_coord"], v["value"], v["low"], v["high"])
-            curve = curve_of.get((g["codec"], g["sink_scales"]), g["codec"])  # `none`: its own point
+            curve = curve_name.get(curve_of(group_job(g)), g["codec"])  # `none`: its own point
             per_codec.setdefault(curve, []).append(point)
         ref = next((value_of(g) for g in dist["groups"] if g["codec"] == REFERENCE), None)
         curves[key] = {"label": label, "codecs": {c: sorted(p) for c, p in per_codec.items()},

@@ -68,11 +68,10 @@ def adherence(vector_D: np.ndarray, cond_D: np.ndarray) -> float:
     return float(v @ c) / norm
 
 
-def embedding_path(clip_id: str, codec: str, bits: int | None, v_bits: int | None, sink_scales: int | None,
-                   draw: int) -> str:
-    """`emb/<clip>__<row as its WAV is named>__d<draw>.npz` (arguments: clip, *job, draw), relative to the
+def embedding_path(clip_id: str, job: tuple, draw: int) -> str:
+    """`emb/<clip>__<row as its WAV is named>__d<draw>.npz` (`job`: the row's `records.Job`), relative to the
     run folder."""
-    return f"{EMBEDDINGS_DIR}/{wav_name(clip_id, codec, bits, v_bits, sink_scales)[:-4]}__d{draw}.npz"
+    return f"{EMBEDDINGS_DIR}/{wav_name(clip_id, *job)[:-4]}__d{draw}.npz"
 
 
 def save_embeddings(out_dir: Path, relative: str, identity: str, latent_TC: np.ndarray,

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar, NamedTuple
 
-from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES
+from octopus_audio.aar_patch.config import DEFAULT_SINK_SCALES, PatchConfig
 from octopus_audio.aar_patch.generation import SamplingConfig
 from octopus_audio.errors import UsageError
 
+DEFAULT_WIDE_BITS = PatchConfig.wide_bits  # --wide-bits unset; what a patch without wide scales is given
 REFERENCE = "reference"  # the uncompressed draws' rows (codec field): what every row is compared with
 FLOOR = "reference (other seed)"  # the sampling-floor row's codec (never a real codec name)
 KV_FLOOR = "reference (bf16 KV)"  # the bf16-KV floor row's codec (never a real codec name)
@@ -46,7 +47,9 @@ class EvalConfig:
     Bit widths: with `k_bits` and `v_bits` None each codec runs at every width of `bits`, keys and values
     alike; when either is given, at every pair of a key width from `k_bits` (None: `bits`) and a value width
     from `v_bits` (None: `bits`). Each compressing codec runs each bit pair at every count of `sink_scales`
-    (the first scales kept native, `patch_aar(sink_scales=S)`), as it runs every width."""
+    (the first scales kept native, `patch_aar(sink_scales=S)`) and at every count of `wide_scales` (the
+    scales after them stored at `wide_bits` key and value bits, `patch_aar(wide_scales=N, wide_bits=B)`; 0:
+    none), as it runs every width; `wide_bits` is part of every row's identity (`identity()`)."""
 
     codecs: tuple[str, ...]
     bits: tuple[int, ...] = (2, 3, 4)
@@ -62,12 +65,14 @@ class EvalConfig:
     k_bits: tuple[int, ...] | None = None
     v_bits: tuple[int, ...] | None = None
     sink_scales: tuple[int, ...] = (DEFAULT_SINK_SCALES,)
+    wide_scales: tuple[int, ...] = (0,)
+    wide_bits: int = DEFAULT_WIDE_BITS
     draws: int = 1
     # Fields that choose which rows a run has (each row records its own), not what any row's numbers are: a
     # rerun may change them and keeps the rows it shares. Every other field is part of each row's identity
     # (`identity()`), so a new setting that changes a number is one new field above.
     JOB_FIELDS: ClassVar[tuple[str, ...]] = ("codecs", "bits", "floor", "bf16_floor", "k_bits", "v_bits",
-                                             "sink_scales")
+                                             "sink_scales", "wide_scales")
 
     def __post_init__(self) -> None:
         from octopus_audio.codecs import CODECS
@@ -100,11 +105,11 @@ class EvalConfig:
             for b in self.v_bits or self.bits:
                 if b not in VALUE_BITS:
                     raise UsageError(f"{flag} {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
-            scales = self.sink_scales
-            if (not scales or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in scales)
-                    or len(set(scales)) != len(scales)):
-                raise UsageError(f"--sink-scales must be a comma list of distinct integers >= 0 such as "
-                                 f"0,3,5 (the first scales kept native), got {scales!r}")
+            _check_counts(self.sink_scales, "--sink-scales", "0,3,5", "the first scales kept native")
+            _check_counts(self.wide_scales, "--wide-scales", "0,4",
+                          "the scales after the sink scales stored at --wide-bits")
+            if any(self.wide_scales):
+                self._check_wide_bits()
         from octopus_audio.aar_patch.generation import SEED_MAX, seed_problem
 
         problem = seed_problem(self.seed, "--seed")
@@ -137,6 +142,19 @@ class EvalConfig:
         if not 0.0 <= self.top_p <= 1.0:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p!r}")
 
+    def _check_wide_bits(self) -> None:
+        """`wide_bits`: a width every compressing codec of the run takes, and a value width (checked when a
+        count of wide scales is not 0, as `generate` checks --wide-bits)."""
+        from octopus_audio.codecs import bits_problem
+        from octopus_audio.values import VALUE_BITS
+
+        b = self.wide_bits
+        for c in self.codecs:
+            if compresses(c) and bits_problem(c, b):
+                raise UsageError(bits_problem(c, b).replace("--bits", "--wide-bits"))
+        if b not in VALUE_BITS:
+            raise UsageError(f"--wide-bits {b}: values take {VALUE_BITS[0]}..{VALUE_BITS[-1]} bits")
+
     def bit_pairs(self) -> list[tuple[int, int]]:
         """(key bits, value bits) of every codec row, in report order (see the class docstring)."""
         if self.k_bits is None and self.v_bits is None:
@@ -158,41 +176,55 @@ class EvalConfig:
 
     def jobs(self) -> list[Job]:
         """Jobs in report order: the sampling floor and the bf16-KV floor first when on, then each codec at
-        each count of sink scales at each bit pair; the floors and a codec that does not compress get bits
-        and sink scales None."""
+        each count of sink scales, each count of wide scales (their bits `wide_bits`, None without any) and
+        each bit pair; the floors and a codec that does not compress get bits and scales None."""
         out = [Job(FLOOR)] if self.floor else []
         if self.bf16_floor:
             out.append(Job(KV_FLOOR))
         for c in self.codecs:
-            out.extend([Job(c, k, v, s) for s in self.sink_scales for k, v in self.bit_pairs()]
+            out.extend([Job(c, k, v, s, w, self.wide_bits if w else None) for s in self.sink_scales
+                        for w in self.wide_scales for k, v in self.bit_pairs()]
                        if compresses(c) else [Job(c)])
         return out
 
     def patch_configs(self) -> list:
         """The KV-cache patch of each compressed job (what `AARBackend.compressed` installs), in job order."""
-        from octopus_audio.aar_patch.config import PatchConfig
-
         return [PatchConfig(job.codec, job.bits, self.window, self.v_group, self.patch_seed, job.v_bits,
-                            sink_scales=job.sink_scales)
+                            sink_scales=job.sink_scales, wide_scales=job.wide_scales,
+                            wide_bits=job.wide_bits or DEFAULT_WIDE_BITS)
                 for job in self.jobs() if job.bits is not None]
 
     def identity(self) -> dict:
         """The settings that must match for a rerun to reuse earlier rows: every field but JOB_FIELDS
-        (codecs, bits and the floors may change: a rerun adds the missing rows)."""
+        (codecs, bits and the floors may change: a rerun adds the missing rows), and `wide_bits` only when it
+        is not its default (so the fingerprint of a run made before --wide-bits existed stays its own)."""
         d = asdict(self)
         for name in self.JOB_FIELDS:
             del d[name]
+        if d["wide_bits"] == DEFAULT_WIDE_BITS:
+            del d["wide_bits"]
         return d
 
 
 class Job(NamedTuple):
     """One row per clip: a codec (or a floor row) at key bits `bits` and value bits `v_bits`, the first
-    `sink_scales` scales kept native (all three None for the floors and `none`)."""
+    `sink_scales` scales kept native, the `wide_scales` after them stored at `wide_bits` key and value bits
+    (0 and None: none; all five None for the floors and `none`)."""
 
     codec: str
     bits: int | None = None
     v_bits: int | None = None
     sink_scales: int | None = None
+    wide_scales: int | None = None
+    wide_bits: int | None = None
+
+
+def _check_counts(counts: tuple[int, ...], flag: str, example: str, what: str) -> None:
+    """A comma list of scale counts (`--sink-scales`, `--wide-scales`): distinct integers >= 0."""
+    if (not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts)
+            or len(set(counts)) != len(counts)):
+        raise UsageError(f"{flag} must be a comma list of distinct integers >= 0 such as {example} ({what}), "
+                         f"got {counts!r}")
 
 
 class Unit(NamedTuple):

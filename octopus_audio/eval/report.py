@@ -32,13 +32,21 @@ from pathlib import Path
 
 import numpy as np
 
-from octopus_audio.eval.cells import bits_cells, curve_names, kv_bits
+from octopus_audio.eval.cells import (
+    JOB_COLUMNS,
+    bits_cells,
+    curve_names,
+    curve_of,
+    group_job,
+    kv_bits,
+    wide_label,
+)
 from octopus_audio.eval.fidelity import FIDELITY_METRICS
 from octopus_audio.eval.metrics import METRICS as AUDIO_METRICS
 from octopus_audio.eval.parting import PARTING_METRICS
 from octopus_audio.eval.records import FLOOR, KV_FLOOR, REFERENCE, Job
-from octopus_audio.eval.rows import job_of
-from octopus_audio.eval.run_files import bits_tag, wav_name
+from octopus_audio.eval.rows import job_fields, job_of
+from octopus_audio.eval.run_files import bits_tag, scales_tag, wav_name
 from octopus_audio.eval.spectrograms import spectrograms_drawn
 
 log = logging.getLogger(__name__)
@@ -89,9 +97,7 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
     for job in jobs:
         mine = [r for r in rows if job_of(r) == job]
         ok = [r for r in mine if r["status"] == "ok"]
-        group = {"codec": job.codec, "bits": job.bits, "v_bits": job.v_bits, "sink_scales": job.sink_scales,
-                 "clips_ok": len(ok),
-                 "clips_failed": len(mine) - len(ok),
+        group = {**job._asdict(), "clips_ok": len(ok), "clips_failed": len(mine) - len(ok),
                  "metrics": {m.key: _stats([r["metrics"][m.key] for r in ok
                                             if r["metrics"].get(m.key) is not None]) for m in METRICS}}
         for key, _ in KV_FIELDS:
@@ -101,11 +107,12 @@ def aggregate(rows: Sequence[dict], jobs: Sequence[Job]) -> list[dict]:
 
 
 def _bits_label(job: Job) -> str:
-    """`b2` or `K2 V4`, ` S3` after it with sink scales (page column heads), `native` for codec none."""
+    """`b2` or `K2 V4`, ` S3` after it with sink scales and ` W4@4` after that with 4 wide scales at 4 bits
+    (page column heads), `native` for codec none."""
     if job.bits is None:
         return "native"
     bits = f"b{job.bits}" if job.v_bits in (None, job.bits) else f"K{job.bits} V{job.v_bits}"
-    return bits + (f" S{job.sink_scales}" if job.sink_scales else "")
+    return bits + (f" S{job.sink_scales}" if job.sink_scales else "") + wide_label(job)
 
 
 def _job_label(job: Job) -> str:
@@ -147,8 +154,17 @@ KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bi
            "reference's, the number of scales + 1 when none does; higher is better.")
 
 
+WIDE_TEXT = (" Wide scales (W4@4 after the sink scales): the 4 scales after the sink scales stored at 4-bit "
+             "keys and values, the rest at the row's K and V bits.")
+
+
+def _kv_text(groups: list[dict]) -> str:
+    """KV_TEXT, and WIDE_TEXT when a row has wide scales."""
+    return KV_TEXT + (WIDE_TEXT if any(g["wide_scales"] for g in groups) else "")
+
+
 def _summary_cells(g: dict) -> list[str]:
-    cells = [g["codec"], *bits_cells(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]),
+    cells = [g["codec"], *bits_cells(group_job(g)),
              f"{g['clips_ok']}" + (f" ({g['clips_failed']} failed)" if g["clips_failed"] else "")]
     for m in METRICS:
         s = g["metrics"][m.key]
@@ -165,25 +181,26 @@ EQUAL_RATE_METRICS = ("tf_kl_nats",)  # the codec's own error (teacher-forced), 
 
 
 def equal_rate_entries(groups: list[dict]) -> list[dict]:
-    """Per metric of EQUAL_RATE_METRICS and count of sink scales: each OCTOPUS curve's mean at its K+V bits
-    per coordinate beside every other codec's curve at the same sink scales (`curve_names`) read at that rate
-    (`octopus_audio.rate_distortion.equal_rate`); each entry carries its `sink_scales`."""
+    """Per metric of EQUAL_RATE_METRICS and count of sink and of wide scales: each OCTOPUS curve's mean at its
+    K+V bits per coordinate beside every other codec's curve at the same counts (`curve_names`) read at that
+    rate (`octopus_audio.rate_distortion.equal_rate`); each entry carries its `sink_scales` and
+    `wide_scales`."""
     from octopus_audio.rate_distortion import SUBJECTS, equal_rate
 
     names = curve_names(groups)
     out = []
     for key in EQUAL_RATE_METRICS:
-        by_sinks: dict[int | None, dict[str, list]] = {}
+        by_scales: dict[tuple, dict[str, list]] = {}  # (sink scales, wide scales) -> curve -> points
         for g in groups:
-            measured = g["kv_bits_per_coord"] and g["metrics"][key]
-            if (g["codec"], g["sink_scales"]) in names and measured:
-                label = _job_label(Job(g["codec"], g["bits"], g["v_bits"], g["sink_scales"]))
-                curves = by_sinks.setdefault(g["sink_scales"], {})
-                curves.setdefault(names[g["codec"], g["sink_scales"]], []).append(
-                    (g["kv_bits_per_coord"]["mean"], g["metrics"][key]["mean"], label))
-        for sinks, points in by_sinks.items():
-            subjects = [name for (codec, s), name in names.items() if codec in SUBJECTS and s == sinks]
-            out += [{"metric": key, "sink_scales": sinks, **e} for e in equal_rate(points, subjects)]
+            job = group_job(g)
+            if curve_of(job) in names and g["kv_bits_per_coord"] and g["metrics"][key]:
+                curves = by_scales.setdefault(curve_of(job)[1:], {})
+                curves.setdefault(names[curve_of(job)], []).append(
+                    (g["kv_bits_per_coord"]["mean"], g["metrics"][key]["mean"], _job_label(job)))
+        for scales, points in by_scales.items():
+            subjects = [name for k, name in names.items() if k[0] in SUBJECTS and k[1:] == scales]
+            out += [{"metric": key, "sink_scales": scales[0], "wide_scales": scales[1], **e}
+                    for e in equal_rate(points, subjects)]
     return out
 
 
@@ -192,21 +209,28 @@ def _equal_rate_lines(groups: list[dict]) -> list[str]:
 
     entries = equal_rate_entries(groups)
     names = curve_names(groups)
-    several = len({s for _, s in names}) > 1
+    several = {what: len({k[i] for k in names}) > 1 for i, what in ((1, "sink"), (2, "wide"))}
+    compared = " and of ".join(f"{what} scales" for what, s in several.items() if s)
     lines = []
     for m in METRICS:
-        for sinks in dict.fromkeys(e["sink_scales"] for e in entries if e["metric"] == m.key):
-            mine = [e for e in entries if e["metric"] == m.key and e["sink_scales"] == sinks]
-            title = f"{m.label} at equal rate" + (f", {sinks} sink scale{'' if sinks == 1 else 's'}"
-                                                   if several else "")
+        for scales in dict.fromkeys(_entry_scales(e) for e in entries if e["metric"] == m.key):
+            mine = [e for e in entries if e["metric"] == m.key and _entry_scales(e) == scales]
+            title = f"{m.label} at equal rate" + "".join(
+                f", {n} {what} scale{'' if n == 1 else 's'}"
+                for n, (what, s) in zip(scales, several.items(), strict=True) if s)
             lines += ["", f"## {title}", "",
                       "Each OCTOPUS row's mean at its K+V bits per coordinate beside every other codec's "
                       "curve of means read at that rate (log-linear between its two nearest measured rates; "
                       "'-' outside them, never extrapolated); the difference is ours against theirs."
-                      + (" Codecs are compared at the same count of sink scales." if several else ""), ""]
-            peers = [name for (_, s), name in names.items() if s == sinks]
+                      + (f" Codecs are compared at the same count of {compared}." if compared else ""), ""]
+            peers = [name for k, name in names.items() if k[1:] == scales]
             lines += equal_rate_table(mine, f"{m.label} mean", peers)
     return lines
+
+
+def _entry_scales(entry: dict) -> tuple[int | None, int | None]:
+    """An equal-rate entry's (sink scales, wide scales): the rows it is compared among."""
+    return entry["sink_scales"], entry["wide_scales"]
 
 
 def table_markdown(groups: list[dict], meta: dict, dist: dict | None = None) -> str:
@@ -220,7 +244,7 @@ def table_markdown(groups: list[dict], meta: dict, dist: dict | None = None) -> 
              "clip, condition and seed"
              + (f" (draw 0 of each clip, seed {meta.get('seed')})" if draws > 1 else "")
              + ". LSD and log-mel MSE: lower is better; SNR and latent cosine: higher "
-             "is better. " + KV_TEXT, "",
+             "is better. " + _kv_text(groups), "",
              "TF top-1 agreement and TF KL are teacher-forced: the model under the codec is fed the "
              "reference's own tokens at every scale (the same inputs as the reference) and its guided "
              "next-token distributions are compared with the reference's (top-1: fraction of positions "
@@ -242,12 +266,12 @@ def table_markdown(groups: list[dict], meta: dict, dist: dict | None = None) -> 
 def table_csv(groups: list[dict]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["codec", "bits", "v_bits", "sink_scales", "clips_ok", "clips_failed"]
+    w.writerow(["codec", *JOB_COLUMNS, "clips_ok", "clips_failed"]
                + [f"{m.key}_{s}" for m in METRICS for s in ("min", "mean", "max")]
                + [f"{k}_mean" for k, _ in KV_FIELDS])
     for g in groups:
-        row = [g["codec"], *("" if g[k] is None else g[k] for k in ("bits", "v_bits", "sink_scales")),
-               g["clips_ok"], g["clips_failed"]]
+        row = [g["codec"], *("" if g[k] is None else g[k] for k in JOB_COLUMNS), g["clips_ok"],
+               g["clips_failed"]]
         for m in METRICS:
             s = g["metrics"][m.key]
             row += ["" if s is None else repr(s[k]) for k in ("min", "mean", "max")]
@@ -257,19 +281,19 @@ def table_csv(groups: list[dict]) -> str:
 
 
 def rate_distortion_curves(groups: list[dict], rows: Sequence[dict]) -> dict:
-    """Per metric and curve (`curve_names`: each codec, at each count of sink scales): `curve`, the (K+V
-    bits/coord, mean) of each bit pair, sorted by bits, and `points`, each ok row's (K+V bits/coord, value);
-    per metric the floors' means (`floors`)."""
+    """Per metric and curve (`curve_names`: each codec, at each count of sink and of wide scales): `curve`,
+    the (K+V bits/coord, mean) of each bit pair, sorted by bits, and `points`, each ok row's (K+V bits/coord,
+    value); per metric the floors' means (`floors`)."""
     names = curve_names(groups)
     out = {}
     for m in METRICS:
         per_codec = {}
-        for (codec, sinks), name in names.items():
+        for key, name in names.items():
             curve = sorted((g["kv_bits_per_coord"]["mean"], g["metrics"][m.key]["mean"]) for g in groups
-                           if (g["codec"], g["sink_scales"]) == (codec, sinks) and g["kv_bits_per_coord"]
+                           if curve_of(group_job(g)) == key and g["kv_bits_per_coord"]
                            and g["metrics"][m.key])
             points = sorted((kv_bits(r["kv"]), r["metrics"][m.key]) for r in rows
-                            if (r["codec"], job_of(r).sink_scales) == (codec, sinks) and r["status"] == "ok"
+                            if curve_of(job_of(r)) == key and r["status"] == "ok"
                             and r["bits"] is not None and kv_bits(r["kv"]) is not None
                             and r["metrics"].get(m.key) is not None)
             if curve:
@@ -455,24 +479,25 @@ def _clip_section(out_dir: Path, n: int, clip: dict, jobs: Sequence[Job], by_key
                                ref_id if has_ref else None, f"c{n}-floor{i}"))
     parts.append("</div>")
     codecs = list(dict.fromkeys(j.codec for j in jobs if j.codec not in FLOORS))
-    widths = list(dict.fromkeys((j.bits, j.v_bits, j.sink_scales) for j in jobs if j.codec not in FLOORS))
+    widths = list(dict.fromkeys(j[1:] for j in jobs if j.codec not in FLOORS))  # all of a job but its codec
     for start in range(0, len(codecs), CODEC_COLUMNS):
         chunk = codecs[start:start + CODEC_COLUMNS]
         head = "<tr><th>bits</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in chunk) + "</tr>"
         body = []
-        for bits, v_bits, sinks in widths:
+        for width in widths:
             cells = []
             for codec in chunk:
-                job = Job(codec, bits, v_bits, sinks)
+                job = Job(codec, *width)
                 if job not in jobs:
                     cells.append("<td></td>")
                     continue
-                tag = "native" if bits is None else bits_tag(bits, v_bits) + (f"-s{sinks}" if sinks else "")
+                tag = ("native" if job.bits is None else bits_tag(job.bits, job.v_bits)
+                       + scales_tag(job.sink_scales, job.wide_scales, job.wide_bits, sep="-"))
                 audio_id = f"c{n}-{codec}-{tag}"
                 cells.append("<td>" + _job_cell(out_dir, cid, job, by_key.get((cid, *job)), meta,
                                                 ref_id if has_ref else None, audio_id) + "</td>")
             if any(c != "<td></td>" for c in cells):
-                label = _bits_label(Job("", bits, v_bits, sinks))
+                label = _bits_label(Job("", *width))
                 body.append(f"<tr><th>{html.escape(label)}</th>" + "".join(cells) + "</tr>")
         parts.append("<table>" + head + "".join(body) + "</table>")
     return "".join(parts) + "</section>"
@@ -501,6 +526,7 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
     plot_imgs = "".join(f"<img src='plots/{html.escape(p)}' alt='{html.escape(p[:-4])} against stored bits'>"
                         for p in plots)
     sections = [_clip_section(out_dir, n, clip, jobs, by_key, meta) for n, clip in enumerate(clips)]
+    kv_text = html.escape(_kv_text(groups))
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width'><title>octopus-audio eval</title>"
             f"<style>{_CSS}</style></head><body>\n<h1>octopus-audio eval</h1>\n"
@@ -510,7 +536,7 @@ def index_html(out_dir: Path, rows: Sequence[dict], clips: Sequence[dict], jobs:
             "<a href='rows.jsonl'>rows.jsonl</a>. Spectrograms: 80 dB "
             "range, a clip's codec images on its reference's scale. TF: teacher-forced (the codec's "
             "model fed the reference's tokens): top-1 agreement and KL in nats per token. "
-            f"{html.escape(KV_TEXT)}</p>\n<p>Listening: each codec's <b>A/B</b> button switches between "
+            f"{kv_text}</p>\n<p>Listening: each codec's <b>A/B</b> button switches between "
             "the clip's reference (A) and that codec (B) at the same playback position (playing on if it "
             "was playing); <kbd>x</kbd> repeats the last switch; Tab reaches every player and button.</p>\n"
             + "".join(f"<p>{html.escape(text.replace('`', ''))}</p>\n" for text in _floor_texts(groups, meta))
@@ -556,7 +582,7 @@ def write_report(out_dir: str | Path, rows: Sequence[dict], clips: Sequence[dict
     paired = [r for r in rows if r.get("draw", 0) == 0 and r["codec"] != REFERENCE]
     groups = aggregate(paired, jobs)
     dist = dist_report.distribution(out_dir, rows, jobs, meta)
-    failures = [{"clip": r["clip"], **job_of(r)._asdict(), "draw": r.get("draw", 0), "stage": r["stage"],
+    failures = [{"clip": r["clip"], **job_fields(job_of(r)), "draw": r.get("draw", 0), "stage": r["stage"],
                  "error": r["error"]}
                 for r in rows if r["status"] != "ok"]
     results = {"meta": dict(sorted(meta.items())), "groups": groups, "failures": failures,

@@ -1,4 +1,4 @@
-"""The eval's result rows on disk: one JSON line per (clip, codec, bits, sink scales, draw) in
+"""The eval's result rows on disk: one JSON line per (clip, codec, bits, sink and wide scales, draw) in
 `rows/rank<R>.jsonl`, appended as each finishes (a torn last line from a killed writer is dropped), merged
 over ranks and reruns."""
 
@@ -18,18 +18,30 @@ ROWS_DIR = "rows"
 MERGED_ROWS = "rows.jsonl"
 
 
-def row_key(row: dict) -> tuple[str, str, int | None, int | None, int | None, int]:
-    """(clip, codec, key bits, value bits, sink scales, draw): the row's clip, its `records.Job`, its draw. A
-    row written before value bits were recorded had both equal; one written before sink scales were, none (0
-    for a codec row, None for the floors and `none`, as those rows carry it now); one written before draws
-    were, draw 0."""
-    sinks = row.get("sink_scales", None if row["bits"] is None else 0)
-    return row["clip"], row["codec"], row["bits"], row.get("v_bits", row["bits"]), sinks, row.get("draw", 0)
+WIDE_FIELDS = ("wide_scales", "wide_bits")  # written only in the rows of jobs with wide scales (`job_fields`)
+
+
+def row_key(row: dict) -> tuple:
+    """(clip, codec, key bits, value bits, sink scales, wide scales, wide bits, draw): the row's clip, its
+    `records.Job`, its draw. A row written before value bits were recorded had both equal; one written before
+    sink scales were, none (0 for a codec row, None for the floors and `none`, as those rows carry it now);
+    one without wide scales (`job_fields`), none likewise; one written before draws were, draw 0."""
+    none = None if row["bits"] is None else 0
+    job = (row["codec"], row["bits"], row.get("v_bits", row["bits"]), row.get("sink_scales", none),
+           row.get("wide_scales", none), row.get("wide_bits"))
+    return row["clip"], *job, row.get("draw", 0)
 
 
 def job_of(row: dict) -> Job:
     """The row's job: its `row_key` without the clip and the draw."""
-    return Job(*row_key(row)[1:5])
+    return Job(*row_key(row)[1:-1])
+
+
+def job_fields(job: Job) -> dict:
+    """A row's fields of its job: all but WIDE_FIELDS for a job without wide scales, whose rows are written
+    as before wide scales existed (`row_key` reads them back as none)."""
+    fields = job._asdict()
+    return fields if job.wide_scales else {k: v for k, v in fields.items() if k not in WIDE_FIELDS}
 
 
 def current_rows(rows: Iterable[dict], run_id: str, clip_hashes: dict[str, str | None]) -> list[dict]:

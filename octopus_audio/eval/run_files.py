@@ -20,11 +20,12 @@ log = logging.getLogger(__name__)
 
 
 def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = None,
-             sink_scales: int | None = None) -> str:
+             sink_scales: int | None = None, wide_scales: int | None = None,
+             wide_bits: int | None = None) -> str:
     """`<clip>__00_input.wav`, `<clip>__00_reference.wav`, `<clip>__00_reference_other_seed.wav` (FLOOR),
     `<clip>__00_reference_bf16_kv.wav` (KV_FLOOR), `<clip>__<codec>_b<bits>.wav` (keys and values at one
-    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`, `_s<S>` after it with S sink scales: sorting
-    together."""
+    width) or `<clip>__<codec>_k<bits>v<v_bits>.wav`, `_s<S>` after it with S sink scales and `_w<N>x<B>`
+    after that with N wide scales at B bits (`scales_tag`): sorting together (arguments: clip, *job)."""
     if codec in ("input", REFERENCE):
         return f"{clip_id}__00_{codec}.wav"
     if codec == FLOOR:
@@ -33,8 +34,7 @@ def wav_name(clip_id: str, codec: str, bits: int | None, v_bits: int | None = No
         return f"{clip_id}__00_reference_bf16_kv.wav"
     if bits is None:
         return f"{clip_id}__{codec}.wav"
-    sinks = f"_s{sink_scales}" if sink_scales else ""
-    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}{sinks}.wav"
+    return f"{clip_id}__{codec}_{bits_tag(bits, v_bits)}{scales_tag(sink_scales, wide_scales, wide_bits)}.wav"
 
 
 def spectrogram_name(wav: str) -> str:
@@ -51,6 +51,14 @@ def wav_files(wav: str) -> list[str]:
 def bits_tag(bits: int, v_bits: int | None) -> str:
     """`b2` when keys and values share the width (v_bits None or equal), else `k2v4`."""
     return f"b{bits}" if v_bits in (None, bits) else f"k{bits}v{v_bits}"
+
+
+def scales_tag(sink_scales: int | None, wide_scales: int | None = None, wide_bits: int | None = None,
+               sep: str = "_") -> str:
+    """`_s3` with 3 sink scales, then `_w4x4` with 4 wide scales at 4 bits, each left out at 0 (file names;
+    `sep` "-" for the listening page's ids)."""
+    return (f"{sep}s{sink_scales}" if sink_scales else "") + (
+        f"{sep}w{wide_scales}x{wide_bits}" if wide_scales else "")
 
 
 def as_generated(g: Generated) -> Generated:

@@ -1,11 +1,11 @@
-"""The eval runner: per clip, the uncompressed reference and every (codec, bits, sink scales), one condition,
-each sampled `EvalConfig.draws` times (draw d with seed + d).
+"""The eval runner: per clip, the uncompressed reference and every (codec, bits, sink and wide scales), one
+condition, each sampled `EvalConfig.draws` times (draw d with seed + d).
 
 Clips run in batches (`evaluate(batch_size=...)`, eval/batch.py's `run_batch`): each generation and
 teacher-forced pass covers the batch, every output sampling from its own random stream with its draw's seed,
 so a row is what a batch of one gives up to float rounding and a run resumes under any batch size (the batch
-size is no part of the run's fingerprint). Results are appended one JSON row per (clip, codec, bits, sink
-scales, draw) to `rows/rank<R>.jsonl` as each job finishes for the batch; a rerun skips rows already done
+size is no part of the run's fingerprint). Results are appended one JSON row per (clip, codec, bits, sink and
+wide scales, draw) to `rows/rank<R>.jsonl` as each job finishes for the batch; a rerun skips rows already done
 (`status: ok`) and retries failed ones; a clip that fails to load, condition or generate is recorded with its
 error and the run goes on. Under `torchrun` the clips are sharded over the processes (gloo on CPU, nccl on
 GPUs, one GPU each); rank 0 merges every rank's rows into `rows.jsonl` and writes the report.
@@ -49,8 +49,8 @@ our `settings.json` that holds any file is refused too (unless `overwrite`): eva
 did not write. Rank 0 holds the folder while the run works (outdir.hold_folder); a second run is refused.
 
 The model sits behind a small backend interface (`generate(cond_BD, seeds)`, `teacher_forced(cond_BD,
-tokens)`, `compressed(codec, bits, v_bits, sink_scales)`, `bf16_kv()`, `latents(audio_BT)`; eval/backends.py)
-so tests can inject a fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`, `compressed_kv` and
+tokens)`, `compressed(*job)`, `bf16_kv()`, `latents(audio_BT)`; eval/backends.py) so tests can inject a
+fake; `AARBackend` adapts `octopus_audio.aar_patch.generate`, `patch_aar` and
 `eval.fidelity.teacher_forced_probs` to it.
 """
 
