@@ -41,7 +41,7 @@ def test_each_count_of_wide_scales_runs_at_every_width_and_count_of_sink_scales(
     assert config.jobs() == [Job(FLOOR), Job(KV_FLOOR), *octopus, Job("none")]
     assert [(c.sink_scales, c.wide_scales, c.wide_bits) for c in config.patch_configs()] == [
         (j.sink_scales, j.wide_scales, 4) for j in octopus]
-    assert [c.label for c in config.patch_configs()][-1] == "octopus b=3 S=2 W=4@4/4"
+    assert [c.label for c in config.patch_configs()][-1] == "octopus b=3 S=2 wide=4@4/4"
     # unset: no wide scales, and a fingerprint without wide bits (a run made before the flags resumes)
     default = config_of(tmp_path, "--codecs", "octopus")
     assert (default.wide_scales, default.wide_bits) == ((0,), 4) and "wide_bits" not in default.identity()

@@ -63,9 +63,10 @@ class PatchConfig:
     @property
     def label(self) -> str:
         """`octopus b=2 S=3`: the codec, its widths (`bits_label`) and, when any, the sink scales and the
-        wide scales (`octopus b=2 S=2 W=4@4/4`: the next 4 scales' keys at 4 bits, values at 4)."""
+        wide scales (`octopus b=2 S=2 wide=4@4/4`: the next 4 scales' keys at 4 bits, values at 4; `W=` is the
+        window's in the patch's stats line)."""
         return f"{self.codec} {self.bits_label}" + (f" S={self.sink_scales}" if self.sink_scales else "") + (
-            f" W={self.wide_scales}@{self.wide_bits}/{self.wide_v_bits}" if self.wide_scales else "")
+            f" wide={self.wide_scales}@{self.wide_bits}/{self.wide_v_bits}" if self.wide_scales else "")
 
     @property
     def bits_label(self) -> str:
