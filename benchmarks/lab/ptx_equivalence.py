@@ -2,7 +2,8 @@
 bit widths and shapes, captured on the CPU (nothing runs), compiled for sm_90 (no GPU needed: a triton with
 ptxas) and hashed by its PTX body (debug lines stripped).
 
-    python benchmarks/lab/ptx_equivalence.py capture OUT.json [--jobs 2]   # in the checkout to hash
+    python benchmarks/lab/ptx_equivalence.py capture OUT.json [--jobs 2] [--kernel NAME]   # in the checkout
+    # to hash; --kernel: only that kernel's launches (e.g. _attn_fwd_kernel)
     python benchmarks/lab/ptx_equivalence.py compare BEFORE.json AFTER.json
 
 Run `capture` once per checkout (for an older one: PYTHONPATH at a copy of its checkout; one from before
@@ -169,13 +170,15 @@ def _compile(item) -> tuple[str, int]:
     return hashlib.sha256(body.encode()).hexdigest()[:16], len(body)
 
 
-def capture(out: str, jobs: int) -> None:
+def capture(out: str, jobs: int, kernel: str | None = None) -> None:
     _patch_kernels()
     items = {}
     for case in _cases():
         CAPTURED.clear()
         _run_case(case)
         for n, (fn, args, kwargs) in enumerate(CAPTURED):
+            if kernel is not None and fn.__name__ != kernel:
+                continue
             sig, consts, attrs, opts = _describe(fn, args, kwargs)
             key = json.dumps([fn.__name__, {fn.arg_names[k[0]]: str(v) for k, v in consts.items()}, sig,
                               sorted(attrs), opts], sort_keys=True)
@@ -205,7 +208,8 @@ def compare(before: str, after: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "capture":
-        capture(sys.argv[2], int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2)
+        capture(sys.argv[2], int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2,
+                sys.argv[sys.argv.index("--kernel") + 1] if "--kernel" in sys.argv else None)
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         raise SystemExit(compare(sys.argv[2], sys.argv[3]))
     else:

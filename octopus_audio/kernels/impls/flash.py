@@ -111,12 +111,12 @@ def _qjl_queries(q_pro, qmap, qn, qjl_scale, NP: tl.constexpr, HAS_QJL: tl.const
 # the integers that change from one AAR scale to the next are not specialised on (== 1, % 16): one compile
 # serves every scale (specialising them compiled 10-16 variants a codec, 25-42 s on first use); strides keep
 # their specialisation (their divisibility is what vectorises the loads)
-PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows",
-                 "w_cap", "t_wide"]
+PER_CALL_INTS = ["H", "grp", "tq", "n_rows", "t_cap", "t_comp", "t_win", "chunk", "n_splits", "total_rows"]
+WIDE_INTS = ["w_cap", "t_wide"]
 
 
-@triton.jit(do_not_specialize=PER_CALL_INTS)
-def _attn_fwd_kernel(
+@triton.jit
+def _attn_fwd_body(
     q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
     kc_ptr, kg_ptr, ks_ptr, kr_ptr,
     vc_ptr, vs_ptr, vm_ptr,
@@ -142,7 +142,8 @@ def _attn_fwd_kernel(
     W_DIR_TABLE: tl.constexpr, W_K_WP: tl.constexpr, W_K_WP2: tl.constexpr, W_TILE: tl.constexpr,
     W_V_BITS: tl.constexpr, W_V_WORDS: tl.constexpr, W_V_WP: tl.constexpr,
 ):
-    """One (batch, KV head, query block, split) program of attention straight from the compressed cache.
+    """One (batch, KV head, query block, split) program of attention straight from the compressed cache
+    (the body of `_attn_fwd_kernel` and `_attn_fwd_wide_kernel`).
 
     Rows are (query head in the KV head's group, query token) pairs r = g * tq + t, G*Tq per KV head, so the
     group shares one pass over K/V. Prologue: the query rows are loaded once and projected in registers to
@@ -245,6 +246,86 @@ def _attn_fwd_kernel(
         tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=row_ok)
 
 
+
+@triton.jit(do_not_specialize=PER_CALL_INTS)
+def _attn_fwd_kernel(
+    q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
+    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+    vc_ptr, vs_ptr, vm_ptr,
+    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+    tab_a_ptr, tab_b_ptr,
+    out_ptr, opart_ptr, lse_ptr,
+    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+    qk_scale, rot_scale, qjl_scale,
+    QUERIES: tl.constexpr, SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
+    LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+    B_RHO: tl.constexpr,
+    DIR_TABLE: tl.constexpr,
+    K_WP: tl.constexpr, HAS_QJL: tl.constexpr, S_WP: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    TILE: tl.constexpr,
+    DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """`_attn_fwd_body` without a wide segment: its launch passes no wide arguments (14 fewer than
+    `_attn_fwd_wide_kernel`'s, host time at every call), the store's own pointers stand in for the never-read
+    wide ones."""
+    _attn_fwd_body(
+        q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr,
+        vm_ptr, kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+        tab_a_ptr, tab_b_ptr,
+        kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_a_ptr, tab_b_ptr, qmap_ptr,
+        out_ptr, opart_ptr, lse_ptr, H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+        t_cap, 0, qk_scale, rot_scale, qjl_scale, QUERIES, SCORES, D, LP, NP, LOG2D, K_BITS, K_CODES,
+        K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, DIRECT,
+        BLOCK_M, BLOCK_N, PREC, PREC_Q, OPD, RNE_BY_HAND, HALVES, K_WP2, BLOCK_W,
+        False, NP, LP, K_BITS, K_CODES, K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, K_WP2, TILE, V_BITS, V_WORDS,
+        V_WP)
+
+
+@triton.jit(do_not_specialize=PER_CALL_INTS + WIDE_INTS)
+def _attn_fwd_wide_kernel(
+    q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr,
+    kc_ptr, kg_ptr, ks_ptr, kr_ptr,
+    vc_ptr, vs_ptr, vm_ptr,
+    kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+    tab_a_ptr, tab_b_ptr,
+    wc_ptr, wg_ptr, ws_ptr, wr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_a_ptr, wtab_b_ptr, wmap_ptr,
+    out_ptr, opart_ptr, lse_ptr,
+    H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows, w_cap, t_wide,
+    qk_scale, rot_scale, qjl_scale,
+    QUERIES: tl.constexpr, SCORES: tl.constexpr, D: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
+    LOG2D: tl.constexpr,
+    K_BITS: tl.constexpr, K_CODES: tl.constexpr, K_WORDS: tl.constexpr, B_DIR: tl.constexpr,
+    B_RHO: tl.constexpr,
+    DIR_TABLE: tl.constexpr,
+    K_WP: tl.constexpr, HAS_QJL: tl.constexpr, S_WP: tl.constexpr,
+    V_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_WORDS: tl.constexpr, V_WP: tl.constexpr,
+    TILE: tl.constexpr,
+    DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
+    K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
+    WIDE: tl.constexpr, W_NP: tl.constexpr, W_LP: tl.constexpr, W_K_BITS: tl.constexpr,
+    W_K_CODES: tl.constexpr, W_K_WORDS: tl.constexpr, W_B_DIR: tl.constexpr, W_B_RHO: tl.constexpr,
+    W_DIR_TABLE: tl.constexpr, W_K_WP: tl.constexpr, W_K_WP2: tl.constexpr, W_TILE: tl.constexpr,
+    W_V_BITS: tl.constexpr, W_V_WORDS: tl.constexpr, W_V_WP: tl.constexpr,
+):
+    """`_attn_fwd_body` with a wide segment (WIDE True)."""
+    _attn_fwd_body(
+        q_ptr, stride_qb, stride_qh, stride_qt, qmap_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr,
+        vm_ptr, kw_ptr, vw_ptr, stride_kwb, stride_kwh, stride_kwt, stride_vwb, stride_vwh, stride_vwt,
+        tab_a_ptr, tab_b_ptr,
+        wc_ptr, wg_ptr, ws_ptr, wr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_a_ptr, wtab_b_ptr, wmap_ptr,
+        out_ptr, opart_ptr, lse_ptr, H, grp, tq, n_rows, t_cap, t_comp, t_win, chunk, n_splits, total_rows,
+        w_cap, t_wide, qk_scale, rot_scale, qjl_scale, QUERIES, SCORES, D, LP, NP, LOG2D, K_BITS, K_CODES,
+        K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, DIRECT,
+        BLOCK_M, BLOCK_N, PREC, PREC_Q, OPD, RNE_BY_HAND, HALVES, K_WP2, BLOCK_W,
+        WIDE, W_NP, W_LP, W_K_BITS, W_K_CODES, W_K_WORDS, W_B_DIR, W_B_RHO, W_DIR_TABLE, W_K_WP, W_K_WP2,
+        W_TILE, W_V_BITS, W_V_WORDS, W_V_WP)
+
+
 @triton.jit(do_not_specialize=["total_rows", "n_splits"])
 def _merge_kernel(opart_ptr, lse_ptr, out_ptr, total_rows, n_splits, D: tl.constexpr, BLOCK_R: tl.constexpr):
     """out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m): the splits' log-sum-exp merge (empty splits
@@ -324,16 +405,13 @@ def _launch_shape(cfg: AttnConfig, n_rows: int, d: int, length: int, t_win: int,
     return block_m, block_n, num_warps, tile, num_splits, chunk
 
 
-def _wide_constants(wide: WideSegment | None, codec: KernelCodec, values: PackedValues, qmap: torch.Tensor,
-                    block_m: int, d: int) -> dict:
-    """The kernel's W_ constants: the wide segment's widths (`wide`), or, without one, the store's own (the
-    launch then compiles to the same variant whatever the codec's widths)."""
-    wc, wv = (codec, values) if wide is None else (wide.codec, wide.values)
+def _wide_constants(wide: WideSegment, w_map: torch.Tensor, block_m: int, d: int) -> dict:
+    """`_attn_fwd_wide_kernel`'s W_ constants: the wide segment's widths (`w_map`: its query map)."""
+    wc, wv = wide.codec, wide.values
     c = _codec_constants(wc)
-    np_ = qmap.shape[-1] if wide is None else wc.query_map(qmap.dtype).shape[-1]
-    return dict(WIDE=wide is not None, W_NP=np_, W_LP=c["LP"], W_K_BITS=c["K_BITS"], W_K_CODES=c["K_CODES"],
-                W_K_WORDS=c["K_WORDS"], W_B_DIR=c["B_DIR"], W_B_RHO=c["B_RHO"], W_DIR_TABLE=c["DIR_TABLE"],
-                W_K_WP=c["K_WP"], W_K_WP2=_pow2(max(1, d * wc.code_bits // 64)),
+    return dict(WIDE=True, W_NP=w_map.shape[-1], W_LP=c["LP"], W_K_BITS=c["K_BITS"],
+                W_K_CODES=c["K_CODES"], W_K_WORDS=c["K_WORDS"], W_B_DIR=c["B_DIR"], W_B_RHO=c["B_RHO"],
+                W_DIR_TABLE=c["DIR_TABLE"], W_K_WP=c["K_WP"], W_K_WP2=_pow2(max(1, d * wc.code_bits // 64)),
                 W_TILE=not (wc.kind.gathers(wc) and block_m > 1), W_V_BITS=wv.bits,
                 W_V_WORDS=wv.codes.shape[-1], W_V_WP=_pow2(wv.codes.shape[-1]))
 
@@ -398,36 +476,36 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
     opart, lse = split_buffers(out, splits, total_rows, d)
     signs = keys.signs if codec.has_qjl else keys.codes
     gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    if wide is None:  # the store's own buffers stand in for the never-read wide segment
-        wk, wv, w_tabs, w_map, w_len = keys, values, (tab_a, tab_b), qmap, 0
-        w_signs, w_gamma_r = signs, gamma_r
+    store = (keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
+             values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+             k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
+             v_window.stride(0), v_window.stride(1), v_window.stride(2), tab_a, tab_b)
+    ints = (h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows)
+    consts = dict(**_codec_constants(codec), NP=qmap.shape[-1],
+                  V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
+                  V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
+                  DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
+                  PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
+                  OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
+                  K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
+                  num_warps=warps, num_stages=cfg.num_stages or 1)
+    grid = (b * h, _cdiv(n_rows, block_m), splits)
+    q_args = (q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap)
+    if wide is None:
+        _attn_fwd_kernel[grid](*q_args, *store, out, opart, lse, *ints, qk_scale, rot_scale, qjl_scale,
+                               **consts)
     else:
-        wk, wv, w_len = wide.keys, wide.values, wide.length
-        w_tabs, w_map = wide.codec.kind.attention_tables(wide.codec), wide.codec.query_map(qmap.dtype)
+        wk, wv = wide.keys, wide.values
         w_signs = wk.signs if codec.has_qjl else wk.codes
         w_gamma_r = wk.gamma_r if codec.has_qjl else wk.gamma
-    _attn_fwd_kernel[(b * h, _cdiv(n_rows, block_m), splits)](
-        q_BHTD, q_BHTD.stride(0), q_BHTD.stride(1), q_BHTD.stride(2), qmap,
-        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
-        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
-        k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
-        v_window.stride(0), v_window.stride(1), v_window.stride(2),
-        tab_a, tab_b,
-        wk.codes.contiguous(), wk.gamma.contiguous(), w_signs.contiguous(), w_gamma_r.contiguous(),
-        wv.codes.contiguous(), wv.scale.contiguous(), wv.minimum.contiguous(), *w_tabs, w_map,
-        out, opart, lse,
-        h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows, wk.codes.shape[2], w_len,
-        qk_scale, rot_scale, qjl_scale,
-        **_codec_constants(codec), NP=qmap.shape[-1],
-        V_GROUP=values.group, V_BITS=values.bits, V_WORDS=values.codes.shape[-1],
-        V_WP=_pow2(values.codes.shape[-1]), TILE=tile,
-        DIRECT=direct, BLOCK_M=block_m, BLOCK_N=block_n, PREC=prec,
-        PREC_Q="ieee" if qmap.dtype == torch.float32 else "tf32",
-        OPD=_TL_DTYPES[opd], RNE_BY_HAND=interpreting, HALVES=halves,
-        K_WP2=_pow2(max(1, d * codec.code_bits // 64)), BLOCK_W=cfg.block_w or block_n,
-        **_wide_constants(wide, codec, values, qmap, block_m, d), num_warps=warps,
-        num_stages=cfg.num_stages or 1,
-    )
+        w_map = wide.codec.query_map(qmap.dtype)
+        _attn_fwd_wide_kernel[grid](
+            *q_args, *store,
+            wk.codes.contiguous(), wk.gamma.contiguous(), w_signs.contiguous(), w_gamma_r.contiguous(),
+            wv.codes.contiguous(), wv.scale.contiguous(), wv.minimum.contiguous(),
+            *wide.codec.kind.attention_tables(wide.codec), w_map,
+            out, opart, lse, *ints, wk.codes.shape[2], wide.length, qk_scale, rot_scale, qjl_scale,
+            **consts, **_wide_constants(wide, w_map, block_m, d))
     if not direct:
         block_r = 32
         _merge_kernel[(_cdiv(total_rows, block_r),)](opart, lse, out, total_rows, splits, D=d,
