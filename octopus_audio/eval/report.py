@@ -154,13 +154,14 @@ KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bi
            "reference's, the number of scales + 1 when none does; higher is better.")
 
 
-WIDE_TEXT = (" Wide scales (W4@4 after the sink scales): the 4 scales after the sink scales stored at 4-bit "
-             "keys and values, the rest at the row's K and V bits.")
-
-
 def _kv_text(groups: list[dict]) -> str:
-    """KV_TEXT, and WIDE_TEXT when a row has wide scales."""
-    return KV_TEXT + (WIDE_TEXT if any(g["wide_scales"] for g in groups) else "")
+    """KV_TEXT, and what the wide scales label means when a row has them (told with the run's first)."""
+    wide = next((group_job(g) for g in groups if g["wide_scales"]), None)
+    if wide is None:
+        return KV_TEXT
+    n, b = wide.wide_scales, wide.wide_bits
+    return KV_TEXT + (f" Wide scales (W{n}@{b} after the sink scales): the {n} scales after the sink scales "
+                      f"stored at {b}-bit keys and values, the rest at the row's K and V bits.")
 
 
 def _summary_cells(g: dict) -> list[str]:

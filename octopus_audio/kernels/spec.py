@@ -145,6 +145,12 @@ class PackedKeys:
     signs: torch.Tensor | None = None
     gamma_r: torch.Tensor | None = None
 
+    def launch_args(self, has_qjl: bool) -> tuple[torch.Tensor, ...]:
+        """codes, gamma, signs, gamma_r, contiguous, as the attention kernels take them; without QJL
+        (`has_qjl` False) codes and gamma stand in for the never-read signs and gamma_r."""
+        signs, gamma_r = (self.signs, self.gamma_r) if has_qjl else (self.codes, self.gamma)
+        return self.codes.contiguous(), self.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous()
+
 
 @dataclass(frozen=True)
 class PackedValues:
@@ -156,6 +162,10 @@ class PackedValues:
     minimum: torch.Tensor
     bits: int
     group: int = V_GROUP
+
+    def launch_args(self) -> tuple[torch.Tensor, ...]:
+        """codes, scale, minimum, contiguous, as the attention kernels take them."""
+        return self.codes.contiguous(), self.scale.contiguous(), self.minimum.contiguous()
 
 
 @dataclass(frozen=True)

@@ -307,7 +307,7 @@ def _attn_fwd_wide_kernel(
     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     PREC_Q: tl.constexpr, OPD: tl.constexpr, RNE_BY_HAND: tl.constexpr, HALVES: tl.constexpr,
     K_WP2: tl.constexpr, BLOCK_W: tl.constexpr,
-    WIDE: tl.constexpr, W_NP: tl.constexpr, W_LP: tl.constexpr, W_K_BITS: tl.constexpr,
+    W_NP: tl.constexpr, W_LP: tl.constexpr, W_K_BITS: tl.constexpr,
     W_K_CODES: tl.constexpr, W_K_WORDS: tl.constexpr, W_B_DIR: tl.constexpr, W_B_RHO: tl.constexpr,
     W_DIR_TABLE: tl.constexpr, W_K_WP: tl.constexpr, W_K_WP2: tl.constexpr, W_TILE: tl.constexpr,
     W_V_BITS: tl.constexpr, W_V_WORDS: tl.constexpr, W_V_WP: tl.constexpr,
@@ -322,7 +322,7 @@ def _attn_fwd_wide_kernel(
         w_cap, t_wide, qk_scale, rot_scale, qjl_scale, QUERIES, SCORES, D, LP, NP, LOG2D, K_BITS, K_CODES,
         K_WORDS, B_DIR, B_RHO, DIR_TABLE, K_WP, HAS_QJL, S_WP, V_GROUP, V_BITS, V_WORDS, V_WP, TILE, DIRECT,
         BLOCK_M, BLOCK_N, PREC, PREC_Q, OPD, RNE_BY_HAND, HALVES, K_WP2, BLOCK_W,
-        WIDE, W_NP, W_LP, W_K_BITS, W_K_CODES, W_K_WORDS, W_B_DIR, W_B_RHO, W_DIR_TABLE, W_K_WP, W_K_WP2,
+        True, W_NP, W_LP, W_K_BITS, W_K_CODES, W_K_WORDS, W_B_DIR, W_B_RHO, W_DIR_TABLE, W_K_WP, W_K_WP2,
         W_TILE, W_V_BITS, W_V_WORDS, W_V_WP)
 
 
@@ -409,7 +409,7 @@ def _wide_constants(wide: WideSegment, w_map: torch.Tensor, block_m: int, d: int
     """`_attn_fwd_wide_kernel`'s W_ constants: the wide segment's widths (`w_map`: its query map)."""
     wc, wv = wide.codec, wide.values
     c = _codec_constants(wc)
-    return dict(WIDE=True, W_NP=w_map.shape[-1], W_LP=c["LP"], W_K_BITS=c["K_BITS"],
+    return dict(W_NP=w_map.shape[-1], W_LP=c["LP"], W_K_BITS=c["K_BITS"],
                 W_K_CODES=c["K_CODES"], W_K_WORDS=c["K_WORDS"], W_B_DIR=c["B_DIR"], W_B_RHO=c["B_RHO"],
                 W_DIR_TABLE=c["DIR_TABLE"], W_K_WP=c["K_WP"], W_K_WP2=_pow2(max(1, d * wc.code_bits // 64)),
                 W_TILE=not (wc.kind.gathers(wc) and block_m > 1), W_V_BITS=wv.bits,
@@ -474,10 +474,7 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q_BHTD.dtype)
     direct = splits == 1
     opart, lse = split_buffers(out, splits, total_rows, d)
-    signs = keys.signs if codec.has_qjl else keys.codes
-    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
-    store = (keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
-             values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+    store = (*keys.launch_args(codec.has_qjl), *values.launch_args(),
              k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
              v_window.stride(0), v_window.stride(1), v_window.stride(2), tab_a, tab_b)
     ints = (h, grp, tq, n_rows, t_cap, length, t_win, chunk, splits, total_rows)
@@ -495,16 +492,11 @@ def attention_flash(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
         _attn_fwd_kernel[grid](*q_args, *store, out, opart, lse, *ints, qk_scale, rot_scale, qjl_scale,
                                **consts)
     else:
-        wk, wv = wide.keys, wide.values
-        w_signs = wk.signs if codec.has_qjl else wk.codes
-        w_gamma_r = wk.gamma_r if codec.has_qjl else wk.gamma
         w_map = wide.codec.query_map(qmap.dtype)
         _attn_fwd_wide_kernel[grid](
-            *q_args, *store,
-            wk.codes.contiguous(), wk.gamma.contiguous(), w_signs.contiguous(), w_gamma_r.contiguous(),
-            wv.codes.contiguous(), wv.scale.contiguous(), wv.minimum.contiguous(),
+            *q_args, *store, *wide.keys.launch_args(codec.has_qjl), *wide.values.launch_args(),
             *wide.codec.kind.attention_tables(wide.codec), w_map,
-            out, opart, lse, *ints, wk.codes.shape[2], wide.length, qk_scale, rot_scale, qjl_scale,
+            out, opart, lse, *ints, wide.keys.codes.shape[2], wide.length, qk_scale, rot_scale, qjl_scale,
             **consts, **_wide_constants(wide, w_map, block_m, d))
     if not direct:
         block_r = 32

@@ -350,13 +350,10 @@ def attention_adc(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, 
     out = torch.empty(b, hq, tq, d, device=dev, dtype=q.dtype)
     direct = num_splits == 1
     opart, lse = split_buffers(out, num_splits, rows, d)
-    signs = keys.signs if codec.has_qjl else keys.codes
-    gamma_r = keys.gamma_r if codec.has_qjl else keys.gamma
     scores = torch.empty(rows, t_cap, device=dev, dtype=torch.float32)
     _adc_attn_kernel[(rows, num_splits)](
         lut, qlut, q, codec.kind.score_tables.aux(codec),
-        keys.codes.contiguous(), keys.gamma.contiguous(), signs.contiguous(), gamma_r.contiguous(),
-        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(),
+        *keys.launch_args(codec.has_qjl), *values.launch_args(),
         k_window, v_window, k_window.stride(0), k_window.stride(1), k_window.stride(2),
         v_window.stride(0), v_window.stride(1), v_window.stride(2),
         scores, out, opart, lse,
