@@ -156,12 +156,9 @@ KV_TEXT = ("KV ratio: fp16 cache bytes / compressed cache bytes; K bits and V bi
 
 def _kv_text(groups: list[dict]) -> str:
     """KV_TEXT, and what the wide scales label means when a row has them (told with the run's first)."""
-    wide = next((group_job(g) for g in groups if g["wide_scales"]), None)
-    if wide is None:
-        return KV_TEXT
-    n, b = wide.wide_scales, wide.wide_bits
+    n, b = next(((g["wide_scales"], g["wide_bits"]) for g in groups if g["wide_scales"]), (0, None))
     return KV_TEXT + (f" Wide scales (W{n}@{b} after the sink scales): the {n} scales after the sink scales "
-                      f"stored at {b}-bit keys and values, the rest at the row's K and V bits.")
+                      f"stored at {b}-bit keys and values, the rest at the row's K and V bits." if n else "")
 
 
 def _summary_cells(g: dict) -> list[str]:
