@@ -21,15 +21,28 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel_tol: floa
                             f"(max abs {diff.abs().max():.3e})")
 
 
-def decoded_attention(codec, q, keys, values, length: int, k_win, v_win, scale: float) -> torch.Tensor:
+def decoded_attention(codec, q, keys, values, length: int, k_win, v_win, scale: float,
+                      wide=None) -> torch.Tensor:
     """The kernels' reference, in float64: the codec library decodes tokens [0, length) of a packed store
     (the kernels' PackedKeys and PackedValues), then one softmax over [store; window]
-    (octopus_audio.reference.attend). `codec` is the library codec (get_codec)."""
-    from octopus_audio.codecs.base import KeyState
+    (octopus_audio.reference.attend). `codec` is the library codec (get_codec). `wide`: (codec, keys, values,
+    length) of a second store (a wide prefix at its own widths) in the same softmax."""
     from octopus_audio.reference import attend
+
+    parts = [(codec, keys, values, length)] + ([] if wide is None else [wide])
+    k_all, v_all = zip(*(_decoded(*part) for part in parts), strict=True)
+    k_all, v_all = list(k_all), list(v_all)
+    if k_win is not None and k_win.shape[2]:
+        k_all.append(k_win.detach().cpu().double())
+        v_all.append(v_win.detach().cpu().double())
+    return attend(q.detach().cpu().double(), torch.cat(k_all, 2), torch.cat(v_all, 2), scale)
+
+
+def _decoded(codec, keys, values, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [0, length) of a packed store decoded by the library codec and value quantizer, float64."""
+    from octopus_audio.codecs.base import KeyState
     from octopus_audio.values import ValueQuantizer, ValueState
 
-    d = codec.head_dim
     cut = slice(0, length)
 
     def part(t):
@@ -39,12 +52,8 @@ def decoded_attention(codec, q, keys, values, length: int, k_win, v_win, scale: 
                   signs=part(keys.signs), gamma_r=part(keys.gamma_r))
     vs = ValueState(dtype=torch.float32, codes=part(values.codes), scale=part(values.scale),
                     minimum=part(values.minimum))
-    k_all = [codec.decode(ks).double()]
-    v_all = [ValueQuantizer(values.bits, d, values.group).decode(vs).double()]
-    if k_win is not None and k_win.shape[2]:
-        k_all.append(k_win.detach().cpu().double())
-        v_all.append(v_win.detach().cpu().double())
-    return attend(q.detach().cpu().double(), torch.cat(k_all, 2), torch.cat(v_all, 2), scale)
+    return (codec.decode(ks).double(),
+            ValueQuantizer(values.bits, codec.head_dim, values.group).decode(vs).double())
 
 
 def attend_unit_by_unit(cache, units, queries, scale: float) -> torch.Tensor:

@@ -220,7 +220,9 @@ def test_split_k_attends_the_wide_prefix_as_the_reference_does(name, rows, trito
         assert rel <= 2e-3 + floor, f"relative RMS error {rel:.2e} at {cache.num_tokens} tokens"
     assert cache.backend == "triton" and cache.wide_tokens == 6
     used = cache._plan.used["attention"]
-    assert list(used) == ["split-k"] and used["split-k"].count("a wide prefix") == 2, used
+    # the score tables decline the wide prefix; the Gluon kernel reads one, but not here (the device, or
+    # fewer programs than it takes)
+    assert list(used) == ["split-k"] and "score-tables: a wide prefix" in used["split-k"], used
 
 
 def test_the_wide_segment_changes_the_kernel_output(triton_backend):

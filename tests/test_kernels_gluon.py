@@ -222,12 +222,12 @@ def test_cpu_keys_encode_on_triton():
 
 # ---- the kernels, on an sm_90 GPU ----
 
-def make_case(name, bits, v_bits, *, batch, heads, groups, tq, length, window, seed=0):
+def make_case(name, bits, v_bits, *, batch, heads, groups, tq, length, window, seed=0, codec_seed=None):
     """Random bf16 q and window, a store of random packed codes (capacity length + 5: any bit pattern is a
-    valid code); the library codec decodes it."""
+    valid code); the library codec (seeded `codec_seed`, default seed + 1) decodes it."""
     g = torch.Generator().manual_seed(seed)
     d = 64
-    codec = get_codec(name, bits, d, seed=seed + 1)
+    codec = get_codec(name, bits, d, seed=seed + 1 if codec_seed is None else codec_seed)
     cap = length + 5
 
     def words(n):
@@ -282,6 +282,103 @@ def test_gluon_matches_library_decode(case, shape):
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double().cpu() - want).norm() / want.norm()).item()
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+
+
+def _to_cuda(keys, values):
+    return (PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
+                                                                       keys.gamma_r)]),
+            PackedValues(values.codes.cuda(), values.scale.cuda(), values.minimum.cuda(), values.bits))
+
+
+# query rows, compressed length, wide length, window, batch rows, KV heads, GQA ratio: AAR's last scale with 2
+# sink scales and 4 wide ones (31 wide keys, 78 native), no store, two wide tiles, one wide key, GQA
+WIDE_SHAPES = {"q75-L346-W31-w78-b3": (75, 346, 31, 78, 3, 2, 1),
+               "q75-L0-W31-w78-b1": (75, 0, 31, 78, 1, 2, 1), "q5-L63-W65-w0-b3": (5, 63, 65, 0, 3, 2, 1),
+               "q80-L455-W1-w1-b1": (80, 455, 1, 1, 1, 3, 1),
+               "q40-L200-W40-w1-b1-g2": (40, 200, 40, 1, 1, 2, 2)}
+# (codec, key bits, value bits, wide key bits, wide value bits): every codec at b=2 with 4@4 (the option's
+# default) and 3@8; turboquant's pair-ordered 1-2 bit keys beside wide keys of another order
+WIDE_CASES = ([(n, 2, 2, 4, 4) for n in IN_SCOPE] + [(n, 2, 4, 3, 8) for n in IN_SCOPE]
+              + [("turboquant-mse", 1, 2, 2, 2), ("turboquant-qjl", 3, 2, 2, 4), ("octopus", 3, 8, 4, 2)])
+
+
+def test_wide_scope_says_why():
+    """A wide store beside the store: in scope at widths the kernel decodes with the store's rotation; else
+    one sentence why."""
+    args = dict(kind=TRIPLET, has_qjl=False, head_dim=64, code_bits=13, v_bits=4, v_group=16,
+                same_rotation=True)
+    assert gluon_scope.wide_limit(**args) is None
+    for change in (dict(code_bits=16), dict(v_bits=3), dict(same_rotation=False), dict(kind=POLAR,
+                                                                                        has_qjl=True)):
+        why = gluon_scope.wide_limit(**{**args, **change})
+        assert isinstance(why, str) and why.startswith("a wide prefix"), (change, why)
+
+
+def test_wide_rotation_is_compared_once_per_codec_pair():
+    """The selector's rotation check: equal for a wide codec of the store's seed, unequal for another seed;
+    the answer kept on the wide codec."""
+    main = kernel_codec(get_codec("octopus", 2, 64, seed=3), 2, "cpu")
+    same = kernel_codec(get_codec("octopus", 4, 64, seed=3), 2, "cpu")
+    other = kernel_codec(get_codec("octopus", 4, 64, seed=4), 2, "cpu")
+    assert select._same_rotation(main, same) and not select._same_rotation(main, other)
+    assert same.__dict__["_same_rotation"][id(main)] == (main, True)
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", list(WIDE_SHAPES), ids=list(WIDE_SHAPES))
+@pytest.mark.parametrize("case", WIDE_CASES,
+                         ids=[f"{n}-b{b}v{v}-wide{w}@{wv}" for n, b, v, w, wv in WIDE_CASES])
+def test_gluon_wide_matches_library_decode(case, shape):
+    """The wide-store entry point: the store, a wide store at its own widths (decoded into the store's
+    column orders) and the window in one softmax, against the library's decode of both stores."""
+    from octopus_audio.kernels.impls.gluon.flash import attention_gluon
+    from octopus_audio.kernels.spec import WideSegment
+
+    name, bits, v_bits, w_bits, wv_bits = case
+    tq, length, w_len, window, batch, heads, groups = WIDE_SHAPES[shape]
+    codec, q, keys, values, k_win, v_win = make_case(name, bits, v_bits, batch=batch, heads=heads,
+                                                     groups=groups, tq=tq, length=length, window=window)
+    wcodec, _, wkeys, wvalues, _, _ = make_case(name, w_bits, wv_bits, batch=batch, heads=heads,
+                                                groups=groups, tq=tq, length=w_len, window=0, seed=5,
+                                                codec_seed=1)
+    kc, wkc = kernel_codec(codec, heads, "cuda"), kernel_codec(wcodec, heads, "cuda")
+    assert select.wide_gluon_limit(kc, WideSegment(wkeys, wvalues, w_len, wkc)) is None
+    dev = [t.cuda() for t in (q, k_win, v_win)]
+    scale = 1 / math.sqrt(64)
+    wide = WideSegment(*_to_cuda(wkeys, wvalues), w_len, wkc)
+    got = attention_gluon(dev[0], *_to_cuda(keys, values), length, dev[1] if window else None,
+                          dev[2] if window else None, kc, scale, wide)
+    want = decoded_attention(codec, q, keys, values, length, k_win, v_win, scale,
+                             wide=(wcodec, wkeys, wvalues, w_len))
+    floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
+    rel = ((got.double().cpu() - want).norm() / want.norm()).item()
+    assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", sorted(IN_SCOPE))
+def test_cache_attend_with_a_wide_prefix_runs_gluon(name, caplog):
+    """AAR's scales with 2 sink scales and 4 wide ones at 4 bits (`patch_aar(sink_scales=2, wide_scales=4)`)
+    through the public CompressedKVCache.attend (18 rows x 16 heads): equal to the cache's reference at every
+    scale, and the last scale runs the Gluon kernel with the wide prefix."""
+    select._announced.clear()
+    g = torch.Generator(device="cuda").manual_seed(2)
+    cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=3, wide_prefix=31, wide_bits=4)
+    for n in (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75):
+        cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
+                     torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
+        q = (torch.randn(18, 16, n, 64, generator=g, device="cuda") / 4).bfloat16()
+        got = cache.attend(q, 0.125)
+        want = cache.attend_reference(q.float(), 0.125).double()
+        floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + {floor:.1e}"
+    assert cache.wide_tokens == 31
+    select._announced.clear()
+    with caplog.at_level(logging.INFO, logger=select.__name__):
+        cache.attend(q, 0.125)
+    assert any("attention: gluon (in scope, with a wide prefix)" in r.getMessage() for r in caplog.records), \
+        caplog.text
 
 
 @needs_sm90

@@ -55,11 +55,20 @@ def in_scope() -> list[tuple[str, int, int]]:
     return out
 
 
-def compile_one(name: str, bits: int, v_bits: int) -> dict:
+def compile_one(name: str, bits: int, v_bits: int, wide: tuple[int, int] | None = None) -> dict:
+    """The attention kernel for `name` at `bits` with `v_bits` values; `wide` (key bits, value bits): the
+    wide-store entry point with a wide prefix at those widths."""
     kc = kernel_codec(get_codec(name, bits, gluon_scope.HEAD_DIM), HEADS, "cpu")
-    kernel = gluon_flash._gluon_attn_kernel
     consts = gluon_flash.kernel_constants(kc, v_bits, gluon_scope.VALUE_GROUP)
     types = {**TYPES, "tab_ptr": TABLE_TYPES[gluon_flash.key_table(kc).element_size()]}
+    kernel = gluon_flash._gluon_attn_kernel
+    if wide is not None:
+        wc = kernel_codec(get_codec(name, wide[0], gluon_scope.HEAD_DIM), HEADS, "cpu")
+        kernel = gluon_flash._gluon_attn_wide_kernel
+        consts.update(gluon_flash.wide_constants(wc, wide[1], gluon_scope.VALUE_GROUP))
+        types.update({f"w{k}": v for k, v in TYPES.items()
+                      if k[:2] in ("kc", "kg", "ks", "kr", "vc", "vs", "vm")})
+        types["wtab_ptr"] = TABLE_TYPES[gluon_flash.key_table(wc).element_size()]
     params = list(inspect.signature(kernel.fn).parameters)
     sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
     div16 = [p for p in params if p.endswith("_ptr") or p in ("sqb", "sqh", "sqt", "skb", "skh", "skt", "svb",
@@ -71,7 +80,7 @@ def compile_one(name: str, bits: int, v_bits: int) -> dict:
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4, "maxnreg": gluon_flash.MAXNREG})
     return {"seconds": round(time.perf_counter() - t0, 1), "shared_bytes": ck.metadata.shared,
-            "cubin_bytes": len(ck.asm["cubin"]), **resource_usage(ck.asm["cubin"])}
+            "cubin_bytes": len(ck.asm["cubin"]), **resource_usage(ck.asm["cubin"]), "ptx": ck.asm["ptx"]}
 
 
 def compile_encode(bits: int, dtype: str, aligned: bool) -> dict:
@@ -121,7 +130,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma list of codec names (default: every codec)")
     parser.add_argument("--kernels", default="attention,encode", help="attention, encode or both (default)")
+    parser.add_argument("--wide", default="",
+                        help="comma list of KEY@VALUE wide widths: also compile the wide-store entry point "
+                             "of each attention variant with a wide prefix at each (e.g. 4@4,3@4)")
+    parser.add_argument("--bits", default="", help="comma list of key bits (default: every width in scope)")
+    parser.add_argument("--ptx-out", default="", help="write {variant: PTX} to this JSON file")
     args = parser.parse_args()
+    wides = [tuple(int(x) for x in w.split("@")) for w in args.wide.split(",") if w]
+    only_bits = {int(b) for b in args.bits.split(",") if b}
+    ptx = {}
     only = {s for s in args.only.split(",") if s}
     kernels = {s for s in args.kernels.split(",") if s}
     print(f"triton {triton.__version__}; Gluon API: {select.gluon_api() or 'ok'}", flush=True)
@@ -136,15 +153,22 @@ def main() -> int:
                     failed += 1
                     print(f"{what}: FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
     for name, bits, v_bits in in_scope() if "attention" in kernels else ():
-        if only and name not in only:
+        if (only and name not in only) or (only_bits and bits not in only_bits):
             continue
-        try:
-            res = compile_one(name, bits, v_bits)
-            print(f"{name} b={bits} v_bits={v_bits}: ok {res}", flush=True)
-        except Exception as exc:  # one failing variant still lets the others report
-            failed += 1
-            print(f"{name} b={bits} v_bits={v_bits}: FAILED {type(exc).__name__}: {str(exc)[:2000]}",
-                  flush=True)
+        for wide in [None, *wides]:
+            what = f"{name} b={bits} v_bits={v_bits}" + ("" if wide is None else f" wide={wide[0]}@{wide[1]}")
+            try:
+                res = compile_one(name, bits, v_bits, wide)
+                ptx[what] = res.pop("ptx")
+                print(f"{what}: ok {res}", flush=True)
+            except Exception as exc:  # one failing variant still lets the others report
+                failed += 1
+                print(f"{what}: FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+    if args.ptx_out:
+        import json
+
+        with open(args.ptx_out, "w") as f:
+            json.dump(ptx, f)
     print(f"{'all compiled' if not failed else f'{failed} failed'}", flush=True)
     return 1 if failed else 0
 

@@ -3,8 +3,9 @@ points `attention` and `encode_keys` that check a call, pick its implementation 
 
 Attention, in priority order (each implementation declares which calls it takes and, when not, why):
 - `gluon` (impls/gluon/flash.py): the warp-specialised sm_90 kernel, where `gluon/scope.gluon_limit` finds the
-  call in scope (an H200, bf16, d = 64, 2..80 query rows a KV head, a full grid...), the Gluon kernels are
-  allowed (`gluon=True`) and no launch configuration or split count is forced;
+  call in scope (an H100/H200, bf16, d = 64, 2..80 query rows a KV head, a full grid...) and
+  `gluon/scope.wide_limit` its wide prefix if it has one, the Gluon kernels are allowed (`gluon=True`) and no
+  launch configuration or split count is forced;
 - `score-tables` (impls/score_tables.py): one query row a KV head of a kind with score tables
   (`score_tables.adc_limit`);
 - `split-k` (impls/flash.py): every call.
@@ -39,8 +40,7 @@ GLUON = "gluon"
 ATTENTION = (GLUON, score_tables.NAME, flash.NAME)  # attention implementations, in priority order
 ENCODE = (GLUON, triton_encode.NAME)  # key encode implementations, in priority order
 _announced: set[tuple[str, ...]] = set()
-# why the Gluon kernel and the score tables decline a call with a wide segment (they read one key and value
-# width a call)
+# why the score tables decline a call with a wide segment (they read one key and value width a call)
 WIDE_LIMIT = "a wide prefix (a second store at other widths; it reads one width a call)"
 
 
@@ -114,6 +114,26 @@ def attention_gluon_limit(q_BHTD: torch.Tensor, values: PackedValues, k_window: 
                              programs=programs, sm_count=_sm_count(dev))
 
 
+def _same_rotation(codec: KernelCodec, wide: KernelCodec) -> bool:
+    """Whether the wide codec's query map equals the store codec's (the Gluon kernel scores both stores with
+    one rotated query); compared once per pair of codecs, the answer kept on the wide codec."""
+    seen = wide.__dict__.setdefault("_same_rotation", {})
+    got = seen.get(id(codec))
+    if got is None or got[0] is not codec:
+        dtype = torch.float32
+        got = seen[id(codec)] = (codec, torch.equal(codec.query_map(dtype), wide.query_map(dtype)))
+    return got[1]
+
+
+def wide_gluon_limit(codec: KernelCodec, wide: WideSegment) -> str | None:
+    """gluon/scope.wide_limit for a call's wide segment beside `codec`'s store (None: the Gluon kernel reads
+    it)."""
+    wc = wide.codec
+    return scope.wide_limit(kind=wc.kind, has_qjl=wc.has_qjl, head_dim=wc.head_dim, code_bits=wc.code_bits,
+                            v_bits=wide.values.bits, v_group=wide.values.group,
+                            same_rotation=_same_rotation(codec, wc))
+
+
 def encode_gluon_limit(k: torch.Tensor, codec: KernelCodec) -> str | None:
     """gluon/scope.encode_limit for keys `k` of `codec` (None: the Gluon encode takes them)."""
     return scope.encode_limit(**_gluon_facts(k.device), k_dtype=k.dtype, kind=codec.kind,
@@ -135,7 +155,7 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
     overrides the launch heuristic (AttnConfig); either keeps the call on the Triton kernels. `gluon` False:
     never the Gluon kernel. `record`: a dict that collects the implementation that ran (`announce`). `wide`: a
     second store in the same softmax (a cache's wide prefix, its keys and values at their own widths, a codec
-    of the same kind and head dim), which only the split-K kernel reads.
+    of the same kind and head dim), which the Gluon kernel (`scope.wide_limit`) and the split-K kernel read.
 
     >>> out = attention(q, keys, values, 455, k_win, v_win, codec)  # doctest: +SKIP
     """
@@ -174,15 +194,16 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         why_gluon = "Gluon kernels not allowed"
     elif config is not None or num_splits is not None:
         why_gluon = "a launch configuration or split count given"
-    elif wide is not None:
-        why_gluon = WIDE_LIMIT
     else:
         why_gluon = attention_gluon_limit(q_BHTD, values, k_window, codec, n_rows, b * h)
+        if why_gluon is None and wide is not None:
+            why_gluon = wide_gluon_limit(codec, wide)
         if why_gluon is None:
             from .impls.gluon.flash import attention_gluon  # imported where the device and Triton allow
 
-            announce("attention", GLUON, "in scope", record)
-            return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale)
+            why = "in scope" if wide is None else "in scope, with a wide prefix"
+            announce("attention", GLUON, why, record)
+            return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale, wide)
     why_tables = WIDE_LIMIT if wide is not None else score_tables.adc_limit(codec, n_rows, t_win)
     if why_tables is None:
         announce("attention", score_tables.NAME, f"one query row a KV head; {GLUON}: {why_gluon}", record)

@@ -117,6 +117,58 @@ def _pairs_to_cols(lo, hi):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# column orders: the kernel's value columns (`_true_order`) and turboquant's 1-2 bit key columns (pair order);
+# a tile decoded in one order is written in another (a wide prefix's tiles, decoded at their own widths, go
+# into the store's orders) by these register relabellings (reshape and permute: the compiler moves data
+# where the layouts need it)
+
+@gluon.constexpr_function
+def _key_order(codec, nb):
+    """The key column order of a codec id at nb-bit codes: nb (pair order, `_tq_prmt_decode`) for turboquant
+    at 1-2 bits, 0 (each column its coordinate) otherwise."""
+    return nb if codec in (TQM.value, TQJ.value) and nb <= 2 else 0
+
+
+@gluon.jit
+def _true_order(o, V_BITS: gl.constexpr):
+    """[R, 64] in the kernel's value column order -> the true order. Within each word of C = 32 / V_BITS codes
+    kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and 16), so a
+    [R, 64 / C, C / 2, 2] view with its last two axes swapped is the true order (a relabelling of registers,
+    no data movement). The one definition of the value column order."""
+    C: gl.constexpr = 32 // V_BITS
+    x = gl.reshape(o, [o.shape[0], 64 // C, C // 2, 2])
+    return gl.reshape(gl.permute(x, (0, 1, 3, 2)), [o.shape[0], 64])
+
+
+@gluon.jit
+def _value_order(o, V_BITS: gl.constexpr):
+    """[R, 64] in the true order -> the kernel's value column order at V_BITS (`_true_order`'s inverse)."""
+    C: gl.constexpr = 32 // V_BITS
+    x = gl.reshape(o, [o.shape[0], 64 // C, 2, C // 2])
+    return gl.reshape(gl.permute(x, (0, 1, 3, 2)), [o.shape[0], 64])
+
+
+@gluon.jit
+def _key_reorder(x, FROM: gl.constexpr, TO: gl.constexpr):
+    """[R, 64] key columns in order FROM -> order TO (`_key_order`: 0 each column its coordinate; nb = 1, 2
+    turboquant's pair order, within each word of C = 32 / nb codes columns (a, j, h) hold coordinate
+    (a, h, j), j < 8 / nb, a and h < 2)."""
+    if FROM == TO:
+        return x
+    else:
+        R: gl.constexpr = x.shape[0]
+        if FROM != 0:  # pair order -> coordinates
+            DL: gl.constexpr = 8 // FROM
+            y = gl.reshape(x, [R, 64 // (4 * DL), 2, DL, 2])
+            x = gl.reshape(gl.permute(y, (0, 1, 2, 4, 3)), [R, 64])
+        if TO != 0:  # coordinates -> pair order
+            DT: gl.constexpr = 8 // TO
+            y = gl.reshape(x, [R, 64 // (4 * DT), 2, 2, DT])
+            x = gl.reshape(gl.permute(y, (0, 1, 2, 4, 3)), [R, 64])
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------------
 # code words -> codes: a unit's run of R codes of NB bits starting at code I0 + u * R, cut with shifts
 # whose amounts are constants once the unit's words are funnel-shifted to its first code
 
@@ -238,10 +290,10 @@ def _words_raw(ptr, row0, n0, length, NW: gl.constexpr, R: gl.constexpr):
 
 
 @gluon.jit
-def _tq_prmt_decode(dst, words, tlo, thi, NB: gl.constexpr):
+def _tq_prmt_decode(dst, words, tlo, thi, NB: gl.constexpr, KO: gl.constexpr):
     """turboquant codes of NB = 1 or 2 bits (words [64, KW] from `_words_raw(.., 16 / NB)`) as bf16 table
     values through a byte permute: word w's pair p (codes j and j + 8 / NB, j = p % D + 2 D (p // D),
-    D = 8 / NB) goes to key columns w C + 2p, + 1."""
+    D = 8 / NB) goes to key columns w C + 2p, + 1; then to key order KO (`_key_reorder`)."""
     P: gl.constexpr = 16 // NB
     DL: gl.constexpr = 8 // NB
     p = gl.arange(0, P, gl.SliceLayout(0, gl.SliceLayout(1, _words_layout(words.shape[1], P))))
@@ -249,7 +301,7 @@ def _tq_prmt_decode(dst, words, tlo, thi, NB: gl.constexpr):
     x = words[:, :, None] >> sh[None, None, :]
     a, b = gl.inline_asm_elementwise(_prmt_asm(NB), "=h,=h,r,r,r", [x, tlo, thi],
                                      dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
-    dst.store(_pairs_to_cols(a, b))
+    dst.store(_key_reorder(_pairs_to_cols(a, b), NB, KO))
 
 
 @gluon.jit
@@ -260,13 +312,14 @@ def _tq_gather_raw(kc_ptr, row0, n0, length, NB: gl.constexpr, KW: gl.constexpr)
 
 
 @gluon.jit
-def _tq_gather_decode(dst, raw, tab, tab_ptr, NB: gl.constexpr, TAB_SMEM: gl.constexpr):
-    """turboquant codes of any width as bf16 centroids (a gathered table), key column j = coordinate j."""
+def _tq_gather_decode(dst, raw, tab, tab_ptr, NB: gl.constexpr, TAB_SMEM: gl.constexpr, KO: gl.constexpr):
+    """turboquant codes of any width as bf16 centroids (a gathered table), key column j = coordinate j, then
+    in key order KO (`_key_reorder`)."""
     for hp in gl.static_range(2):
         d = dst.slice(32 * hp, 32)
         code = _unit_codes(_unit_funnel(raw[hp], 0, 4, 16, NB), 4, 16, NB)
         v = _lookup(tab, tab_ptr, code, TAB_SMEM).to(gl.bfloat16, bitcast=True)
-        d.store(gl.reshape(v, [32, 64]))
+        d.store(_key_reorder(gl.reshape(v, [32, 64]), 0, KO))
 
 
 @gluon.jit
@@ -414,9 +467,10 @@ def _values_raw(vc_ptr, vs_ptr, vm_ptr, row0, n0, length, NB: gl.constexpr, GROU
 
 
 @gluon.jit
-def _values_decode(dst, raw, NB: gl.constexpr):
+def _values_decode(dst, raw, NB: gl.constexpr, VO: gl.constexpr):
     """Group dequantization in fp16x2 into dst [64, 64] fp16: word w's pair j (codes j and j + C/2 of its C
-    = 32 / NB) goes to columns w C + 2j, + 1 (`flash._true_order` puts them back)."""
+    = 32 / NB) goes to columns w C + 2j, + 1 (`_true_order` puts them back); VO != NB: written in the
+    value column order of VO bits instead (a wide prefix's values in the store's order)."""
     words, sc, mn = raw
     P: gl.constexpr = 16 // NB
     j = gl.arange(0, P, gl.SliceLayout(0, gl.SliceLayout(1, _words_layout(words.shape[1], P))))
@@ -425,7 +479,10 @@ def _values_decode(dst, raw, NB: gl.constexpr):
         _dequant_asm(NB), "=h,=h,r,r,r",
         [x.to(gl.int32, bitcast=True), _pack2(sc)[:, :, None], _pack2(mn)[:, :, None]],
         dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-    dst.store(_pairs_to_cols(a, b))
+    if VO == NB:
+        dst.store(_pairs_to_cols(a, b))
+    else:
+        dst.store(_value_order(_true_order(_pairs_to_cols(a, b), NB), VO))
 
 
 @gluon.jit
@@ -463,8 +520,11 @@ def _unit_raw(n0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, 
 
 @gluon.jit
 def _unit_decode(raw, a, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, CODEC: gl.constexpr,
-                 NB: gl.constexpr, KW: gl.constexpr, V_BITS: gl.constexpr, TAB_SMEM: gl.constexpr):
-    """`_unit_raw`'s fields decoded into the stage's tiles a (c) and v and its column vectors."""
+                 NB: gl.constexpr, KW: gl.constexpr, V_BITS: gl.constexpr, TAB_SMEM: gl.constexpr,
+                 KO: gl.constexpr, VO: gl.constexpr):
+    """`_unit_raw`'s fields decoded into the stage's tiles a (c) and v and its column vectors, the keys in key
+    order KO (`_key_order`), the values in the value column order of VO bits (a wide prefix's tiles: the
+    store's orders; else the unit's own, NB's and V_BITS')."""
     keys, signs, values, gamma = raw
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     if CODEC == POL:
@@ -472,12 +532,12 @@ def _unit_decode(raw, a, c, v, cv, s, n0, length, tab, tab_ptr, tlo, thi, CODEC:
     elif CODEC == OCT or CODEC == OCJ:
         _oct_decode(a, keys[0], keys[1], tab, tab_ptr, NB, TAB_SMEM)
     elif NB <= 2:
-        _tq_prmt_decode(a, keys, tlo, thi, NB)
+        _tq_prmt_decode(a, keys, tlo, thi, NB, KO)
     else:
-        _tq_gather_decode(a, keys, tab, tab_ptr, NB, TAB_SMEM)
+        _tq_gather_decode(a, keys, tab, tab_ptr, NB, TAB_SMEM, KO)
     if HAS_C:
         _signs_decode(c, signs)
-    _values_decode(v, values, V_BITS)
+    _values_decode(v, values, V_BITS, VO)
     _colv_store(cv, s, gamma, n0, length)
 
 

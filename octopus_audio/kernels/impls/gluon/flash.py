@@ -19,7 +19,10 @@ wgmma against the map in shared memory), then per ring tile runs S = Q K^T as wg
 softmax (exp2) and accumulates P V in fp16 (P in [0, 1]). The window's tiles are scored with the native query
 rows (kept in their own buffer) against tile a alone; a last window tile of at most TAIL = 16 keys (AAR's
 scales of 66 and 75 tokens leave 2 and 11, its first seven scales 1-16 in all) runs a narrow step whose 64
-wgmma rows score and accumulate only its first 16 keys (`_fx_step` with N1 = 16). The
+wgmma rows score and accumulate only its first 16 keys (`_fx_step` with N1 = 16). A wide store (a cache's
+wide prefix: keys and values at other widths, the store codec's kind and rotation; `_gluon_attn_wide_kernel`)
+comes first: the producer decodes its tiles at their own widths into the store's key and value column orders
+(`decode._key_reorder`, `decode._value_order`), so the consumer scores them as store tiles. The
 epilogue divides by the row sums, puts the columns in their true order (`_true_order`, a register
 relabelling, then one layout conversion) and stores 16-byte rows.
 
@@ -47,16 +50,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ...launch import _pow2
-from ...spec import KernelCodec, PackedKeys, PackedValues
+from ...spec import KernelCodec, PackedKeys, PackedValues, WideSegment
 from .decode import (
     OCJ,
     OCT,
     POL,
     TQJ,
     TQM,
+    _key_order,
     _mma,
     _row_layout,
     _smem,
+    _true_order,
     _unit_decode,
     _unit_raw,
     _window_section,
@@ -83,13 +88,9 @@ def _next_stage(t, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(ka, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
-              kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_base, vw_base, skt, svt, qk_scale,
-              CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
-              V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr):
-    """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
-    arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
-    the last compressed tile every load is masked off). Window tiles fill tile a alone (and the values)."""
+def _tables(tab_ptr, CODEC: gl.constexpr, NB: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr):
+    """The key table a producer thread holds: (tab, the table in registers for gl.gather, or a placeholder;
+    tlo, thi: the PRMT table of turboquant's 1-2 bit codes, or 0)."""
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     if TAB_SMEM:  # the table in registers for gl.gather
         tab = gl.load(tab_ptr + gl.arange(0, TAB, LT))
@@ -101,19 +102,52 @@ def _producer(ka, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_
     else:
         tlo = 0
         thi = 0
-    raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB, KW,
-                    SW, V_BITS, V_GROUP)
+    return tab, tlo, thi
+
+
+@gluon.jit
+def _producer(ka, kc, vt, cv, ready, empty, n_ct, n_wt, row0, length, t_win, kc_ptr, kg_ptr, ks_ptr,
+              kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_base, vw_base, skt, svt, qk_scale, wide,
+              CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
+              V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr, STAGES: gl.constexpr,
+              WIDE: gl.constexpr, NB_W: gl.constexpr, KW_W: gl.constexpr, V_BITS_W: gl.constexpr,
+              V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr, TAB_SMEM_W: gl.constexpr):
+    """Worker partition (4 warps): fill stage t % STAGES with tile t once the consumer released it, fence,
+    arrive on its ready barrier; tile t + 1's packed fields load into registers before tile t decodes (past
+    the last compressed tile every load is masked off). Window tiles fill tile a alone (and the values).
+    WIDE: the wide store's tiles come first (`wide`: its row0, length, tiles and pointers), each decoded at
+    its own widths into the store's column orders (one or two tiles a sequence: no prefetch of their own;
+    the store's first tile loads before them)."""
+    if WIDE:
+        raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB,
+                        KW, SW, V_BITS, V_GROUP)
+        w_row0, w_len, n_wd, wkc, wkg, wks, wkr, wvc, wvs, wvm, wtab_ptr = wide
+        wtab, wlo, whi = _tables(wtab_ptr, CODEC, NB_W, TAB_W, TAB_SMEM_W)
+        for tw in range(n_wd):
+            wraw = _unit_raw(tw * 64, w_row0, w_len, wkc, wkg, wks, wkr, wvc, wvs, wvm, CODEC, NB_W, KW_W, SW,
+                             V_BITS_W, V_GROUP_W)
+            s = _next_stage(tw, empty, STAGES)
+            _unit_decode(wraw, ka.index(s), kc.index(s), vt.index(s), cv, s, tw * 64, w_len, wtab, wtab_ptr,
+                         wlo, whi, CODEC, NB_W, KW_W, V_BITS_W, TAB_SMEM_W, _key_order(CODEC, NB), V_BITS)
+            fence_async_shared()
+            mbarrier.arrive(ready.index(s))
+        tab, tlo, thi = _tables(tab_ptr, CODEC, NB, TAB, TAB_SMEM)
+    else:
+        n_wd = 0
+        tab, tlo, thi = _tables(tab_ptr, CODEC, NB, TAB, TAB_SMEM)
+        raw = _unit_raw(0, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, CODEC, NB,
+                        KW, SW, V_BITS, V_GROUP)
     for t in range(n_ct):
         nxt = _unit_raw((t + 1) * 64, row0, length, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
                         CODEC, NB, KW, SW, V_BITS, V_GROUP)
-        s = _next_stage(t, empty, STAGES)
+        s = _next_stage(n_wd + t, empty, STAGES)
         _unit_decode(raw, ka.index(s), kc.index(s), vt.index(s), cv, s, t * 64, length, tab,
-                     tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM)
+                     tab_ptr, tlo, thi, CODEC, NB, KW, V_BITS, TAB_SMEM, _key_order(CODEC, NB), V_BITS)
         fence_async_shared()
         raw = nxt
         mbarrier.arrive(ready.index(s))
     for tw in range(n_wt):
-        s = _next_stage(n_ct + tw, empty, STAGES)
+        s = _next_stage(n_wd + n_ct + tw, empty, STAGES)
         _window_section(ka.index(s), vt.index(s), cv, s, kw_base, vw_base, skt, svt, tw * 64, t_win, qk_scale,
                         V_BITS)
         fence_async_shared()
@@ -223,17 +257,6 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt
 
 
 @gluon.jit
-def _true_order(o, V_BITS: gl.constexpr):
-    """[R, 64] in the kernel's value column order -> the true order. Within each word of C = 32 / V_BITS codes
-    kernel columns 2j, 2j + 1 hold codes j, j + C/2 (what one shift of the word leaves at bits 0 and 16), so a
-    [R, 64 / C, C / 2, 2] view with its last two axes swapped is the true order (a relabelling of registers,
-    no data movement). The one definition of the value column order."""
-    C: gl.constexpr = 32 // V_BITS
-    x = gl.reshape(o, [o.shape[0], 64 // C, C // 2, 2])
-    return gl.reshape(gl.permute(x, (0, 1, 3, 2)), [o.shape[0], 64])
-
-
-@gluon.jit
 def _store_rows(out_base, o, r0, TQ, V_BITS: gl.constexpr):
     """Output rows r0 .. r0 + R (o [R, 64] bf16, kernel column order) in the true column order, moved to
     16-byte row vectors (one layout conversion through shared memory) and stored as such."""
@@ -309,14 +332,18 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
 # the kernel
 
 @gluon.jit
-def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
-                       t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
-                       KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
-                       TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
-                       P_REGS: gl.constexpr, TAIL: gl.constexpr):
+def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     t_win, rot_scale, qjl_scale, qk_scale, wide, CODEC: gl.constexpr, NB: gl.constexpr,
+                     KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
+                     TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
+                     P_REGS: gl.constexpr, TAIL: gl.constexpr, WIDE: gl.constexpr, NB_W: gl.constexpr,
+                     KW_W: gl.constexpr, V_BITS_W: gl.constexpr, V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr,
+                     TAB_SMEM_W: gl.constexpr):
     """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
-    compressed keys (store rows pid * t_cap ..) and `t_win` native window keys."""
+    compressed keys (store rows pid * t_cap ..), `t_win` native window keys and, WIDE, the wide store's keys
+    (`wide`: its capacity, length and pointers; the producer's tiles before the store's, scored with the
+    same rotated queries)."""
     pid = gl.program_id(0)
     b = pid // H
     h = pid % H
@@ -341,18 +368,64 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
         mbarrier.init(empty.index(i), count=1)
     n_ct = gl.cdiv(length, BLOCK)
     n_wt = gl.cdiv(t_win, BLOCK)
+    if WIDE:
+        w_cap, w_len, wkc, wkg, wks, wkr, wvc, wvs, wvm, wtab = wide
+        n_wd = gl.cdiv(w_len, BLOCK)
+        wide_args = (pid * w_cap, w_len, n_wd, wkc, wkg, wks, wkr, wvc, wvs, wvm, wtab)
+    else:
+        n_wd = 0
+        wide_args = 0
     gl.warp_specialize([
-        (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win,
+        (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_wd + n_ct, n_wt, t_win,
                      q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
                      rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, TAIL)),
         (_producer, (ka, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
-                     vw_ptr + b * svb + h * svh, skt, svt, qk_scale, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
-                     TAB_SMEM, STAGES)),
+                     vw_ptr + b * svb + h * svh, skt, svt, qk_scale, wide_args, CODEC, NB, KW, SW, V_BITS,
+                     V_GROUP, TAB, TAB_SMEM, STAGES, WIDE, NB_W, KW_W, V_BITS_W, V_GROUP_W, TAB_W,
+                     TAB_SMEM_W)),
     ], [4], [P_REGS])
 
 
+@gluon.jit
+def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                       t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
+                       KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
+                       TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
+                       P_REGS: gl.constexpr, TAIL: gl.constexpr):
+    """`_gluon_attn_body` without a wide store: its launch passes no wide arguments (host time at every
+    call)."""
+    _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     t_win, rot_scale, qjl_scale, qk_scale, 0, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
+                     TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, False, NB, KW, V_BITS, V_GROUP, TAB, TAB_SMEM)
+
+
+@gluon.jit
+def _gluon_attn_wide_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr,
+                            vm_ptr, kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ,
+                            t_cap, length, t_win, rot_scale, qjl_scale, qk_scale, wkc_ptr, wkg_ptr, wks_ptr,
+                            wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr, w_cap, w_len, CODEC: gl.constexpr,
+                            NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
+                            V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr,
+                            BLOCK: gl.constexpr, STAGES: gl.constexpr, P_REGS: gl.constexpr,
+                            TAIL: gl.constexpr, NB_W: gl.constexpr, KW_W: gl.constexpr,
+                            V_BITS_W: gl.constexpr, V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr,
+                            TAB_SMEM_W: gl.constexpr):
+    """`_gluon_attn_body` with a wide store (a cache's wide prefix: `w_len` keys at store rows pid * w_cap ..,
+    its codes NB_W bits in KW_W words, values V_BITS_W bits in groups of V_GROUP_W, its own table)."""
+    _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     t_win, rot_scale, qjl_scale, qk_scale,
+                     (w_cap, w_len, wkc_ptr, wkg_ptr, wks_ptr, wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr),
+                     CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB, TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, True,
+                     NB_W, KW_W, V_BITS_W, V_GROUP_W, TAB_W, TAB_SMEM_W)
+
+
 _gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "t_cap", "length", "t_win"])
+_gluon_attn_wide_kernel = gluon.jit(_gluon_attn_wide_kernel.fn,
+                                    do_not_specialize=["TQ", "t_cap", "length", "t_win", "w_cap", "w_len"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -460,13 +533,20 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
                 P_REGS=PRODUCER_REGS.get(cid, 72), TAIL=TAIL)
 
 
+def wide_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
+    """`_gluon_attn_wide_kernel`'s constexprs of the wide store (a codec of the store codec's kind)."""
+    k = kernel_constants(kc, v_bits, v_group)
+    return {f"{name}_W": k[name] for name in ("NB", "KW", "V_BITS", "V_GROUP", "TAB", "TAB_SMEM")}
+
+
 def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
                     k_window: torch.Tensor | None, v_window: torch.Tensor | None, codec: KernelCodec,
-                    scale: float) -> torch.Tensor:
+                    scale: float, wide: WideSegment | None = None) -> torch.Tensor:
     """`select.attention`'s contract on the Gluon kernel, for arguments the selector has checked and
     `scope.gluon_limit` found in scope: q [B, Hq, Tq, 64] bf16 with Hq = G*H and G*Tq <= 80 (query
-    head h*G + g reads KV head h), the packed store [B, H, Tcap, ...], window [B, H, Tw, 64] bf16 or None.
-    Returns [B, Hq, Tq, 64] bf16."""
+    head h*G + g reads KV head h), the packed store [B, H, Tcap, ...], window [B, H, Tw, 64] bf16 or None,
+    `wide` a second store in the same softmax (`scope.wide_limit` found it in scope: the same rotation, a
+    width the kernel decodes). Returns [B, Hq, Tq, 64] bf16."""
     b, hq, tq, d = q_BHTD.shape
     h = keys.codes.shape[1]
     rows = hq // h * tq
@@ -478,18 +558,21 @@ def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
         k_window = v_window = q
     k_window = k_window if k_window.stride(-1) == 1 else k_window.contiguous()
     v_window = v_window if v_window.stride(-1) == 1 else v_window.contiguous()
-    codes, gamma = keys.codes.contiguous(), keys.gamma.contiguous()
-    signs = keys.signs.contiguous() if codec.has_qjl else codes  # never read without the side-car
-    gamma_r = keys.gamma_r.contiguous() if codec.has_qjl else gamma
     out = torch.empty(b, h, rows, d, device=q.device, dtype=torch.bfloat16)
     qk_scale = scale * 1.4426950408889634
     rot_scale = qk_scale / math.sqrt(d)
     qjl_scale = qk_scale * math.sqrt(math.pi / (2 * d)) / d
-    _gluon_attn_kernel[(b * h, )](
-        q, q.stride(0), q.stride(1), q.stride(2), query_map(codec), codes, gamma, signs, gamma_r,
-        values.codes.contiguous(), values.scale.contiguous(), values.minimum.contiguous(), k_window, v_window,
-        k_window.stride(0), k_window.stride(1), k_window.stride(2), v_window.stride(0), v_window.stride(1),
-        v_window.stride(2), key_table(codec), out, h, rows, codes.shape[2], length, t_win, rot_scale,
-        qjl_scale, qk_scale, **kernel_constants(codec, values.bits, values.group), num_warps=4,
-        maxnreg=MAXNREG)
+    key_args = keys.launch_args(codec.has_qjl)
+    args = (q, q.stride(0), q.stride(1), q.stride(2), query_map(codec), *key_args, *values.launch_args(),
+            k_window, v_window, *k_window.stride()[:3], *v_window.stride()[:3], key_table(codec), out, h,
+            rows, key_args[0].shape[2], length, t_win, rot_scale, qjl_scale, qk_scale)
+    consts = kernel_constants(codec, values.bits, values.group)
+    if wide is None:
+        _gluon_attn_kernel[(b * h, )](*args, **consts, num_warps=4, maxnreg=MAXNREG)
+    else:
+        wide_keys = wide.keys.launch_args(codec.has_qjl)
+        _gluon_attn_wide_kernel[(b * h, )](
+            *args, *wide_keys, *wide.values.launch_args(), key_table(wide.codec), wide_keys[0].shape[2],
+            wide.length, **consts, **wide_constants(wide.codec, wide.values.bits, wide.values.group),
+            num_warps=4, maxnreg=MAXNREG)
     return out.view(b, hq, tq, d)

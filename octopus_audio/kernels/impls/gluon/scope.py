@@ -57,6 +57,19 @@ def codec_limit(kind: DecodeKind, has_qjl: bool, head_dim: int, code_bits: int, 
     return None
 
 
+def wide_limit(*, kind: DecodeKind, has_qjl: bool, head_dim: int, code_bits: int, v_bits: int, v_group: int,
+               same_rotation: bool) -> str | None:
+    """Why the Gluon attention cannot read a wide store beside the main one (None: it can): the wide codec and
+    value quantizer in `codec_limit`'s scope, and the main codec's rotation (the kernel rotates the queries
+    once and scores both stores with them; a wide prefix built by the cache shares its seed)."""
+    why = codec_limit(kind, has_qjl, head_dim, code_bits, v_bits, v_group)
+    if why is not None:
+        return f"a wide prefix of {why}"
+    if not same_rotation:
+        return "a wide prefix with a rotation of its own (the Gluon kernel rotates the queries once)"
+    return None
+
+
 def device_limit(capability: tuple[int, int] | None, api_error: str | None, interpreting: bool) -> str | None:
     """Why no Gluon kernel runs on this device and Triton (None: they can): a CUDA device of compute
     capability 9.0, compiled kernels (not TRITON_INTERPRET=1), a Triton with the Gluon API used."""
