@@ -71,6 +71,7 @@ from .scope import codec_id
 BLOCK = 64  # keys a ring tile
 STAGES = 2  # ring stages
 TAIL = 16  # a last window tile of at most TAIL keys runs the narrow step (_fx_step's N1)
+WIDE_NARROW = 32  # with a wide prefix: a last tile of either store with at most this many keys runs narrow
 MAXNREG = 128  # registers a thread: two programs of 8 warps an SM
 PRODUCER_REGS = {POL.value: 88, OCJ.value: 88}  # else 72
 
@@ -279,16 +280,39 @@ def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
 
 
 @gluon.jit
+def _store_tiles(u0, n, keys, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt2,
+                 HAS_C: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr, NARROW: gl.constexpr):
+    """Ring tiles u0 .. u0 + n of one compressed store of `keys` keys, scored with the rotated queries; its
+    last tile takes the narrow step (N1 = NARROW) when it holds at most NARROW keys (NARROW 0: never)."""
+    if NARROW > 0:
+        narrow = (n > 0) & (keys - (n - 1) * BLOCK <= NARROW)
+        n_full = n - narrow.to(gl.int32)
+    else:
+        n_full = n
+    for u in range(u0, u0 + n_full):
+        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
+                                          pt2, HAS_C, BLOCK, STAGES, BLOCK)
+    if NARROW > 0:
+        if narrow:
+            m1, l1, o1, m2, l2, o2 = _fx_step(u0 + n_full, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready,
+                                              empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
+    return m1, l1, o1, m2, l2, o2
+
+
+@gluon.jit
 def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, q_base, sqt, map_base,
-              out_base, TQ, rot_scale, qjl_scale, CODEC: gl.constexpr, DQ: gl.constexpr, V_BITS: gl.constexpr,
-              BLOCK: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
+              out_base, TQ, rot_scale, qjl_scale, wide, CODEC: gl.constexpr, DQ: gl.constexpr,
+              V_BITS: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr,
+              WIDE: gl.constexpr, NARROW: gl.constexpr):
     """Rotate the query rows through the head's map (tile a: rot_scale; tile c: qjl_scale), then loop over
     the compressed ring tiles with the rotated queries and over the window's with the native ones (tile a
     alone: the producer fills only tile a of a window tile).
 
     The prologue issues every global load at once (the query rows, each map tile staged in its destination's
     first 64 rows), then runs the rotations from shared memory; the native query rows stay in their own
-    buffer qn for the window tiles."""
+    buffer qn for the window tiles. WIDE: the first of the n_ct compressed tiles are the wide store's (`wide`:
+    its tiles and keys, and the store's keys), and a last tile of either store with at most NARROW keys takes
+    the narrow step."""
     HAS_C: gl.constexpr = (CODEC == TQJ) or (CODEC == OCJ)
     q = _load_q(q_base, sqt, 0, TQ, 128, _row_layout(64, 4))
     ma = _load_map(map_base, 0, DQ, 64)
@@ -313,9 +337,16 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
     m2 = gl.full([16], float("-inf"), gl.float32, gl.SliceLayout(0, mmaC))
     l2 = gl.zeros([BLOCK, 16], gl.float32, mmaC)
     o2 = gl.zeros([64, 16], gl.float32, mmaC)
-    for u in range(n_ct):
-        m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
-                                          pt2, HAS_C, BLOCK, STAGES, BLOCK)
+    if WIDE:  # the wide store's tiles, then the store's, each store's last tile narrow when it can be
+        n_wd, w_len, length = wide
+        m1, l1, o1, m2, l2, o2 = _store_tiles(0, n_wd, w_len, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready,
+                                              empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
+        m1, l1, o1, m2, l2, o2 = _store_tiles(n_wd, n_ct - n_wd, length, m1, l1, o1, m2, l2, o2, ka, kc, vt,
+                                              cv, ready, empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
+    else:
+        for u in range(n_ct):
+            m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
+                                              pt2, HAS_C, BLOCK, STAGES, BLOCK)
     # native keys: tile a alone; a last tile of at most TAIL keys takes the narrow step
     tail = (n_wt > 0) & (t_win - (n_wt - 1) * BLOCK <= TAIL)
     n_full = n_ct + n_wt - tail.to(gl.int32)
@@ -339,7 +370,7 @@ def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_p
                      TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
                      P_REGS: gl.constexpr, TAIL: gl.constexpr, WIDE: gl.constexpr, NB_W: gl.constexpr,
                      KW_W: gl.constexpr, V_BITS_W: gl.constexpr, V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr,
-                     TAB_SMEM_W: gl.constexpr):
+                     TAB_SMEM_W: gl.constexpr, NARROW: gl.constexpr):
     """One (batch row, KV head) program: TQ <= 80 query rows of the head (d = 64) against `length`
     compressed keys (store rows pid * t_cap ..), `t_win` native window keys and, WIDE, the wide store's keys
     (`wide`: its capacity, length and pointers; the producer's tiles before the store's, scored with the
@@ -372,13 +403,15 @@ def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_p
         w_cap, w_len, wkc, wkg, wks, wkr, wvc, wvs, wvm, wtab = wide
         n_wd = gl.cdiv(w_len, BLOCK)
         wide_args = (pid * w_cap, w_len, n_wd, wkc, wkg, wks, wkr, wvc, wvs, wvm, wtab)
+        wide_c = (n_wd, w_len, length)
     else:
         n_wd = 0
         wide_args = 0
+        wide_c = 0
     gl.warp_specialize([
         (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_wd + n_ct, n_wt, t_win,
                      q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
-                     rot_scale, qjl_scale, CODEC, DQ, V_BITS, BLOCK, STAGES, TAIL)),
+                     rot_scale, qjl_scale, wide_c, CODEC, DQ, V_BITS, BLOCK, STAGES, TAIL, WIDE, NARROW)),
         (_producer, (ka, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
                      vw_ptr + b * svb + h * svh, skt, svt, qk_scale, wide_args, CODEC, NB, KW, SW, V_BITS,
@@ -399,7 +432,7 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
                      kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
                      t_win, rot_scale, qjl_scale, qk_scale, 0, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
-                     TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, False, NB, KW, V_BITS, V_GROUP, TAB, TAB_SMEM)
+                     TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, False, NB, KW, V_BITS, V_GROUP, TAB, TAB_SMEM, 0)
 
 
 @gluon.jit
@@ -412,7 +445,7 @@ def _gluon_attn_wide_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_pt
                             BLOCK: gl.constexpr, STAGES: gl.constexpr, P_REGS: gl.constexpr,
                             TAIL: gl.constexpr, NB_W: gl.constexpr, KW_W: gl.constexpr,
                             V_BITS_W: gl.constexpr, V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr,
-                            TAB_SMEM_W: gl.constexpr):
+                            TAB_SMEM_W: gl.constexpr, NARROW: gl.constexpr):
     """`_gluon_attn_body` with a wide store (a cache's wide prefix: `w_len` keys at store rows pid * w_cap ..,
     its codes NB_W bits in KW_W words, values V_BITS_W bits in groups of V_GROUP_W, its own table)."""
     _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
@@ -420,7 +453,7 @@ def _gluon_attn_wide_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_pt
                      t_win, rot_scale, qjl_scale, qk_scale,
                      (w_cap, w_len, wkc_ptr, wkg_ptr, wks_ptr, wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr),
                      CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB, TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, True,
-                     NB_W, KW_W, V_BITS_W, V_GROUP_W, TAB_W, TAB_SMEM_W)
+                     NB_W, KW_W, V_BITS_W, V_GROUP_W, TAB_W, TAB_SMEM_W, NARROW)
 
 
 _gluon_attn_kernel = gluon.jit(_gluon_attn_kernel.fn, do_not_specialize=["TQ", "t_cap", "length", "t_win"])
@@ -536,7 +569,8 @@ def kernel_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
 def wide_constants(kc: KernelCodec, v_bits: int, v_group: int) -> dict:
     """`_gluon_attn_wide_kernel`'s constexprs of the wide store (a codec of the store codec's kind)."""
     k = kernel_constants(kc, v_bits, v_group)
-    return {f"{name}_W": k[name] for name in ("NB", "KW", "V_BITS", "V_GROUP", "TAB", "TAB_SMEM")}
+    return {**{f"{name}_W": k[name] for name in ("NB", "KW", "V_BITS", "V_GROUP", "TAB", "TAB_SMEM")},
+            "NARROW": WIDE_NARROW}
 
 
 def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, length: int,
