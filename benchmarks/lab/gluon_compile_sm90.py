@@ -23,6 +23,7 @@ from octopus_audio import CODECS, get_codec
 from octopus_audio.cache import kernel_codec, kernel_limit
 from octopus_audio.codecs import SUPPORTED_BITS
 from octopus_audio.kernels import select
+from octopus_audio.kernels.impls.gluon import columns as gluon_columns
 from octopus_audio.kernels.impls.gluon import encode as gluon_encode
 from octopus_audio.kernels.impls.gluon import flash as gluon_flash
 from octopus_audio.kernels.impls.gluon import scope as gluon_scope
@@ -60,7 +61,7 @@ def compile_one(name: str, bits: int, v_bits: int, wide: tuple[int, int] | None 
     wide-store entry point with a wide prefix at those widths."""
     kc = kernel_codec(get_codec(name, bits, gluon_scope.HEAD_DIM), HEADS, "cpu")
     consts = gluon_flash.kernel_constants(kc, v_bits, gluon_scope.VALUE_GROUP)
-    types = {**TYPES, "tab_ptr": TABLE_TYPES[gluon_flash.key_table(kc).element_size()]}
+    types = {**TYPES, "tab_ptr": TABLE_TYPES[gluon_columns.key_table(kc).element_size()]}
     kernel = gluon_flash._gluon_attn_kernel
     if wide is not None:
         wc = kernel_codec(get_codec(name, wide[0], gluon_scope.HEAD_DIM), HEADS, "cpu")
@@ -68,7 +69,7 @@ def compile_one(name: str, bits: int, v_bits: int, wide: tuple[int, int] | None 
         consts.update(gluon_flash.wide_constants(wc, wide[1], gluon_scope.VALUE_GROUP))
         types.update({f"w{k}": v for k, v in TYPES.items()
                       if k[:2] in ("kc", "kg", "ks", "kr", "vc", "vs", "vm")})
-        types["wtab_ptr"] = TABLE_TYPES[gluon_flash.key_table(wc).element_size()]
+        types["wtab_ptr"] = TABLE_TYPES[gluon_columns.key_table(wc).element_size()]
     params = list(inspect.signature(kernel.fn).parameters)
     sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in params}
     div16 = [p for p in params if p.endswith("_ptr") or p in ("sqb", "sqh", "sqt", "skb", "skh", "skt", "svb",

@@ -36,11 +36,15 @@ def read_run(run: Path) -> tuple[dict, list[dict]]:
 
 
 def groups(rows: list[dict]) -> dict[tuple, dict]:
-    """(codec, bits, v_bits, S) -> means over the ok rows (metrics, K+V bits/coord, KV ratio), clip count."""
+    """(codec, bits, v_bits, S) -> means over the ok rows (metrics, K+V bits/coord, KV ratio), clip count.
+    S is the sink count, or (sinks, wide scales, wide bits) for rows with per-scale widths (`--wide-scales`),
+    kept apart from the rows without."""
     acc: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["status"] == "ok" and r["bits"] is not None:
-            acc[r["codec"], r["bits"], r.get("v_bits", r["bits"]), r.get("sink_scales", 0)].append(r)
+            sinks = r.get("sink_scales") or 0
+            cfg = (sinks, r["wide_scales"], r.get("wide_bits")) if r.get("wide_scales") else sinks
+            acc[r["codec"], r["bits"], r.get("v_bits", r["bits"]), cfg].append(r)
     out = {}
     for key, rs in acc.items():
         g = {m: float(np.mean([r["metrics"][m] for r in rs])) for m in METRICS
@@ -66,6 +70,23 @@ def bf16_bytes_change(g0: dict, sinks: int, native_bits: int, patch_nums) -> flo
     return (prefix * (16 - store_bits)) / base
 
 
+def sinks_of(cfg) -> int:
+    return cfg[0] if isinstance(cfg, tuple) else cfg
+
+
+def label(cfg) -> str:
+    """S, or S+W@B for S sink scales and W wide scales at B bits."""
+    return f"{cfg[0]}+{cfg[1]}@{cfg[2]}" if isinstance(cfg, tuple) else str(cfg)
+
+
+def bytes_bf16(g0: dict, m: dict, cfg, native_bits: int, patch_nums) -> float | None:
+    """Cache bytes against S=0's with bf16 native tokens: `bf16_bytes_change` without wide scales; with
+    them the measured change of a GPU run (bf16 already), none for a CPU run."""
+    if not isinstance(cfg, tuple):
+        return bf16_bytes_change(g0, cfg, native_bits, patch_nums)
+    return g0["ratio"] / m["ratio"] - 1 if native_bits == 16 else None
+
+
 def fmt(v, spec=".4g"):
     return "-" if v is None else format(v, spec)
 
@@ -74,14 +95,14 @@ def row_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
     head = ["codec", "b", "S", "clips", "TF KL", "x S=0", "TF top-1", "first parting scale", "LSD dB",
             "- S=0 dB", "K+V bits/coord", "KV ratio", "cache bytes vs S=0", "bf16: vs S=0"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for key in sorted(g):
-        codec, bits, v_bits, sinks = key
+    for key in sorted(g, key=lambda k: (k[0], k[1], k[2], sinks_of(k[3]), label(k[3]))):
+        codec, bits, v_bits, cfg = key
         m, base = g[key], g.get((codec, bits, v_bits, 0))
         kl_x = m["tf_kl_nats"] / base["tf_kl_nats"] if base and "tf_kl_nats" in m else None
         lsd_d = m["lsd_db"] - base["lsd_db"] if base else None
         bytes_x = base["ratio"] / m["ratio"] - 1 if base else None
-        bf16_x = bf16_bytes_change(base, sinks, native_bits, patch_nums) if base else None
-        cells = [codec, f"{bits}" if v_bits == bits else f"K{bits} V{v_bits}", str(sinks), str(m["clips"]),
+        bf16_x = bytes_bf16(base, m, cfg, native_bits, patch_nums) if base else None
+        cells = [codec, f"{bits}" if v_bits == bits else f"K{bits} V{v_bits}", label(cfg), str(m["clips"]),
                  fmt(m.get("tf_kl_nats")), fmt(kl_x, ".3f"), fmt(m.get("tf_top1"), ".4f"),
                  fmt(m.get("first_parting_scale"), ".2f"), fmt(m["lsd_db"], ".3f"), fmt(lsd_d, "+.2f"),
                  fmt(m["kv_bits"], ".3f"), fmt(m["ratio"], ".2f"), fmt(bytes_x, "+.1%"), fmt(bf16_x, "+.1%")]
@@ -92,16 +113,18 @@ def row_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
 def target_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
     lines = ["Target (issue 36, octopus b=2): cache bytes at most +5% (bf16 native tokens), TF KL at most "
              "half of S=0's, sampled LSD at least 3 dB lower.", ""]
-    for key in sorted(k for k in g if k[0] == "octopus" and k[1] == k[2] == 2 and k[3]):
+    for key in sorted((k for k in g if k[0] == "octopus" and k[1] == k[2] == 2 and k[3]),
+                      key=lambda k: (sinks_of(k[3]), label(k[3]))):
         base = g.get(key[:3] + (0,))
         if base is None:
             continue
         m = g[key]
-        checks = {"bytes": bf16_bytes_change(base, key[3], native_bits, patch_nums) <= TARGET_BYTES,
+        change = bytes_bf16(base, m, key[3], native_bits, patch_nums)
+        checks = {"bytes": change is not None and change <= TARGET_BYTES,
                   "KL": m["tf_kl_nats"] <= TARGET_KL * base["tf_kl_nats"],
                   "LSD": m["lsd_db"] <= base["lsd_db"] - TARGET_LSD_DB}
         said = ", ".join(f"{k} {'met' if ok else 'missed'}" for k, ok in checks.items())
-        lines.append(f"- S={key[3]}: {said}")
+        lines.append(f"- S={label(key[3])}: {said}")
     return lines
 
 
@@ -123,16 +146,17 @@ def rate_lines(g: dict, native_bits: int, patch_nums) -> list[str]:
         for metric in ("tf_kl_nats", "lsd_db"):
             base = [(g[k]["kv_bits"], g[k][metric]) for k in g
                     if k[0] == codec and k[3] == 0 and k[1] == k[2] and metric in g[k]]
-            for sinks in sorted({k[3] for k in g if k[0] == codec and k[3]}):
-                keys = [k for k in g if k[0] == codec and k[3] == sinks and k[1] == k[2] and metric in g[k]]
-                pts = sorted((bf16_rate(g[k]["kv_bits"], sinks, native_bits, patch_nums), g[k][metric])
-                             for k in keys)
+            cfgs = sorted({k[3] for k in g if k[0] == codec and k[3]}, key=lambda c: (sinks_of(c), label(c)))
+            for cfg in cfgs:
+                keys = [k for k in g if k[0] == codec and k[3] == cfg and k[1] == k[2] and metric in g[k]]
+                pts = sorted((bf16_rate(g[k]["kv_bits"], sinks_of(cfg), native_bits, patch_nums),
+                              g[k][metric]) for k in keys)
                 log = all(v > 0 for _, v in base)
                 read = [(x, y, value_at_rate(base, x, log=log)) for x, y in pts]
                 inside = [(y, b) for _, y, b in read if b is not None]
                 below = sum(y < b for y, b in inside)
                 each = "; ".join(f"{x:.3f}: {y:.4g} vs {fmt(b)}" for x, y, b in read)
-                lines.append(f"| {codec} | {sinks} | {metric} | {below} / {len(inside)} | {each} |")
+                lines.append(f"| {codec} | {label(cfg)} | {metric} | {below} / {len(inside)} | {each} |")
     return lines
 
 

@@ -8,8 +8,8 @@ reserves them) is fed random bf16 K/V scale by scale; then (1) the last scale's 
 sequence, 16 appends and attends from an empty cache (`reset` first), eager, timed with do_bench: what a
 generation's attention layer does, the native buffer's writes included. The ratio to S=0's time is the
 figure of merit (issue 36: within 5%). A configuration `S+N@B` adds per-scale widths: the N scales after the
-S sink scales stored at B-bit keys and values (the cache's wide prefix; the split-K kernel reads it, the Gluon
-kernel declines it).
+S sink scales stored at B-bit keys and values (the cache's wide prefix, which the Gluon kernel reads as one
+more ring tile where its widths are in scope).
 
     python benchmarks/lab/time_sink_attention.py --sink-scales 0,3,5,2+4@4 --batches 64,512 --out OUT.json
     # on the CPU (no timing worth reading; checks that every path runs and agrees with the reference):

@@ -3,7 +3,7 @@ compressed keys into its part of a ring stage in shared memory, as `flash.py`'s 
 them, plus the native window's section.
 
 A stage holds key tiles a (and c for the QJL signs) in bf16 and the value tile in fp16, in the
-kernel's own column orders (`flash.key_columns` for the keys, `flash._true_order` for the values),
+kernel's own column orders (`columns.key_columns` for the keys, `_true_order` for the values),
 and two column vectors: each key's score scale (gamma; the softmax scale for window keys) and bias (0, or -inf
 past the last key). Code words are read once per key as whole words and cut in registers with shifts whose
 amounts are compile-time constants after one funnel shift; table lookups go through `gl.gather` of a
