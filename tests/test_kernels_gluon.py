@@ -260,6 +260,12 @@ SHAPES = {"q1-L100-w1-b1": (1, 100, 1, 1, 2, 1), "q5-L63-w0-b3": (5, 63, 0, 3, 2
 CASES = [(name, bits) for name, bit_list in IN_SCOPE.items() for bits in bit_list]
 
 
+def _to_cuda(keys, values):
+    return (PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
+                                                                       keys.gamma_r)]),
+            PackedValues(values.codes.cuda(), values.scale.cuda(), values.minimum.cuda(), values.bits))
+
+
 @needs_sm90
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-b{b}" for n, b in CASES])
@@ -271,23 +277,14 @@ def test_gluon_matches_library_decode(case, shape):
     codec, q, keys, values, k_win, v_win = make_case(name, bits, V_BITS[bits], batch=batch, heads=heads,
                                                      groups=groups, tq=tq, length=length, window=window)
     kc = kernel_codec(codec, heads, "cuda")
-    dev = [t.cuda() if t is not None else None for t in (q, k_win, v_win)]
-    keys_d = PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
-                                                                        keys.gamma_r)])
-    values_d = PackedValues(values.codes.cuda(), values.scale.cuda(), values.minimum.cuda(), values.bits)
+    dev = [t.cuda() for t in (q, k_win, v_win)]
     scale = 1 / math.sqrt(64)
-    got = attention_gluon(dev[0], keys_d, values_d, length, dev[1] if window else None,
+    got = attention_gluon(dev[0], *_to_cuda(keys, values), length, dev[1] if window else None,
                           dev[2] if window else None, kc, scale)
     want = decoded_attention(codec, q, keys, values, length, k_win, v_win, scale)
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double().cpu() - want).norm() / want.norm()).item()
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
-
-
-def _to_cuda(keys, values):
-    return (PackedKeys(*[t.cuda() if t is not None else None for t in (keys.codes, keys.gamma, keys.signs,
-                                                                       keys.gamma_r)]),
-            PackedValues(values.codes.cuda(), values.scale.cuda(), values.minimum.cuda(), values.bits))
 
 
 # query rows, compressed length, wide length, window, batch rows, KV heads, GQA ratio: AAR's last scale with 2
@@ -355,15 +352,11 @@ def test_gluon_wide_matches_library_decode(case, shape):
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
 
 
-@needs_sm90
-@pytest.mark.parametrize("name", sorted(IN_SCOPE))
-def test_cache_attend_with_a_wide_prefix_runs_gluon(name, caplog):
-    """AAR's scales with 2 sink scales and 4 wide ones at 4 bits (`patch_aar(sink_scales=2, wide_scales=4)`)
-    through the public CompressedKVCache.attend (18 rows x 16 heads): equal to the cache's reference at every
-    scale, and the last scale runs the Gluon kernel with the wide prefix."""
-    select._announced.clear()
-    g = torch.Generator(device="cuda").manual_seed(2)
-    cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=3, wide_prefix=31, wide_bits=4)
+def _attend_aar_scales(cache, seed):
+    """AAR's 16 scales (18 rows x 16 heads, d=64) appended to `cache` one by one, each scale's queries
+    attended through the public CompressedKVCache.attend and checked against the cache's reference; returns
+    the last scale's queries."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     for n in (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75):
         cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
                      torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
@@ -373,6 +366,18 @@ def test_cache_attend_with_a_wide_prefix_runs_gluon(name, caplog):
         floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + {floor:.1e}"
+    return q
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", sorted(IN_SCOPE))
+def test_cache_attend_with_a_wide_prefix_runs_gluon(name, caplog):
+    """AAR's scales with 2 sink scales and 4 wide ones at 4 bits (`patch_aar(sink_scales=2, wide_scales=4)`)
+    through the public CompressedKVCache.attend (18 rows x 16 heads): equal to the cache's reference at every
+    scale, and the last scale runs the Gluon kernel with the wide prefix."""
+    select._announced.clear()
+    cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=3, wide_prefix=31, wide_bits=4)
+    q = _attend_aar_scales(cache, seed=2)
     assert cache.wide_tokens == 31
     select._announced.clear()
     with caplog.at_level(logging.INFO, logger=select.__name__):
@@ -412,17 +417,8 @@ def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
     last scale runs the Gluon kernel (the 1-query first scale is out of its scope: score tables run it, and
     the cache's repr lists both)."""
     select._announced.clear()
-    g = torch.Generator(device="cuda").manual_seed(prefix)
     cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=prefix)
-    for n in (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75):
-        cache.append(torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16(),
-                     torch.randn(18, 16, n, 64, generator=g, device="cuda").bfloat16())
-        q = (torch.randn(18, 16, n, 64, generator=g, device="cuda") / 4).bfloat16()
-        got = cache.attend(q, 0.125)
-        want = cache.attend_reference(q.float(), 0.125).double()
-        floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
-        rel = ((got.double() - want).norm() / want.norm()).item()
-        assert rel <= TOL + floor, f"{n} queries: relative RMS error {rel:.2e} > {TOL:.0e} + {floor:.1e}"
+    q = _attend_aar_scales(cache, seed=prefix)
     assert cache.prefix_tokens == prefix
     select._announced.clear()
     with caplog.at_level(logging.INFO, logger=select.__name__):

@@ -340,12 +340,11 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
         n_wd, w_len, length = wide
         m1, l1, o1, m2, l2, o2 = _store_tiles(0, n_wd, w_len, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready,
                                               empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
-        m1, l1, o1, m2, l2, o2 = _store_tiles(n_wd, n_ct - n_wd, length, m1, l1, o1, m2, l2, o2, ka, kc, vt,
-                                              cv, ready, empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
-    else:
-        for u in range(n_ct):
-            m1, l1, o1, m2, l2, o2 = _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc,
-                                              pt2, HAS_C, BLOCK, STAGES, BLOCK)
+    else:  # NARROW is 0: every store tile takes the full step (`length` unread)
+        n_wd = 0
+        length = 0
+    m1, l1, o1, m2, l2, o2 = _store_tiles(n_wd, n_ct - n_wd, length, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv,
+                                          ready, empty, qa, qc, pt2, HAS_C, BLOCK, STAGES, NARROW)
     # native keys: tile a alone; a last tile of at most TAIL keys takes the narrow step
     tail = (n_wt > 0) & (t_win - (n_wt - 1) * BLOCK <= TAIL)
     n_full = n_ct + n_wt - tail.to(gl.int32)
