@@ -62,6 +62,24 @@ def sass_text(kernel) -> str:
         os.unlink(f.name)
 
 
+def line_counts(sass: str) -> collections.Counter:
+    """Body instructions per source line ("file.py:line", from nvdisasm -g's line table), the out-of-line
+    subroutines left out."""
+    counts = collections.Counter()
+    where = "?"
+    for line in sass.splitlines():
+        if line.startswith("$__internal"):
+            break
+        m = re.match(r'\s*//## File "(.*)", line (\d+)', line)
+        if m:
+            where = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m and not m.group(2).startswith("NOP"):
+            counts[where] += 1
+    return counts
+
+
 def sass_stats(kernel) -> dict:
     """Instruction count (and the commonest opcodes), registers, spill stores/loads of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -108,7 +126,7 @@ def key_constants(name: str, bits: int, d: int, block_t: int | None,
 
 def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | None,
           dump: str | None = None, aligned: bool = True,
-          dtype: str = "bf16", exact: int = 1) -> dict:
+          dtype: str = "bf16", exact: int = 1, lines: int = 0) -> dict:
     from octopus_audio.kernels.impls import encode
     from octopus_audio.kernels.impls.encode import _encode_keys_kernel
     from octopus_audio.kernels.kinds.triplet_rounding import NEAR_ROWS, encode_codes
@@ -130,6 +148,8 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
                       dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact, REDO_GROUPS=redo), warps,
                       launch.get("maxnreg") if num_warps is None else None)
     st = sass_stats(kernel)
+    if lines:
+        st["lines"] = line_counts(sass_text(kernel)).most_common(lines)
     if dump:
         os.makedirs(dump, exist_ok=True)
         stem = os.path.join(dump, f"{name}_b{bits}_d{d}_t{rows}_w{warps}")
@@ -163,6 +183,8 @@ def main() -> int:
                              "runs; 2: its second, for row groups with a near tie, 16 rows and one warp a "
                              "program unless --block-t / --num-warps say otherwise; 0: encode_unit's inline "
                              "one)")
+    parser.add_argument("--lines", type=int, default=0,
+                        help="print the N source lines with the most body instructions")
     parser.add_argument("--json")
     parser.add_argument("--dump", help="folder for each kernel's ttgir, ptx and sass")
     args = parser.parse_args()
@@ -173,7 +195,7 @@ def main() -> int:
         for bt in args.block_t:
             for nw in args.num_warps:
                 r = count(name, bits, d, bt, nw, args.dump, not args.unaligned,
-                          args.dtype, args.exact)
+                          args.dtype, args.exact, args.lines)
                 rows.append(r)
                 print(f"{name:15s} b={bits} d={d:3d} block_t={r['block_t']:3d} warps={r['num_warps']} "
                       f"cap={r['maxnreg']} "
@@ -183,6 +205,8 @@ def main() -> int:
                       f"cvt={r['convert_layout']} issue bound {r['bound_ms']:.3f} ms", flush=True)
                 if args.ops:
                     print("   ", r["top_ops"])
+                for where, n in r.get("lines", []):
+                    print(f"    {n:5d} {where}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
