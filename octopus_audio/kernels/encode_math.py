@@ -1,6 +1,6 @@
 """Encode arithmetic shared by the decode kinds (@triton.jit): the rotation by the +-1 Hadamard matrix (exact
 products, fp32 sums), the per-row division, codebook searches against boundaries (`_index`), and table reads
-that keep the layout of the computation around them (`_table`, `_table_vec`, `_region`)."""
+that keep the layout of the computation around them (`_table`, `_table_row`, `_region`)."""
 
 import triton
 import triton.language as tl
@@ -137,22 +137,34 @@ def _rcp(x, ASM: tl.constexpr):
 
 
 @triton.jit
-def _table_vec(ptrs, N: tl.constexpr, ASM: tl.constexpr):
-    """N (2 or 4) consecutive fp32 table entries from each of ptrs (aligned to 4 N bytes) as N tensors: one
-    vector load per element (ASM, compiled kernels: inline read-only loads, like `_table`)."""
+def _table_row(base_ptr, idx, N: tl.constexpr, ASM: tl.constexpr):
+    """Row idx (int32, >= 0) of a table of N-entry fp32 rows at base_ptr (1, 2 or 4 entries, rows aligned to
+    4 N bytes) as N tensors. ASM (compiled kernels): the address is one unsigned 32 x 32 -> 64-bit
+    multiply-add from the base (no per-element sign extension of a 32-bit offset), then one inline
+    read-only vector load (like `_table`: the layout of the computation around it is kept)."""
     if ASM:
-        if N == 2:
-            return tl.inline_asm_elementwise("ld.global.nc.v2.f32 {$0, $1}, [$2];", "=f,=f,l", [ptrs],
-                                             dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        base = tl.full(idx.shape, 0, tl.int64) + base_ptr.to(tl.int64, bitcast=True)
+        if N == 1:
+            return tl.inline_asm_elementwise(
+                "{ .reg .u64 a; mad.wide.u32 a, $1, 4, $2; ld.global.nc.f32 $0, [a]; }", "=f,r,l",
+                [idx, base], dtype=tl.float32, is_pure=True, pack=1)
+        elif N == 2:
+            return tl.inline_asm_elementwise(
+                "{ .reg .u64 a; mad.wide.u32 a, $2, 8, $3; ld.global.nc.v2.f32 {$0, $1}, [a]; }", "=f,=f,r,l",
+                [idx, base], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
         else:
-            return tl.inline_asm_elementwise("ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
-                                             [ptrs], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                                             is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(
+                "{ .reg .u64 a; mad.wide.u32 a, $4, 16, $5; ld.global.nc.v4.f32 {$0, $1, $2, $3}, [a]; }",
+                "=f,=f,=f,=f,r,l", [idx, base], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                is_pure=True, pack=1)
     else:
-        if N == 2:
-            return tl.load(ptrs), tl.load(ptrs + 1)
+        p = base_ptr + N * idx
+        if N == 1:
+            return tl.load(p)
+        elif N == 2:
+            return tl.load(p), tl.load(p + 1)
         else:
-            return tl.load(ptrs), tl.load(ptrs + 1), tl.load(ptrs + 2), tl.load(ptrs + 3)
+            return tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3)
 
 
 @triton.jit
@@ -163,11 +175,5 @@ def _region(x, lut_ptr, LUT_SCALE: tl.constexpr, ASM: tl.constexpr):
     j = tl.fma(x, LUT_SCALE * 1.0, LUT_SCALE * 1.0).to(tl.int32)
     if not ASM:  # compiled: |x| < 1 + 1/L truncates into 0..2L and a NaN converts to 0; numpy's NaN: INT_MIN
         j = tl.minimum(j.to(tl.uint32, bitcast=True), 2 * LUT_SCALE).to(tl.int32, bitcast=True)
-    thr, below = _table_vec(lut_ptr + 2 * j, 2, ASM)
+    thr, below = _table_row(lut_ptr, j, 2, ASM)
     return below.to(tl.int32, bitcast=True) + (x > thr).to(tl.int32)
-
-
-@triton.jit
-def _table_word(ptrs, ASM: tl.constexpr):
-    """An int32 table word stored as fp32 bits (`_table`, bitcast back)."""
-    return _table(ptrs, ASM).to(tl.int32, bitcast=True)

@@ -18,8 +18,7 @@ from ..encode_math import (
     _region,
     _rotate,
     _table,
-    _table_vec,
-    _table_word,
+    _table_row,
     unit_coords,
 )
 
@@ -64,13 +63,13 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
     eta = tl.where(lower, tl.where(py < 0, tl.abs(px) - 1.0, 1.0 - tl.abs(px)), py)
     r_xi = _region(xi, lut_ptr, LUT_SCALE, ASM)
     r_eta = _region(eta, lut_ptr, LUT_SCALE, ASM)
-    row = cand_ptr + (r_xi * R + r_eta) * RW
+    region = r_xi * R + r_eta
     if RW == 2:
-        w0, w1 = _table_vec(row, 2, ASM)
+        w0, w1 = _table_row(cand_ptr, region, 2, ASM)
         word = w0.to(tl.int32, bitcast=True)
         word1 = w1.to(tl.int32, bitcast=True)
     else:
-        word = _table_word(row, ASM)
+        word = _table_row(cand_ptr, region * RW, 1, ASM).to(tl.int32, bitcast=True)
         word1 = word
     best = tl.full(tx.shape, float("-inf"), tl.float32)
     second = tl.full(tx.shape, float("-inf"), tl.float32)
@@ -80,12 +79,12 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
             if RW == 2:
                 word = word1
             else:
-                word = _table_word(row + (F * k) // 32, ASM)
+                word = _table_row(cand_ptr, region * RW + (F * k) // 32, 1, ASM).to(tl.int32, bitcast=True)
         if F == 32:
             f_k = word
         else:
             f_k = (word >> ((F * k) % 32)) & ((1 << F) - 1)
-        nx, ny, nz, _ = _table_vec(cand_ptr + DIR_OFF + 4 * f_k, 4, ASM)
+        nx, ny, nz, _ = _table_row(cand_ptr + DIR_OFF, f_k, 4, ASM)
         s = (tx * nx + ty * ny) + tzs * nz
         if k == 0:  # candidate 0 is never padding: it opens the best, the runner-up stays -inf
             best = s
@@ -96,7 +95,7 @@ def _octopus_search(tx, ty, tz, lut_ptr, cand_ptr, B_DIR: tl.constexpr, SEARCH_K
             second = tl.minimum(best, tl.maximum(second, s))
             best = tl.maximum(best, s)
     if WANT_DIR:
-        ddx, ddy, ddz, _ = _table_vec(cand_ptr + DIR_OFF + 4 * flat, 4, ASM)
+        ddx, ddy, ddz, _ = _table_row(cand_ptr + DIR_OFF, flat, 4, ASM)
     else:
         ddx = best
         ddy = best
@@ -177,6 +176,26 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 
 
 @triton.jit
+def _live_quarters(x):
+    """x [BT, W] -> (columns [0, W/2), columns [W/2, 3W/4)): register-level splits of the tile (its column
+    bits W/2 and W/4 are register bits of the rotation's accumulator layout, so no data moves)."""
+    BT: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    a, b = tl.split(tl.permute(tl.reshape(x, (BT, 2, W // 2)), (0, 2, 1)))
+    b0, _ = tl.split(tl.permute(tl.reshape(b, (BT, 2, W // 4)), (0, 2, 1)))
+    return a, b0
+
+
+@triton.jit
+def _from_quarters(a, b0):
+    """The inverse of `_live_quarters`: [BT, W/2] and [BT, W/4] -> [BT, W], zeros in the last quarter."""
+    BT: tl.constexpr = a.shape[0]
+    W: tl.constexpr = 2 * a.shape[1]
+    b = tl.reshape(tl.permute(tl.join(b0, tl.zeros_like(b0)), (0, 2, 1)), (BT, W // 2))
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (BT, W))
+
+
+@triton.jit
 def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, gmax, inv_g, inv_sqrt_d, hoff, qs_ptr,
                    xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K):
     """Triplets [J0, J0 + W) of the rows xsg [BT, D] (the keys times their signs): their coordinates from
@@ -195,10 +214,30 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, gmax, inv_g
     tz = unit_coords(_rotate(xsg, tl.load(hadt_ptr + 2 * K.D * K.LP + cols), K.DOT_NATIVE, K.SPLIT), gmax,
                      inv_g, inv_sqrt_d, K.LOG2D)
     j = J0 + lcol
-    code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K.K_CODES, xib_ptr, aux_ptr, dir_ptr,
-                                                     bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO, K.SEARCH_K,
-                                                     K.LUT_SCALE, K.HALF, K.RHO_SCALE, K.HAS_QJL, K.EXACT,
-                                                     K.SPLIT)
+    if (not K.HAS_QJL) and (W >= 32) and (4 * (K.K_CODES - J0) <= 3 * W):
+        # the search on the first three quarters of the columns only (octopus d=64: 22 triplets on 24
+        # columns of 32): register-level pieces of the tile, the last quarter never searched
+        txa, txb = _live_quarters(tx)
+        tya, tyb = _live_quarters(ty)
+        tza, tzb = _live_quarters(tz)
+        ja, jb = _live_quarters(j + tl.zeros(tx.shape, tl.int32))
+        code_a, _, _, _, _, near_a = _octopus_tile(
+            txa, tya, tza, ja < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
+            K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE, False, K.EXACT, K.SPLIT)
+        code_b, _, _, _, _, near_b = _octopus_tile(
+            txb, tyb, tzb, jb < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
+            K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE, False, K.EXACT, K.SPLIT)
+        code = _from_quarters(code_a, code_b)
+        near = tl.maximum(near_a, near_b)
+        i_rho = code  # placeholders: the residual below is -qjl's only
+        ddx = tx
+        ddy = tx
+        ddz = tx
+    else:
+        code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K.K_CODES, xib_ptr, aux_ptr,
+                                                         dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
+                                                         K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE,
+                                                         K.HAS_QJL, K.EXACT, K.SPLIT)
     if J0 == 0 and W >= K.K_CODES:
         words, wmap = pack_tile(code, K.K_CODES, K.K_BITS, K.WP, K.KP)
     else:
