@@ -139,22 +139,25 @@ def _rcp(x, ASM: tl.constexpr):
 @triton.jit
 def _table_row(base_ptr, idx, N: tl.constexpr, ASM: tl.constexpr):
     """Row idx (int32, >= 0) of a table of N-entry fp32 rows at base_ptr (1, 2 or 4 entries, rows aligned to
-    4 N bytes) as N tensors. ASM (compiled kernels): the address is one unsigned 32 x 32 -> 64-bit
-    multiply-add from the base (no per-element sign extension of a 32-bit offset), then one inline
-    read-only vector load (like `_table`: the layout of the computation around it is kept)."""
+    4 N bytes) as N tensors. ASM (compiled kernels): the row's byte offset as an unsigned 32-bit shift,
+    zero-extended onto the base (no per-element sign extension or 64-bit multiply), then one inline read-only
+    vector load (like `_table`: the layout of the computation around it is kept)."""
     if ASM:
         base = tl.full(idx.shape, 0, tl.int64) + base_ptr.to(tl.int64, bitcast=True)
         if N == 1:
             return tl.inline_asm_elementwise(
-                "{ .reg .u64 a; mad.wide.u32 a, $1, 4, $2; ld.global.nc.f32 $0, [a]; }", "=f,r,l",
+                "{ .reg .u32 o; .reg .u64 w, a; shl.b32 o, $1, 2; cvt.u64.u32 w, o; add.s64 a, $2, w; "
+                "ld.global.nc.f32 $0, [a]; }", "=f,r,l",
                 [idx, base], dtype=tl.float32, is_pure=True, pack=1)
         elif N == 2:
             return tl.inline_asm_elementwise(
-                "{ .reg .u64 a; mad.wide.u32 a, $2, 8, $3; ld.global.nc.v2.f32 {$0, $1}, [a]; }", "=f,=f,r,l",
+                "{ .reg .u32 o; .reg .u64 w, a; shl.b32 o, $2, 3; cvt.u64.u32 w, o; add.s64 a, $3, w; "
+                "ld.global.nc.v2.f32 {$0, $1}, [a]; }", "=f,=f,r,l",
                 [idx, base], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
         else:
             return tl.inline_asm_elementwise(
-                "{ .reg .u64 a; mad.wide.u32 a, $4, 16, $5; ld.global.nc.v4.f32 {$0, $1, $2, $3}, [a]; }",
+                "{ .reg .u32 o; .reg .u64 w, a; shl.b32 o, $4, 4; cvt.u64.u32 w, o; add.s64 a, $5, w; "
+                "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [a]; }",
                 "=f,=f,=f,=f,r,l", [idx, base], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
                 is_pure=True, pack=1)
     else:
