@@ -176,9 +176,17 @@ def _octopus_residual(tx, ty, tz, i_rho, ddx, ddy, ddz, cent_ptr, coord, D: tl.c
 
 
 @triton.jit
+def _tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K):
+    """`_octopus_tile` with the kernel's constants K (the chosen directions for -qjl's residual only)."""
+    return _octopus_tile(tx, ty, tz, valid, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
+                         K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE, K.HAS_QJL, K.EXACT, K.SPLIT)
+
+
+@triton.jit
 def _live_quarters(x):
-    """x [BT, W] -> (columns [0, W/2), columns [W/2, 3W/4)): register-level splits of the tile (its column
-    bits W/2 and W/4 are register bits of the rotation's accumulator layout, so no data moves)."""
+    """x [BT, W] -> (columns [0, W/2), columns [W/2, 3W/4)): splits of the tile that move no data where its
+    column bits W/2 and W/4 are register bits of the rotation's accumulator layout (W >= 32 in the wgmma
+    layout; at W = 16 one of them is a lane bit and Triton converts layouts through shared memory)."""
     BT: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
     a, b = tl.split(tl.permute(tl.reshape(x, (BT, 2, W // 2)), (0, 2, 1)))
@@ -221,12 +229,10 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, gmax, inv_g
         tya, tyb = _live_quarters(ty)
         tza, tzb = _live_quarters(tz)
         ja, jb = _live_quarters(j + tl.zeros(tx.shape, tl.int32))
-        code_a, _, _, _, _, near_a = _octopus_tile(
-            txa, tya, tza, ja < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
-            K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE, False, K.EXACT, K.SPLIT)
-        code_b, _, _, _, _, near_b = _octopus_tile(
-            txb, tyb, tzb, jb < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
-            K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE, False, K.EXACT, K.SPLIT)
+        code_a, _, _, _, _, near_a = _tile(txa, tya, tza, ja < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+                                           cent_ptr, K)
+        code_b, _, _, _, _, near_b = _tile(txb, tyb, tzb, jb < K.K_CODES, xib_ptr, aux_ptr, dir_ptr, bnd_ptr,
+                                           cent_ptr, K)
         code = _from_quarters(code_a, code_b)
         near = tl.maximum(near_a, near_b)
         i_rho = code  # placeholders: the residual below is -qjl's only
@@ -234,10 +240,8 @@ def _octopus_words(xsg, hadt_ptr, J0: tl.constexpr, W: tl.constexpr, gmax, inv_g
         ddy = tx
         ddz = tx
     else:
-        code, i_rho, ddx, ddy, ddz, near = _octopus_tile(tx, ty, tz, j < K.K_CODES, xib_ptr, aux_ptr,
-                                                         dir_ptr, bnd_ptr, cent_ptr, K.B_DIR, K.B_RHO,
-                                                         K.SEARCH_K, K.LUT_SCALE, K.HALF, K.RHO_SCALE,
-                                                         K.HAS_QJL, K.EXACT, K.SPLIT)
+        code, i_rho, ddx, ddy, ddz, near = _tile(tx, ty, tz, j < K.K_CODES, xib_ptr, aux_ptr, dir_ptr,
+                                                 bnd_ptr, cent_ptr, K)
     if J0 == 0 and W >= K.K_CODES:
         words, wmap = pack_tile(code, K.K_CODES, K.K_BITS, K.WP, K.KP)
     else:
