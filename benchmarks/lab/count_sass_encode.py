@@ -62,51 +62,51 @@ def sass_text(kernel) -> str:
         os.unlink(f.name)
 
 
-def line_counts(sass: str) -> collections.Counter:
-    """Body instructions per source line ("file.py:line", from nvdisasm -g's line table), the out-of-line
-    subroutines left out."""
-    counts = collections.Counter()
-    where = "?"
+INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+SOURCE_LINE = re.compile(r'\s*//## File "(.*)", line (\d+)')
+
+
+def _instructions(sass: str):
+    """(opcode, "file.py:line" from nvdisasm -g's line table, in the body) per instruction of `sass_text`;
+    the body ends at the first out-of-line subroutine (the slow paths of sqrt_rn / div_rn)."""
+    where, in_body = "?", True
     for line in sass.splitlines():
         if line.startswith("$__internal"):
-            break
-        m = re.match(r'\s*//## File "(.*)", line (\d+)', line)
+            in_body = False
+        m = SOURCE_LINE.match(line)
         if m:
             where = f"{os.path.basename(m.group(1))}:{m.group(2)}"
             continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if m and not m.group(2).startswith("NOP"):
-            counts[where] += 1
-    return counts
+        m = INSTRUCTION.match(line)
+        if m:
+            yield m.group(2).split(".")[0], where, in_body
 
 
-def sass_stats(kernel) -> dict:
-    """Instruction count (and the commonest opcodes), registers, spill stores/loads of a compiled kernel."""
+def sass_stats(kernel, sass: str | None = None) -> dict:
+    """Instruction count (and the commonest opcodes), body instructions (in all and per source line),
+    registers, spill stores/loads of a compiled kernel (`sass`: its `sass_text`, disassembled here if not
+    given)."""
+    if sass is None:
+        sass = sass_text(kernel)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
-        out = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True,
-                             check=True).stdout
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True,
                              text=True).stdout
     finally:
         os.unlink(f.name)
     ops = collections.Counter()
-    body = 0  # instructions before the first out-of-line subroutine (the slow paths of sqrt_rn / div_rn)
-    in_body = True
-    for line in out.splitlines():
-        if line.startswith("$__internal"):
-            in_body = False
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if m:
-            op = m.group(2).split(".")[0]
-            ops[op] += 1
-            body += in_body and op != "NOP"
+    body_lines = collections.Counter()
+    for op, where, in_body in _instructions(sass):
+        ops[op] += 1
+        if in_body and op != "NOP":
+            body_lines[where] += 1
     ops.pop("NOP", None)
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     ttgir = kernel.asm.get("ttgir", "")
-    return {"instructions": sum(ops.values()), "body": body, "regs": int(regs.group(1)) if regs else None,
+    return {"instructions": sum(ops.values()), "body": sum(body_lines.values()), "body_lines": body_lines,
+            "regs": int(regs.group(1)) if regs else None,
             "stack": int(stack.group(1)) if stack else None, "spill_st": ops["STL"], "spill_ld": ops["LDL"],
             "convert_layout": ttgir.count("ttg.convert_layout"), "top_ops": ops.most_common(12)}
 
@@ -147,9 +147,11 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
     kernel = _compile(_encode_keys_kernel, types,
                       dict(consts, CHECK=False, ALIGNED=aligned, EXACT=exact, REDO_GROUPS=redo), warps,
                       launch.get("maxnreg") if num_warps is None else None)
-    st = sass_stats(kernel)
+    sass = sass_text(kernel)
+    st = sass_stats(kernel, sass)
+    body_lines = st.pop("body_lines")
     if lines:
-        st["lines"] = line_counts(sass_text(kernel)).most_common(lines)
+        st["lines"] = body_lines.most_common(lines)
     if dump:
         os.makedirs(dump, exist_ok=True)
         stem = os.path.join(dump, f"{name}_b{bits}_d{d}_t{rows}_w{warps}")
@@ -157,7 +159,7 @@ def count(name: str, bits: int, d: int, block_t: int | None, num_warps: int | No
             with open(f"{stem}.{ext}", "w") as f:
                 f.write(kernel.asm[ext])
         with open(f"{stem}.sass", "w") as f:
-            f.write(sass_text(kernel))
+            f.write(sass)
     per_key = st["instructions"] * warps / rows
     per_key_body = st["body"] * warps / rows
     st.update(codec=name, bits=bits, d=d, block_t=rows, num_warps=warps, per_key=per_key,
