@@ -217,11 +217,21 @@ def kernel_profile(pipe, codec: str, bits: int, batch: int, graph: bool) -> dict
     by_kind = collections.Counter()
     for name, times in per_name.items():
         by_kind[kernel_kind(name)] += sum(times)
-    rest_s = by_kind["rest"] * 1e-6
+    rest_ceiling, model_ceiling = ceilings(batch, by_kind)
     return {"codec": codec, "batch": batch, "graph": graph, "kernels": n, "gpu_us": total,
             "wall_us": wall * 1e6, "kernels_per_layer_scale": n / (c.depth * len(c.patch_nums)),
-            "kind_us": dict(by_kind), "ceiling_samples_per_s": batch / rest_s if rest_s > 0 else None,
+            "kind_us": dict(by_kind), "ceiling_samples_per_s": rest_ceiling,
+            "model_ceiling_samples_per_s": model_ceiling,
             "top": [{"name": k[:90], "count": len(v), "us": sum(v)} for k, v in top]}
+
+
+def ceilings(batch: int, kind_us: dict[str, float]) -> tuple[float | None, float | None]:
+    """Samples/s that no cache could exceed at this batch, from a profile's GPU microseconds per kernel class
+    (`kernel_kind`): batch / rest (as if every copy went with the cache too) and batch / (copies + rest) (the
+    copies the model's own: a cache that cost nothing leaves them); None where the time is 0."""
+    rest_s = kind_us.get("rest", 0.0) * 1e-6
+    model_s = rest_s + kind_us.get("copy", 0.0) * 1e-6
+    return (batch / rest_s if rest_s > 0 else None), (batch / model_s if model_s > 0 else None)
 
 
 # kernels that a KV cache could make cheaper or remove: attention itself (ours, SDPA's), our encode and merge,
@@ -500,7 +510,8 @@ def main() -> None:
     p.add_argument("--profile", default="none,octopus,none@graph,octopus@graph",
                    help="kernel profiles (codec or codec@graph, at B=1 or codec[@graph]:BATCH) when --checks "
                         "has profile; each gives the GPU time of attention and cache kernels, copies and the "
-                        "rest, and the samples/s no cache could exceed at that batch (batch / rest time)")
+                        "rest, and the samples/s no cache could exceed at that batch (batch / rest time, and "
+                        "batch / (copies + rest))")
     p.add_argument("--sync-codecs", default="none,none+patch,octopus",
                    help="codecs whose host syncs per generation are counted when --checks has syncs")
     p.add_argument("--memcheck", default="octopus", help="codecs whose freed cache bytes are measured")
@@ -699,15 +710,16 @@ def markdown(report: dict) -> str:
     profiles = {n: p for n, p in checks.get("profile", {}).items() if isinstance(p, dict)}
     if profiles:
         lines += ["", "| profile (codec:batch) | kernels | per layer and scale | GPU ms (kernel sum) | "
-                  "wall ms | attention+cache ms | copies ms | rest ms | ceiling samples/s (batch / rest) |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "wall ms | attention+cache ms | copies ms | rest ms | ceiling samples/s (batch / rest) | "
+                  "ceiling samples/s (batch / (copies + rest)) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for n, p in profiles.items():
             k = p.get("kind_us", {})
-            ceiling = p.get("ceiling_samples_per_s")
+            ceilings = [p.get("ceiling_samples_per_s"), p.get("model_ceiling_samples_per_s")]
             ms = [f"{x / 1e3:.2f}" for x in (p["gpu_us"], p["wall_us"], *(k.get(kind, 0) for kind in
                                                                           ("cache", "copy", "rest")))]
             lines.append(f"| {n} | {p['kernels']} | {p['kernels_per_layer_scale']:.1f} | {' | '.join(ms)} | "
-                         f"{f'{ceiling:.1f}' if ceiling else '-'} |")
+                         + " | ".join(f"{c:.1f}" if c else "-" for c in ceilings) + " |")
         for n, p in profiles.items():
             lines.append(f"\n{n}: " + "; ".join(f"{r['name'][:60]} x{r['count']} {r['us']:.0f} us"
                                                 for r in p["top"][:8]))

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS
 from octopus_audio.rate_distortion import value_at_rate
 
-RELEASE_PATCH_NUMS = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)
 METRICS = ("tf_kl_nats", "tf_top1", "first_parting_scale", "lsd_db")
 TARGET_BYTES, TARGET_KL, TARGET_LSD_DB = 0.05, 0.5, 3.0  # the target at b=2
 

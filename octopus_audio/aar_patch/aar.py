@@ -19,8 +19,7 @@ from torch import nn
 from octopus_audio.errors import UsageError
 
 from .attention import SelfAttention
-
-RELEASE_PATCH_NUMS = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)
+from .sat import RELEASE_PATCH_NUMS  # the tokenizer's scale layout: tokens a scale
 
 
 # 1. config ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from octopus_audio.errors import UsageError
 from .multiscale_vq import MultiScaleQuantizer
 from .seanet import SEANetDecoder, SEANetEncoder
 
+# tokens a scale of the released tokenizer (one clip: 16 scales, 455 tokens); the transformer's scales
 RELEASE_PATCH_NUMS = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)
 
 
