@@ -418,6 +418,34 @@ def test_all_scales_sunk_is_the_uncompressed_model():
     assert all(_rel_err(x, y) < 1e-5 for x, y in zip(out, ref, strict=True))
 
 
+@pytest.mark.parametrize("sink_scales", [None, 2], ids=["default", "S2"])
+def test_codec_none_keeps_no_native_prefix(monkeypatch, sink_scales):
+    """Codec none stores every token native: its sink scales (none by default; 2 given) stay in its store, so
+    at window 0 attention reads the store's preallocated buffer as a view, never a concatenation with a
+    native prefix (which the sink-scale default once cost it), and the output is the unpatched model's."""
+    from octopus_audio.cache import layer as cache_layer
+
+    model = TinyModel(depth=2, embed_dim=128, num_heads=2)
+    model.patch_nums = PATCH_NUMS
+    ref = model.generate()
+    views = []
+    plain = cache_layer.plain_kv
+
+    def spy(native, store, dtype):
+        k, v = plain(native, store, dtype)
+        views.append(k._base is not None and v._base is not None)
+        return k, v
+
+    monkeypatch.setattr(cache_layer, "plain_kv", spy)
+    with patch_aar(model, "none", 16, window=0, sink_scales=sink_scales) as handle:
+        assert handle.config.sink_scales == (0 if sink_scales is None else sink_scales)
+        assert all(c.native_prefix == 0 for c in handle.caches)
+        out = model.generate()
+        assert all(c.prefix_tokens == 0 for c in handle.caches)
+    assert views and all(views)
+    assert all(torch.equal(x, y) for x, y in zip(out, ref, strict=True))
+
+
 class _NoScales(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -50,7 +50,7 @@ from torch import nn
 
 import octopus_audio
 from octopus_audio.cache import attend_sequence, check_caches, check_flags, sequence_capacities
-from octopus_audio.codecs import DEFAULT_CODEC
+from octopus_audio.codecs import DEFAULT_CODEC, codec_class
 from octopus_audio.rotation import layer_seed
 
 from .attention_modules import (
@@ -344,20 +344,25 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     them; the cache's `native_prefix` holds their tokens, counted as native bytes), the model's scales read
     from its `patch_nums` (0 .. the number of scales). None (default): `DEFAULT_SINK_SCALES` for a model that
     says its scales, 0 (logged once) for one that does not; a count > 0 for such a model is a ValueError.
+    Codec none stores every token native: its default is 0, and a count given keeps its tokens in the store
+    with the rest (one preallocated buffer for attention to read, no native prefix to join to it).
     `wide_scales` N: the N scales after the sink scales are stored at `wide_bits` key bits and `wide_v_bits`
     value bits (None: `wide_bits`), the rest at `bits` / `v_bits` (the cache's `wide_prefix` holds their
     tokens, counted at their own widths); 0 (default): none.
     Example: `with patch_aar(pipe, "octopus", 2) as h: gen = generate(pipe, cond); print(h.stats().line())`.
     """
+    compresses = codec_class(codec).compressed  # an unknown codec: its ValueError lists the codecs
     if sink_scales is None:
-        sink_scales = DEFAULT_SINK_SCALES if model_patch_nums(model) is not None else 0
-        if DEFAULT_SINK_SCALES and not sink_scales:
+        sink_scales = DEFAULT_SINK_SCALES if model_patch_nums(model) is not None and compresses else 0
+        if DEFAULT_SINK_SCALES and not sink_scales and compresses:
             log.info("%s does not say its scales (patch_nums): no sink scales (the default keeps the first "
                      "%d native where a model says them)", type(model).__name__, DEFAULT_SINK_SCALES)
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
                          kv_dtype=kv_dtype, sink_scales=sink_scales, wide_scales=wide_scales,
                          wide_bits=wide_bits, wide_v_bits=wide_v_bits)
-    sinks = sink_tokens(model, sink_scales)
+    # a codec that stores every token native holds the sink scales in its store like the others: a native
+    # prefix would change no value, only make each attention call concatenate it with the store
+    sinks = sink_tokens(model, sink_scales) if compresses else 0
     wide = wide_tokens(model, sink_scales, wide_scales)
     modules = find_attention(model)
     if not modules:
