@@ -459,6 +459,8 @@ def test_bad_sink_scales_are_clear_errors():
         patch_aar(model, sink_scales=-1)
     with pytest.raises(ValueError, match=r"sink_scales must be 0 \.\. 5 \(the model's scales\), got 6"):
         patch_aar(model, sink_scales=6)
+    with pytest.raises(ValueError, match=r"sink_scales must be 0 \.\. 5 \(the model's scales\), got 6"):
+        patch_aar(model, "none", 16, sink_scales=6)  # checked for codec none too, which keeps no prefix
     with pytest.raises(ValueError, match="does not say its scales"):
         patch_aar(_NoScales(), sink_scales=1)
     assert all("forward" not in m.__dict__ for m in find_attention(model))

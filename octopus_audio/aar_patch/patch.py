@@ -360,9 +360,11 @@ def patch_aar(model: object, codec: str = DEFAULT_CODEC, bits: int = 2, window: 
     config = PatchConfig(codec=codec, bits=bits, window=window, v_group=v_group, seed=seed, v_bits=v_bits,
                          kv_dtype=kv_dtype, sink_scales=sink_scales, wide_scales=wide_scales,
                          wide_bits=wide_bits, wide_v_bits=wide_v_bits)
-    # a codec that stores every token native holds the sink scales in its store like the others: a native
-    # prefix would change no value, only make each attention call concatenate it with the store
-    sinks = sink_tokens(model, sink_scales) if compresses else 0
+    sinks = sink_tokens(model, sink_scales)  # the count checked against the model for every codec
+    if not compresses:
+        # a codec that stores every token native holds the sink scales in its store like the others: a native
+        # prefix would change no value, only make each attention call concatenate it with the store
+        sinks = 0
     wide = wide_tokens(model, sink_scales, wide_scales)
     modules = find_attention(model)
     if not modules:
