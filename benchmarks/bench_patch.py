@@ -715,11 +715,11 @@ def markdown(report: dict) -> str:
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for n, p in profiles.items():
             k = p.get("kind_us", {})
-            ceilings = [p.get("ceiling_samples_per_s"), p.get("model_ceiling_samples_per_s")]
+            caps = [p.get("ceiling_samples_per_s"), p.get("model_ceiling_samples_per_s")]
             ms = [f"{x / 1e3:.2f}" for x in (p["gpu_us"], p["wall_us"], *(k.get(kind, 0) for kind in
                                                                           ("cache", "copy", "rest")))]
             lines.append(f"| {n} | {p['kernels']} | {p['kernels_per_layer_scale']:.1f} | {' | '.join(ms)} | "
-                         + " | ".join(f"{c:.1f}" if c else "-" for c in ceilings) + " |")
+                         + " | ".join(f"{c:.1f}" if c else "-" for c in caps) + " |")
         for n, p in profiles.items():
             lines.append(f"\n{n}: " + "; ".join(f"{r['name'][:60]} x{r['count']} {r['us']:.0f} us"
                                                 for r in p["top"][:8]))
