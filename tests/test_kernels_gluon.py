@@ -285,6 +285,9 @@ def test_gluon_matches_library_decode(case, shape):
     floor = ((want.bfloat16().double() - want).norm() / want.norm()).item()
     rel = ((got.double().cpu() - want).norm() / want.norm()).item()
     assert rel <= TOL + floor, f"relative RMS error {rel:.2e} > {TOL:.0e} + floor {floor:.1e}"
+    assert got.shape == (batch, heads * groups, tq, 64)
+    # one query head a KV head: rows in [B, T, H, D] memory order (merging the heads is a view), as cuDNN's
+    assert got.transpose(1, 2).is_contiguous() == (groups == 1)
 
 
 # query rows, compressed length, wide length, window, batch rows, KV heads, GQA ratio: AAR's last scale with 2

@@ -257,25 +257,26 @@ def _fx_step(u, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qa, qc, pt
 
 
 @gluon.jit
-def _store_rows(out_base, o, r0, TQ, V_BITS: gl.constexpr):
-    """Output rows r0 .. r0 + R (o [R, 64] bf16, kernel column order) in the true column order, moved to
-    16-byte row vectors (one layout conversion through shared memory) and stored as such."""
+def _store_rows(out_base, o, r0, TQ, sot, V_BITS: gl.constexpr):
+    """Output rows r0 .. r0 + R (o [R, 64] bf16, kernel column order; rows sot elements apart) in the true
+    column order, moved to 16-byte row vectors (one layout conversion through shared memory) and stored as
+    such."""
     R: gl.constexpr = o.shape[0]
     LO: gl.constexpr = _row_layout(64, 4)
     o = gl.convert_layout(_true_order(o, V_BITS), LO)
     r = r0 + gl.arange(0, R, gl.SliceLayout(1, LO))
     c = gl.arange(0, 64, gl.SliceLayout(0, LO))
-    gl.store(out_base + r[:, None] * 64 + c[None, :], o, mask=(r < TQ)[:, None] & (c < 64)[None, :])
+    gl.store(out_base + r[:, None] * sot + c[None, :], o, mask=(r < TQ)[:, None] & (c < 64)[None, :])
 
 
 @gluon.jit
-def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS: gl.constexpr):
+def _fx_epilogue(o1, l1, o2, l2, out_base, TQ, sot, V_BITS: gl.constexpr):
     """O / l for queries 0..63 (rows) and 64..79 (O2^T, transposed), bf16, each column at its true place."""
     l1 = gl.convert_layout(l1, gl.SliceLayout(1, _mma(64)))
-    _store_rows(out_base, (o1 / gl.where(l1 > 0, l1, 1.0)[:, None]).to(gl.bfloat16), 0, TQ, V_BITS)
+    _store_rows(out_base, (o1 / gl.where(l1 > 0, l1, 1.0)[:, None]).to(gl.bfloat16), 0, TQ, sot, V_BITS)
     l2 = gl.sum(l2, axis=0)
     o2 = (o2 / gl.where(l2 > 0, l2, 1.0)[None, :]).to(gl.bfloat16)
-    _store_rows(out_base, gl.permute(o2, (1, 0)), 64, TQ, V_BITS)
+    _store_rows(out_base, gl.permute(o2, (1, 0)), 64, TQ, sot, V_BITS)
 
 
 @gluon.jit
@@ -300,7 +301,7 @@ def _store_tiles(u0, n, keys, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, emp
 
 @gluon.jit
 def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, q_base, sqt, map_base,
-              out_base, TQ, rot_scale, qjl_scale, wide, CODEC: gl.constexpr, DQ: gl.constexpr,
+              out_base, TQ, sot, rot_scale, qjl_scale, wide, CODEC: gl.constexpr, DQ: gl.constexpr,
               V_BITS: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr,
               WIDE: gl.constexpr, NARROW: gl.constexpr):
     """Rotate the query rows through the head's map (tile a: rot_scale; tile c: qjl_scale), then loop over
@@ -354,7 +355,7 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
     if tail:
         m1, l1, o1, m2, l2, o2 = _fx_step(n_full, m1, l1, o1, m2, l2, o2, ka, kc, vt, cv, ready, empty, qn,
                                           qc, pt2, False, BLOCK, STAGES, TAIL)
-    _fx_epilogue(o1, l1, o2, l2, out_base, TQ, V_BITS)
+    _fx_epilogue(o1, l1, o2, l2, out_base, TQ, sot, V_BITS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -362,7 +363,8 @@ def _consumer(ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_ct, n_wt, t_win, 
 
 @gluon.jit
 def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, sob, soh, sot,
+                     H, TQ, t_cap, length,
                      t_win, rot_scale, qjl_scale, qk_scale, wide, CODEC: gl.constexpr, NB: gl.constexpr,
                      KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
                      TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
@@ -408,7 +410,8 @@ def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_p
         wide_c = 0
     gl.warp_specialize([
         (_consumer, (ka, kc, vt, cv, ready, empty, qa, qc, qn, pt2, n_wd + n_ct, n_wt, t_win,
-                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ), out_ptr + pid * (TQ * 64), TQ,
+                     q_ptr + b * sqb + h * sqh, sqt, map_ptr + h * (64 * DQ),
+                     out_ptr + b * sob + h * soh, TQ, sot,
                      rot_scale, qjl_scale, wide_c, CODEC, DQ, V_BITS, BLOCK, STAGES, TAIL, WIDE, NARROW)),
         (_producer, (ka, kc, vt, cv, ready, empty, n_ct, n_wt, pid * t_cap, length, t_win, kc_ptr, kg_ptr,
                      ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr, tab_ptr, kw_ptr + b * skb + h * skh,
@@ -420,7 +423,8 @@ def _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_p
 
 @gluon.jit
 def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                       kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, sob, soh, sot,
+                       H, TQ, t_cap, length,
                        t_win, rot_scale, qjl_scale, qk_scale, CODEC: gl.constexpr, NB: gl.constexpr,
                        KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr, V_GROUP: gl.constexpr,
                        TAB: gl.constexpr, TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
@@ -428,26 +432,28 @@ def _gluon_attn_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr
     """`_gluon_attn_body` without a wide store: its launch passes no wide arguments (host time at every
     call)."""
     _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, sob, soh, sot,
+                     H, TQ, t_cap, length,
                      t_win, rot_scale, qjl_scale, qk_scale, 0, CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB,
                      TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, False, NB, KW, V_BITS, V_GROUP, TAB, TAB_SMEM, 0)
 
 
 @gluon.jit
 def _gluon_attn_wide_kernel(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr,
-                            vm_ptr, kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ,
-                            t_cap, length, t_win, rot_scale, qjl_scale, qk_scale, wkc_ptr, wkg_ptr, wks_ptr,
-                            wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr, w_cap, w_len, CODEC: gl.constexpr,
-                            NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr, V_BITS: gl.constexpr,
-                            V_GROUP: gl.constexpr, TAB: gl.constexpr, TAB_SMEM: gl.constexpr,
-                            BLOCK: gl.constexpr, STAGES: gl.constexpr, P_REGS: gl.constexpr,
-                            TAIL: gl.constexpr, NB_W: gl.constexpr, KW_W: gl.constexpr,
+                            vm_ptr, kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, sob, soh,
+                            sot, H, TQ, t_cap, length, t_win, rot_scale, qjl_scale, qk_scale, wkc_ptr,
+                            wkg_ptr, wks_ptr, wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr, w_cap, w_len,
+                            CODEC: gl.constexpr, NB: gl.constexpr, KW: gl.constexpr, SW: gl.constexpr,
+                            V_BITS: gl.constexpr, V_GROUP: gl.constexpr, TAB: gl.constexpr,
+                            TAB_SMEM: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
+                            P_REGS: gl.constexpr, TAIL: gl.constexpr, NB_W: gl.constexpr, KW_W: gl.constexpr,
                             V_BITS_W: gl.constexpr, V_GROUP_W: gl.constexpr, TAB_W: gl.constexpr,
                             TAB_SMEM_W: gl.constexpr, NARROW: gl.constexpr):
     """`_gluon_attn_body` with a wide store (a cache's wide prefix: `w_len` keys at store rows pid * w_cap ..,
     its codes NB_W bits in KW_W words, values V_BITS_W bits in groups of V_GROUP_W, its own table)."""
     _gluon_attn_body(q_ptr, sqb, sqh, sqt, map_ptr, kc_ptr, kg_ptr, ks_ptr, kr_ptr, vc_ptr, vs_ptr, vm_ptr,
-                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, H, TQ, t_cap, length,
+                     kw_ptr, vw_ptr, skb, skh, skt, svb, svh, svt, tab_ptr, out_ptr, sob, soh, sot,
+                     H, TQ, t_cap, length,
                      t_win, rot_scale, qjl_scale, qk_scale,
                      (w_cap, w_len, wkc_ptr, wkg_ptr, wks_ptr, wkr_ptr, wvc_ptr, wvs_ptr, wvm_ptr, wtab_ptr),
                      CODEC, NB, KW, SW, V_BITS, V_GROUP, TAB, TAB_SMEM, BLOCK, STAGES, P_REGS, TAIL, True,
@@ -497,13 +503,18 @@ def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
         k_window = v_window = q
     k_window = k_window if k_window.stride(-1) == 1 else k_window.contiguous()
     v_window = v_window if v_window.stride(-1) == 1 else v_window.contiguous()
-    out = torch.empty(b, h, rows, d, device=q.device, dtype=torch.bfloat16)
+    if rows == tq:  # one query head a KV head: rows in [B, T, H, D] memory order, as cuDNN's SDPA writes
+        # them, so a caller merging heads (o.transpose(1, 2).reshape(B, T, H * D)) gets a view, not a copy
+        out = torch.empty(b, tq, h, d, device=q.device, dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        out = torch.empty(b, h, rows, d, device=q.device, dtype=torch.bfloat16)
     qk_scale = scale * 1.4426950408889634
     rot_scale = qk_scale / math.sqrt(d)
     qjl_scale = qk_scale * math.sqrt(math.pi / (2 * d)) / d
     key_args = keys.launch_args(codec.has_qjl)
     args = (q, q.stride(0), q.stride(1), q.stride(2), query_map(codec), *key_args, *values.launch_args(),
-            k_window, v_window, *k_window.stride()[:3], *v_window.stride()[:3], key_table(codec), out, h,
+            k_window, v_window, *k_window.stride()[:3], *v_window.stride()[:3], key_table(codec), out,
+            *out.stride()[:3], h,
             rows, key_args[0].shape[2], length, t_win, rot_scale, qjl_scale, qk_scale)
     consts = kernel_constants(codec, values.bits, values.group)
     if wide is None:
@@ -514,4 +525,4 @@ def attention_gluon(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues
             *args, *wide_keys, *wide.values.launch_args(), key_table(wide.codec), wide_keys[0].shape[2],
             wide.length, **consts, **wide_constants(wide.codec, wide.values.bits, wide.values.group),
             num_warps=4, maxnreg=MAXNREG)
-    return out.view(b, hq, tq, d)
+    return out if rows == tq else out.view(b, hq, tq, d)
