@@ -87,7 +87,7 @@ def main() -> None:
         q = (F.normalize(q, dim=-1) * 10).bfloat16()
         data.append((q, F.normalize(k, dim=-1).bfloat16(), v.bfloat16()))
     out = []
-    for s in range(1, len(RELEASE_PATCH_NUMS)):
+    for s in range(len(RELEASE_PATCH_NUMS)):
         r = scale_row(s, data, args)
         print(json.dumps(r), flush=True)
         out.append(r)
