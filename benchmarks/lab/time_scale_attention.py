@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from time_sink_attention import make_cache  # the cache as the patch builds it (this script's folder)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from octopus_audio import CompressedKVCache
 from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS
 from octopus_audio.apps.timing import graphed
-from octopus_audio.cache import sequence_capacities
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -37,10 +36,7 @@ def bench(fn, rep_ms: float) -> float:
 
 def scale_row(s: int, data: list, args: argparse.Namespace) -> dict:
     """Scale s's attend from the cache (and the Triton kernels' with --triton) beside SDPA's."""
-    prefix = sum(RELEASE_PATCH_NUMS[:args.sink_scales])
-    capacity, native_capacity = sequence_capacities(RELEASE_PATCH_NUMS, 1, prefix, 0)
-    cache = CompressedKVCache(args.codec, args.bits, 64, window=1, capacity=capacity, native_prefix=prefix,
-                              native_capacity=native_capacity)
+    cache = make_cache(args.codec, args.bits, args.sink_scales)
     for _, k, v in data[:s + 1]:
         cache.append(k, v)
     q = data[s][0]
