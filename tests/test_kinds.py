@@ -252,6 +252,7 @@ def test_the_cache_runs_it_on_the_kernels(ops, monkeypatch):
         q = torch.randn(1, 2, tq, 64, generator=g).to(DEVICE)
         outs.append((q, cache.attend(q, 0.125)))
     assert cache.backend == "triton"
-    assert "kernels='unit encode: triton; attention: score-tables, split-k'" in repr(cache), repr(cache)
+    # the first attend has no stored key (SDPA), the second one query row (score tables), the third three
+    assert "kernels='unit encode: triton; attention: sdpa, score-tables, split-k'" in repr(cache), repr(cache)
     for q, out in outs[-1:]:  # the last: the reference path over the same store and window
         _close(out, cache.attend_reference(q.float(), 0.125), 1e-5)

@@ -6,6 +6,8 @@ Attention, in priority order (each implementation declares which calls it takes 
   call in scope (an H100/H200, bf16, d = 64, 2..80 query rows a KV head, a full grid...) and
   `gluon/scope.wide_limit` its wide prefix if it has one, the Gluon kernels are allowed (`gluon=True`) and no
   launch configuration or split count is forced;
+- `sdpa` (impls/native.py): a call with no compressed key (the store and the wide prefix empty), torch's SDPA
+  over the native keys, unless a launch configuration or split count is forced;
 - `score-tables` (impls/score_tables.py): one query row a KV head of a kind with score tables
   (`score_tables.adc_limit`);
 - `split-k` (impls/flash.py): every call.
@@ -29,7 +31,7 @@ import re
 import torch
 
 from .impls import encode as triton_encode
-from .impls import flash, score_tables
+from .impls import flash, native, score_tables
 from .impls.gluon import scope
 from .launch import AttnConfig, EncodeConfig, _interpreting, _outside_autocast, _sm_count, device_capability
 from .spec import KernelCodec, PackedKeys, PackedValues, WideSegment
@@ -37,7 +39,8 @@ from .spec import KernelCodec, PackedKeys, PackedValues, WideSegment
 log = logging.getLogger(__name__)
 
 GLUON = "gluon"
-ATTENTION = (GLUON, score_tables.NAME, flash.NAME)  # attention implementations, in priority order
+# attention implementations, in priority order
+ATTENTION = (GLUON, native.NAME, score_tables.NAME, flash.NAME)
 ENCODE = (GLUON, triton_encode.NAME)  # key encode implementations, in priority order
 _announced: set[tuple[str, ...]] = set()
 # why the score tables decline a call with a wide segment (they read one key and value width a call)
@@ -204,12 +207,20 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
             why = "in scope" if wide is None else "in scope, with a wide prefix"
             announce("attention", GLUON, why, record)
             return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale, wide)
+    if config is not None or num_splits is not None:
+        why_native = "a launch configuration or split count given"
+    else:
+        why_native = native.native_limit(length, 0 if wide is None else wide.length, t_win)
+    if why_native is None:
+        announce("attention", native.NAME, f"no compressed key; {GLUON}: {why_gluon}", record)
+        return native.attention_native(q_BHTD, k_window, v_window, scale)
     why_tables = WIDE_LIMIT if wide is not None else score_tables.adc_limit(codec, n_rows, t_win)
     if why_tables is None:
         announce("attention", score_tables.NAME, f"one query row a KV head; {GLUON}: {why_gluon}", record)
         return score_tables.table_attention(q_BHTD, keys, values, length, k_window, v_window, codec, scale,
                                             num_splits, config)
-    announce("attention", flash.NAME, f"{GLUON}: {why_gluon}; {score_tables.NAME}: {why_tables}", record)
+    announce("attention", flash.NAME, f"{GLUON}: {why_gluon}; {native.NAME}: {why_native}; "
+             f"{score_tables.NAME}: {why_tables}", record)
     return flash.attention_flash(q_BHTD, keys, values, length, k_window, v_window, codec, scale, num_splits,
                                  config, wide)
 
