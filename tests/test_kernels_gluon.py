@@ -417,8 +417,8 @@ def test_cache_attend_runs_gluon(name, caplog):
 def test_cache_attend_with_a_native_prefix_runs_gluon(name, prefix, caplog):
     """A native prefix (AAR's first 3, 5 or 6 scales) joins the window in the native segment the Gluon kernel
     takes: at every scale of an AAR-like sequence (18 rows x 16 heads) the cache equals the reference, and the
-    last scale runs the Gluon kernel (the 1-query first scale is out of its scope: score tables run it, and
-    the cache's repr lists both)."""
+    last scale runs the Gluon kernel (the 1-query first scale is out of its scope and holds no compressed
+    key: SDPA runs it, and the cache's repr lists both)."""
     select._announced.clear()
     cache = CompressedKVCache(name, 2, 64, window=1, native_prefix=prefix)
     q = _attend_aar_scales(cache, seed=prefix)

@@ -31,12 +31,7 @@ def native_limit(length: int, wide_length: int, t_win: int) -> str | None:
 
 def attention_native(q_BHTD: torch.Tensor, k_window: torch.Tensor, v_window: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """SDPA of q over the native window alone -> [B, Hq, Tq, d] in q's dtype."""
-    b, hq, tq, d = q_BHTD.shape
-    h, t_win = k_window.shape[1], k_window.shape[2]
+    """SDPA of q over the native window alone -> [B, Hq, Tq, d] in q's dtype (the window cast to it; with
+    query groups, SDPA's own GQA)."""
     k, v = k_window.to(q_BHTD.dtype), v_window.to(q_BHTD.dtype)
-    if hq != h:  # query head h * G + g reads KV head h
-        g = hq // h
-        k = k[:, :, None].expand(b, h, g, t_win, d).reshape(b, hq, t_win, d)
-        v = v[:, :, None].expand(b, h, g, t_win, d).reshape(b, hq, t_win, d)
-    return F.scaled_dot_product_attention(q_BHTD, k, v, scale=scale)
+    return F.scaled_dot_product_attention(q_BHTD, k, v, scale=scale, enable_gqa=q_BHTD.shape[1] != k.shape[1])
