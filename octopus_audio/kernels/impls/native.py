@@ -4,7 +4,8 @@ A call whose store and wide prefix hold no token (a cache's first units, still i
 window) has nothing to decode, so the fastest exact attention is the uncompressed one. The selector gives it
 such a call when the Gluon kernel does not take it: at AAR's first scale (one query row a KV head, one native
 key) the score-table kernel, built for long compressed contexts, took 0.289 ms at 2B = 512 rows x 16 heads on
-an H100 against SDPA's 0.181 (benchmarks/results/kernels.md, the patch's attention scale by scale).
+an H100, this SDPA call 0.183 (benchmarks/results/kernels.md, the patch's attention scale by scale). GQA is
+SDPA's own (`enable_gqa`, torch >= 2.5).
 
     softmax(scale * q K_win^T) V_win,   q [B, Hq, Tq, d], K_win, V_win [B, H, Tw, d], Hq = G * H
 
