@@ -43,6 +43,8 @@ GLUON = "gluon"
 ATTENTION = (GLUON, native.NAME, score_tables.NAME, flash.NAME)
 ENCODE = (GLUON, triton_encode.NAME)  # key encode implementations, in priority order
 _announced: set[tuple[str, ...]] = set()
+# why a forced launch keeps a call on the Triton kernels (off Gluon and SDPA)
+FORCED_LIMIT = "a launch configuration or split count given"
 # why the score tables decline a call with a wide segment (they read one key and value width a call)
 WIDE_LIMIT = "a wide prefix (a second store at other widths; it reads one width a call)"
 
@@ -193,10 +195,11 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
         wide = WideSegment(wide.keys, wide.values, wide.length, wide.codec.to(q_BHTD.device))
     n_rows = hq // h * tq
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    forced = config is not None or num_splits is not None
     if not gluon:
         why_gluon = "Gluon kernels not allowed"
-    elif config is not None or num_splits is not None:
-        why_gluon = "a launch configuration or split count given"
+    elif forced:
+        why_gluon = FORCED_LIMIT
     else:
         why_gluon = attention_gluon_limit(q_BHTD, values, k_window, codec, n_rows, b * h)
         if why_gluon is None and wide is not None:
@@ -207,10 +210,8 @@ def attention(q_BHTD: torch.Tensor, keys: PackedKeys, values: PackedValues, leng
             why = "in scope" if wide is None else "in scope, with a wide prefix"
             announce("attention", GLUON, why, record)
             return attention_gluon(q_BHTD, keys, values, length, k_window, v_window, codec, scale, wide)
-    if config is not None or num_splits is not None:
-        why_native = "a launch configuration or split count given"
-    else:
-        why_native = native.native_limit(length, 0 if wide is None else wide.length, t_win)
+    why_native = FORCED_LIMIT if forced else native.native_limit(length, 0 if wide is None else wide.length,
+                                                                 t_win)
     if why_native is None:
         announce("attention", native.NAME, f"no compressed key; {GLUON}: {why_gluon}", record)
         return native.attention_native(q_BHTD, k_window, v_window, scale)
