@@ -19,19 +19,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from time_sink_attention import make_cache  # the cache as the patch builds it (this script's folder)
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from octopus_audio.aar_patch.sat import RELEASE_PATCH_NUMS
-from octopus_audio.apps.timing import graphed
+from octopus_audio.apps.timing import backend_graph_ms, bench_ms, graphed, sdpa_backends
 
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = ("cudnn", "flash", "efficient")  # the columns (the math backend is left out: not a contender)
 
 
 def bench(fn, rep_ms: float) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(graphed(fn), warmup=25, rep=rep_ms, return_mode="median"))
+    return bench_ms(graphed(fn), rep_ms)
 
 
 def scale_row(s: int, data: list, args: argparse.Namespace) -> dict:
@@ -53,14 +49,8 @@ def scale_row(s: int, data: list, args: argparse.Namespace) -> dict:
         return F.scaled_dot_product_attention(q, k_all, v_all, scale=1.0)
 
     r["sdpa"] = bench(sdpa, args.rep_ms)
-    for name, backend in BACKENDS.items():
-        try:
-            with sdpa_kernel(backend):
-                r[name] = bench(sdpa, args.rep_ms)
-        except RuntimeError as e:
-            r[name] = None
-            r[name + "_error"] = str(e).splitlines()[0]
-    return r
+    calls = {n: c for n, c in sdpa_backends(q, k_all, v_all).items() if n in BACKENDS}
+    return r | {n: None for n in BACKENDS} | backend_graph_ms(calls, args.rep_ms)  # None: refused here
 
 
 def main() -> None:
